@@ -1,0 +1,259 @@
+"""Typed configs: YAML files into nested dataclasses, with dotted command-line overrides.
+
+    cfg = load_config(RunConfig, "configs/tiny.yaml", ["train.lr=1e-6", "rollout.max_turns=4"])
+
+A YAML file is a mapping of a dataclass's fields; a field whose type is a dataclass takes a nested
+mapping. Field types: int, float, str, bool, Optional[X], list[X], dict[str, X], Literal[...] and
+nested dataclasses. A float field also takes an int and a numeric string (YAML 1.1 reads ``1e-6``
+as a string). Every field should carry its help text in ``field(metadata={"help": ...})``;
+``describe_config`` lists them for a CLI's ``--help``.
+
+Inheritance: a file whose top level holds ``defaults: base.yaml`` (a path relative to that file)
+is laid over the base, which may itself name a base. Mappings merge key by key, so the child only
+writes what it changes; lists and scalars replace. Overrides ``key.sub=value`` come last; the value
+is read with ``yaml.safe_load`` (``true``, ``3``, ``[1, 2]``, ``null``).
+
+Every mistake is a ``ConfigError`` naming the dotted key and where it came from (the file or the
+command line): an unknown key (with the closest valid key), a wrong type (with the expected type
+and the value), a missing required field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+COMMAND_LINE = "command line"
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not fit its dataclass."""
+
+
+def load_config(
+    cls: type[T], path: str | Path | None = None, overrides: typing.Sequence[str] = ()
+) -> T:
+    """Build ``cls`` from the YAML file at ``path`` (and its ``defaults`` chain), then ``overrides``."""
+    sources: dict[str, str] = {}
+    data = _read_yaml(Path(path), sources, ()) if path is not None else {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"override {item!r} on the {COMMAND_LINE} is not of the form key.sub=value"
+            )
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(
+                f"override {item!r} on the {COMMAND_LINE}: bad YAML value: {e}"
+            ) from None
+        for part in reversed(key.strip().split(".")):
+            value = {part: value}
+        data = _merge(data, value, COMMAND_LINE, sources)
+    return _convert(cls, data, "", _Context(cls, sources))
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """The config as plain dicts, lists and scalars (what ``dump_config`` writes)."""
+    return dataclasses.asdict(cfg)
+
+
+def dump_config(cfg: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML; ``load_config`` on it gives an equal object."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+
+
+def describe_config(cls: type) -> str:
+    """One line per dotted key: ``key  type  default  help`` (for a CLI's --help)."""
+    rows = [(k, _type_name(t), d, f.metadata.get("help", "")) for k, t, f, d in _leaves(cls, "")]
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
+    return "\n".join(
+        ("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]).rstrip()
+        for r in rows
+    )
+
+
+def _read_yaml(path: Path, sources: dict[str, str], chain: tuple[Path, ...]) -> dict[str, Any]:
+    """Load one file over its ``defaults`` base, recording which file set each dotted key."""
+    if path.resolve() in chain:
+        loop = " -> ".join(map(str, (*chain, path.resolve())))
+        raise ConfigError(f"config {path}: the 'defaults' chain loops: {loop}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping, got {type(data).__name__}")
+    base: dict[str, Any] = {}
+    if "defaults" in data:
+        parent = data.pop("defaults")
+        if not isinstance(parent, str):
+            raise ConfigError(f"config file {path}: 'defaults' must be a file name, got {parent!r}")
+        base = _read_yaml(path.parent / parent, sources, (*chain, path.resolve()))
+    return _merge(base, data, str(path), sources)
+
+
+def _merge(
+    base: dict[str, Any],
+    new: dict[str, Any],
+    source: str,
+    sources: dict[str, str],
+    prefix: str = "",
+) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in new.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _merge(out[k], v, source, sources, key + ".")
+        else:
+            out[k] = v
+            sources[key] = source
+    return out
+
+
+@dataclasses.dataclass
+class _Context:
+    root: type
+    sources: dict[str, str]
+
+    def where(self, key: str) -> str:
+        """The file (or the command line) that set ``key`` or its closest enclosing section."""
+        parts = key.split(".")
+        for n in range(len(parts), 0, -1):
+            source = self.sources.get(".".join(parts[:n]).split("[")[0])
+            if source:
+                return f"the {source}" if source == COMMAND_LINE else f"file {source}"
+        return "defaults"
+
+    def unknown(self, key: str) -> ConfigError:
+        valid = [k for k, *_ in _leaves(self.root, "")]
+        close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+        if not close:  # a right name in the wrong section: match on the last component
+            leaves = {k.rsplit(".", 1)[-1]: k for k in reversed(valid)}
+            close = [
+                leaves[m] for m in difflib.get_close_matches(key.rsplit(".", 1)[-1], leaves, 1)
+            ]
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return ConfigError(f"unknown config key {key!r} (from {self.where(key)}){hint}")
+
+    def wrong(self, key: str, tp: Any, value: Any, why: str = "") -> ConfigError:
+        return ConfigError(
+            f"config key {key!r} (from {self.where(key)}): expected {_type_name(tp)}, "
+            f"got {value!r} ({type(value).__name__}){why}"
+        )
+
+
+def _convert(tp: Any, value: Any, key: str, ctx: _Context) -> Any:
+    """``value`` (from YAML) as an instance of type ``tp``, or a ConfigError about ``key``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key, ctx)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(arg, value, key, ctx)
+            except ConfigError:
+                continue
+        raise ctx.wrong(key, tp, value)
+    if origin is Literal:
+        if any(value == a and type(value) is type(a) for a in args):
+            return value
+        raise ctx.wrong(key, tp, value, f"; choices: {', '.join(map(repr, args))}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ctx.wrong(key, tp, value)
+        return [_convert(args[0], v, f"{key}[{i}]", ctx) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ctx.wrong(key, tp, value)
+        return {k: _convert(args[1], v, f"{key}.{k}", ctx) for k, v in value.items()}
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except ValueError:
+            raise ctx.wrong(key, tp, value) from None
+    if (
+        tp in (int, str, bool)
+        and isinstance(value, tp)
+        and not (tp is int and isinstance(value, bool))
+    ):
+        return value
+    if tp in (int, float, str, bool):
+        raise ctx.wrong(key, tp, value)
+    raise ConfigError(f"config key {key!r}: field type {_type_name(tp)} is not supported")
+
+
+def _build(cls: type, value: Any, key: str, ctx: _Context) -> Any:
+    """Instantiate dataclass ``cls`` from a mapping; absent fields take their defaults."""
+    if not isinstance(value, dict):
+        raise ctx.wrong(key or "<top level>", cls, value, "; expected a mapping of its fields")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    for name in value:
+        if name not in fields:
+            raise ctx.unknown(f"{key}.{name}" if key else str(name))
+    kwargs = {}
+    for name, f in fields.items():
+        sub = f"{key}.{name}" if key else name
+        default = _default(f)
+        if name in value:
+            v = value[name]
+            if dataclasses.is_dataclass(default) and isinstance(v, dict):
+                v = _merge(config_to_dict(default), v, "", {})  # partial section over its default
+            kwargs[name] = _convert(hints[name], v, sub, ctx)
+        elif default is dataclasses.MISSING and dataclasses.is_dataclass(hints[name]):
+            kwargs[name] = _build(hints[name], {}, sub, ctx)
+        elif default is dataclasses.MISSING:
+            raise ConfigError(f"config key {sub!r} is required (it has no default) and was not set")
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a __post_init__ check
+        raise ConfigError(f"config section {key or '<top level>'!r}: {e}") from None
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _leaves(
+    cls: type, prefix: str, defaults: Any = None
+) -> list[tuple[str, Any, dataclasses.Field, str]]:
+    """(dotted key, type, field, default as text) for every non-dataclass field, depth first.
+
+    A section's defaults come from its field's default instance when it has one.
+    """
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        tp, d = hints[f.name], _default(f) if defaults is None else getattr(defaults, f.name)
+        if dataclasses.is_dataclass(tp):
+            out += _leaves(tp, f"{prefix}{f.name}.", d if dataclasses.is_dataclass(d) else None)
+        else:
+            out.append(
+                (prefix + f.name, tp, f, "required" if d is dataclasses.MISSING else repr(d))
+            )
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    plain = isinstance(tp, type) and typing.get_origin(tp) is None
+    return tp.__name__ if plain else str(tp).replace("typing.", "")

@@ -1,0 +1,304 @@
+"""An OpenAI-compatible chat client for teachers and controllers (vLLM's server, OpenAI, ...).
+
+    client = LLMClient("http://127.0.0.1:8000/v1", "my-model", cache_dir="runs/cache/teacher")
+    results = client.chat_many([[{"role": "user", "content": "Hi"}], ...])
+
+``chat_many`` never raises: a request that still fails after its retries comes back as a
+``ChatResult`` with ``error`` set. Requests run on a thread pool, at most ``max_concurrency`` in
+flight per client (across concurrent ``chat_many`` calls too). Connection errors, timeouts, 429
+and 5xx are retried with exponential backoff ``backoff · 2^attempt`` seconds (or the server's
+``Retry-After`` when longer); other 4xx answers and malformed bodies are not. Successful results
+are cached on disk, one JSON file per request, keyed by the sha256 of (base_url, model,
+messages, sampling parameters, cache tag). The API key is read from the environment variable
+``api_key_env`` and never appears in repr, logs, errors or the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+Messages = list[dict[str, str]]
+_RETRY_STATUS = frozenset({429}) | frozenset(range(500, 600))
+_MAX_RETRY_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """One completion: ``text`` on success, else ``error``. A cached result reports the tokens
+    and latency of the request that produced it."""
+
+    text: str | None
+    error: str | None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    cached: bool = False
+
+
+@dataclass
+class ClientStats:
+    """Totals over a client's life. Tokens, cost and latency count requests actually sent."""
+
+    calls: int = 0  # chat_many items
+    cache_hits: int = 0
+    requests: int = 0  # HTTP attempts, retries included
+    retries: int = 0
+    failures: int = 0  # items that came back with an error
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    latency_s: float = 0.0
+    cost_usd: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+class _Failure(Exception):
+    """A request that failed; ``retry`` says whether another attempt may succeed."""
+
+    def __init__(self, message: str, retry: bool, retry_after: float = 0.0):
+        super().__init__(message)
+        self.retry = retry
+        self.retry_after = retry_after
+
+
+@dataclass(eq=False)
+class LLMClient:
+    """Chat completions against ``{base_url}/chat/completions`` (base_url ends in ``/v1``).
+
+    Cost: ``price_prompt_per_mtok`` and ``price_completion_per_mtok`` in USD per million tokens.
+    ``extra_body`` is merged into every request (e.g. vLLM's ``chat_template_kwargs``).
+    """
+
+    base_url: str
+    model: str
+    api_key_env: str = "OPENAI_API_KEY"
+    max_concurrency: int = 8
+    timeout: float = 60.0
+    retries: int = 3
+    backoff: float = 1.0
+    cache_dir: str | Path | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    price_prompt_per_mtok: float = 0.0
+    price_completion_per_mtok: float = 0.0
+    extra_body: dict[str, Any] | None = None
+    stats: ClientStats = field(default_factory=ClientStats, init=False)
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries}")
+        self.base_url = self.base_url.rstrip("/")
+        # Kept off the dataclass fields so that repr, asdict and the cache key never see it.
+        self.__key = os.environ.get(self.api_key_env) or None
+        headers = {"Authorization": f"Bearer {self.__key}"} if self.__key else {}
+        self._http = httpx.Client(
+            headers=headers,
+            timeout=self.timeout,
+            limits=httpx.Limits(max_connections=self.max_concurrency),
+        )
+        self._slots = threading.BoundedSemaphore(self.max_concurrency)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (
+            f"LLMClient(base_url={self.base_url!r}, model={self.model!r}, "
+            f"api_key_env={self.api_key_env!r}, key_set={self.__key is not None})"
+        )
+
+    __str__ = __repr__
+
+    def close(self) -> None:
+        self._http.close()
+
+    def sampling_params(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            **(self.extra_body or {}),
+        }
+
+    def cache_key(self, messages: Messages, cache_tag: str = "") -> str:
+        """sha256 of the request's identity; ``cache_tag`` separates e.g. repeated runs."""
+        identity = {
+            "base_url": self.base_url,
+            "model": self.model,
+            "messages": messages,
+            "params": self.sampling_params(),
+            "tag": cache_tag,
+        }
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+    def chat_many(self, messages_list: list[Messages], cache_tag: str = "") -> list[ChatResult]:
+        """One ``ChatResult`` per message list, in order. A failed request gives a result with
+        ``error`` set; only malformed input (a caller's bug) raises, before any request."""
+        for i, messages in enumerate(messages_list):
+            _check_messages(messages, i)
+        if not messages_list:
+            return []
+        workers = min(self.max_concurrency, len(messages_list))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm") as pool:
+            return list(pool.map(lambda m: self._chat_one(m, cache_tag), messages_list))
+
+    def chat(self, messages: Messages, cache_tag: str = "") -> ChatResult:
+        return self.chat_many([messages], cache_tag)[0]
+
+    # --- one request ---------------------------------------------------------------------
+
+    def _chat_one(self, messages: Messages, cache_tag: str) -> ChatResult:
+        key = self.cache_key(messages, cache_tag)
+        cached = self._cache_read(key)
+        with self._lock:
+            self.stats.calls += 1
+            self.stats.cache_hits += cached is not None
+        if cached is not None:
+            return cached
+        result = self._request_with_retries(messages)
+        if result.error is None:
+            self._cache_write(key, result)
+        return result
+
+    def _request_with_retries(self, messages: Messages) -> ChatResult:
+        body = {"model": self.model, "messages": messages, **self.sampling_params()}
+        for attempt in range(self.retries + 1):
+            start = time.perf_counter()
+            try:
+                with self._slots:
+                    result = self._request(body)
+                latency = time.perf_counter() - start
+                self._account(result, latency)
+                return ChatResult(
+                    result["text"], None, result["prompt"], result["completion"], latency
+                )
+            except _Failure as failure:
+                with self._lock:
+                    self.stats.requests += 1
+                    self.stats.latency_s += time.perf_counter() - start
+                error = self._redact(str(failure))
+                if not failure.retry or attempt == self.retries:
+                    with self._lock:
+                        self.stats.failures += 1
+                    log.warning("chat request failed after %d attempt(s): %s", attempt + 1, error)
+                    return ChatResult(None, error)
+                delay = min(max(self.backoff * 2**attempt, failure.retry_after), _MAX_RETRY_AFTER_S)
+                log.info("chat request failed (%s); retry %d in %.2fs", error, attempt + 1, delay)
+                with self._lock:
+                    self.stats.retries += 1
+                time.sleep(delay)
+        raise AssertionError("unreachable: the last attempt returns")
+
+    def _request(self, body: dict[str, Any]) -> dict[str, Any]:
+        url = f"{self.base_url}/chat/completions"
+        try:
+            response = self._http.post(url, json=body)
+        except httpx.TimeoutException as e:
+            raise _Failure(
+                f"timeout after {self.timeout}s ({type(e).__name__}) at {url}", True
+            ) from e
+        except httpx.TransportError as e:
+            raise _Failure(f"connection error at {url}: {type(e).__name__}: {e}", True) from e
+        if response.status_code != 200:
+            retry = response.status_code in _RETRY_STATUS
+            raise _Failure(
+                f"HTTP {response.status_code} from {url}: {response.text[:300]}",
+                retry,
+                _retry_after(response) if retry else 0.0,
+            )
+        try:
+            data = response.json()
+            text = data["choices"][0]["message"]["content"]
+            usage = data.get("usage") or {}
+            prompt, completion = (
+                int(usage.get("prompt_tokens", 0)),
+                int(usage.get("completion_tokens", 0)),
+            )
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise _Failure(f"malformed response from {url}: {type(e).__name__}: {e}", False) from e
+        if not isinstance(text, str):
+            raise _Failure(f"response from {url} has no message content", False)
+        return {"text": text, "prompt": prompt, "completion": completion}
+
+    def _account(self, result: dict[str, Any], latency: float) -> None:
+        with self._lock:
+            s = self.stats
+            s.requests += 1
+            s.latency_s += latency
+            s.prompt_tokens += result["prompt"]
+            s.completion_tokens += result["completion"]
+            s.cost_usd += (
+                result["prompt"] * self.price_prompt_per_mtok
+                + result["completion"] * self.price_completion_per_mtok
+            ) / 1e6
+
+    def _redact(self, text: str) -> str:
+        # A server may echo the credentials it rejected.
+        return text.replace(self.__key, "***") if self.__key else text
+
+    # --- cache ---------------------------------------------------------------------------
+
+    def _cache_path(self, key: str) -> Path | None:
+        return None if self.cache_dir is None else Path(self.cache_dir) / key[:2] / f"{key}.json"
+
+    def _cache_read(self, key: str) -> ChatResult | None:
+        path = self._cache_path(key)
+        if path is None or not path.exists():
+            return None
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+            return ChatResult(
+                d["text"], None, d["prompt_tokens"], d["completion_tokens"], d["latency_s"], True
+            )
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("ignoring unreadable cache entry %s (%s); asking again", path, e)
+            return None
+
+    def _cache_write(self, key: str, result: ChatResult) -> None:
+        path = self._cache_path(key)
+        if path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entry = {k: v for k, v in asdict(result).items() if k not in ("error", "cached")}
+        # Written next to the target and renamed, so a reader never sees half a file.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(entry, f)
+            os.replace(tmp, path)
+        except OSError as e:
+            Path(tmp).unlink(missing_ok=True)
+            log.warning("cannot write cache entry %s: %s", path, e)
+
+
+def _check_messages(messages: Any, index: int) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError(f"messages_list[{index}] must be a non-empty list of messages")
+    for j, m in enumerate(messages):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)):
+            raise ValueError(f"messages_list[{index}][{j}] must be a dict with a string 'role'")
+        if not isinstance(m.get("content"), str):
+            raise ValueError(f"messages_list[{index}][{j}] must have a string 'content'")
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return max(0.0, float(response.headers.get("retry-after", 0)))
+    except ValueError:  # an HTTP date: fall back to our own backoff
+        return 0.0

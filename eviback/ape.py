@@ -1,0 +1,467 @@
+"""E2E-APE, the pure parts: benchmark, split, candidate grid, metrics, selection, frozen policy.
+
+1. Benchmark: each rollout is cut after each of its search rounds; every distinct (question,
+   evidence so far) is a row labelled S / I / A by a labeller (the evidence oracle where the data
+   has supporting documents). Rows are split into dev / holdout by question.
+2. Candidates: prompts on a grid over the axes of ``PromptAxes``; gated two-stage policies pair
+   Stage-A and Stage-B prompts with gating flags.
+3. Metrics of a candidate on rows: I precision / recall / F1, the S/I/A confusion, gold-F1
+   coverage on gold-S rows, parse rate; over repeated runs the mean / min / max and the status
+   agreement; cost from the teacher's counts. Objective ``w_I·I_F1 + w_cov·coverage``.
+4. Selection of the best single-stage and the best gated policy; the frozen policy file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from common.data import QAExample
+from common.metrics import f1_score
+from common.retrieval.base import Doc
+from eviback.prompts import (
+    ANSWER_RULES,
+    DOC_ORDERS,
+    INSTRUCTIONS,
+    STAGE_A_DEFAULT,
+    STAGE_B_DEFAULT,
+    Round,
+    TeacherPrompt,
+    get_prompt,
+    rounds_from_trajectory,
+)
+from eviback.teacher import TeacherItem, TeacherPolicy, TeacherStats, Verdict
+
+if TYPE_CHECKING:
+    from common.rollout.trajectory import Trajectory
+
+PREDICTED = ("S", "I", "A", "invalid")
+
+# --- 1. benchmark ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BenchmarkRow:
+    row_id: str
+    question_id: str
+    question: str
+    golden_answers: tuple[str, ...]
+    rounds: tuple[Round, ...]
+    label: str  # S | I | A, from the evidence only
+    label_answer: str = ""
+
+    def item(self) -> TeacherItem:
+        return TeacherItem(self.question, self.rounds, self.golden_answers)
+
+
+def build_benchmark(
+    trajectories: Sequence[Trajectory],
+    examples: Mapping[str, QAExample],
+    labeller: Callable[[TeacherItem], Verdict],
+) -> list[BenchmarkRow]:
+    """One row per distinct (question, first k search rounds) over the rollouts, k ≥ 1."""
+    rows: list[BenchmarkRow] = []
+    seen: set = set()
+    for t in trajectories:
+        example = examples.get(t.question_id)
+        if example is None:
+            raise ValueError(
+                f"rollout {t.group_id}/{t.sample_index}: unknown question {t.question_id!r}"
+            )
+        rounds = [Round(q, tuple(docs)) for q, docs in rounds_from_trajectory(t)]
+        for k in range(1, len(rounds) + 1):
+            prefix = tuple(rounds[:k])
+            key = (t.question_id, tuple((q, tuple(d.id for d in docs)) for q, docs in prefix))
+            if key in seen:
+                continue
+            seen.add(key)
+            item = TeacherItem(example.question, prefix, example.golden_answers, example.metadata)
+            verdict = labeller(item)
+            if not verdict.valid:
+                raise ValueError(
+                    f"rollout {t.group_id}/{t.sample_index}, round {k}: the labeller gave an "
+                    f"invalid verdict ({verdict.error})"
+                )
+            rows.append(
+                BenchmarkRow(
+                    f"{t.question_id}/{t.sample_index}/{k}",
+                    t.question_id,
+                    example.question,
+                    tuple(example.golden_answers),
+                    prefix,
+                    verdict.status,
+                    verdict.answer,
+                )
+            )
+    return rows
+
+
+def write_benchmark(path: str | Path, rows: Sequence[BenchmarkRow]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            d = asdict(row)
+            d["rounds"] = [
+                {"query": q, "docs": [asdict(doc) for doc in docs]} for q, docs in row.rounds
+            ]
+            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+
+
+def read_benchmark(path: str | Path) -> list[BenchmarkRow]:
+    """Rows written by ``write_benchmark``; a bad row is an error naming the file and line."""
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                d = json.loads(line)
+                rounds = tuple(
+                    Round(r["query"], tuple(Doc(**doc) for doc in r["docs"])) for r in d["rounds"]
+                )
+                row = BenchmarkRow(
+                    d["row_id"],
+                    d["question_id"],
+                    d["question"],
+                    tuple(d["golden_answers"]),
+                    rounds,
+                    d["label"],
+                    d.get("label_answer", ""),
+                )
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg})") from None
+            except KeyError as e:
+                raise ValueError(f"{where}: missing field {e.args[0]!r}") from None
+            except TypeError as e:
+                raise ValueError(f"{where}: malformed row ({e})") from None
+            if row.label not in ("S", "I", "A"):
+                raise ValueError(f"{where}: field 'label' must be S, I or A, got {row.label!r}")
+            rows.append(row)
+    return rows
+
+
+def split_by_question(
+    rows: Sequence[BenchmarkRow], holdout_fraction: float = 0.3, seed: int = 0
+) -> tuple[list[BenchmarkRow], list[BenchmarkRow]]:
+    """(dev, holdout): a seeded shuffle of the question ids; no question lands in both."""
+    if not 0 < holdout_fraction < 1:
+        raise ValueError(f"holdout_fraction must lie in (0, 1), got {holdout_fraction}")
+    questions = sorted({r.question_id for r in rows})
+    if len(questions) < 2:
+        raise ValueError(f"a dev/holdout split needs at least 2 questions, got {len(questions)}")
+    random.Random(seed).shuffle(questions)
+    n_holdout = min(len(questions) - 1, max(1, round(holdout_fraction * len(questions))))
+    holdout = set(questions[:n_holdout])
+    return (
+        [r for r in rows if r.question_id not in holdout],
+        [r for r in rows if r.question_id in holdout],
+    )
+
+
+# --- 2. candidates ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PromptAxes:
+    """The values each axis takes in the grid (stage B always hides the sub-queries)."""
+
+    instructions_a: tuple[str, ...] = tuple(INSTRUCTIONS["A"])
+    instructions_b: tuple[str, ...] = tuple(INSTRUCTIONS["B"])
+    answer_rules: tuple[str, ...] = tuple(ANSWER_RULES)
+    few_shot: tuple[bool, ...] = (False, True)
+    show_queries: tuple[bool, ...] = (True, False)
+    show_titles: tuple[bool, ...] = (True, False)
+    doc_order: tuple[str, ...] = DOC_ORDERS
+    top_m: tuple[int, ...] = (5,)
+
+
+def candidate_grid(
+    stage: str, axes: PromptAxes = PromptAxes(), limit: int | None = None, seed: int = 0
+) -> list[TeacherPrompt]:
+    """The stage's prompts over the axes, the hand-written default first; ``limit`` keeps the
+    default and a seeded sample of the rest."""
+    instructions = {"A": axes.instructions_a, "B": axes.instructions_b}[stage]
+    show_queries = axes.show_queries if stage == "A" else (False,)
+    grid = [
+        TeacherPrompt(stage, *options)
+        for options in itertools.product(
+            instructions,
+            axes.answer_rules,
+            axes.few_shot,
+            show_queries,
+            axes.show_titles,
+            axes.doc_order,
+            axes.top_m,
+        )
+    ]
+    default = STAGE_A_DEFAULT if stage == "A" else STAGE_B_DEFAULT
+    rest = [p for p in grid if p != default]
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        rest = random.Random(seed).sample(rest, min(limit - 1, len(rest)))
+    return [default, *rest]
+
+
+def gated_policies(
+    stage_a: Sequence[str],
+    stage_b: Sequence[str],
+    gates: Sequence[tuple[str, ...]] = (("S", "A"), ("S",)),
+    canonicalize: Sequence[bool] = (True, False),
+) -> list[TeacherPolicy]:
+    """Every gated two-stage combination of the given prompt ids and gating flags."""
+    return [
+        TeacherPolicy(a, b, gate, canon)
+        for a, b, gate, canon in itertools.product(stage_a, stage_b, gates, canonicalize)
+    ]
+
+
+# --- 3. metrics ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JudgeMetrics:
+    """One run of a candidate over benchmark rows. Ratios with an empty denominator are 0."""
+
+    n: int
+    parse_rate: float
+    i_precision: float
+    i_recall: float
+    i_f1: float
+    gold_f1_coverage: float  # mean F1(answer, gold) over gold-S rows; 0 for non-S verdicts
+    objective: float
+    confusion: dict[str, dict[str, int]]  # gold label -> predicted S / I / A / invalid -> count
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def judge_metrics(
+    rows: Sequence[BenchmarkRow],
+    verdicts: Sequence[Verdict],
+    weights: tuple[float, float] = (0.5, 0.5),
+) -> JudgeMetrics:
+    """P_I = |pred I ∧ gold I| / |pred I|, R_I = |pred I ∧ gold I| / |gold I|, F1_I = 2PR/(P+R);
+    coverage = mean over gold-S rows of F1(answer, gold answers), counting only valid S verdicts;
+    objective = w_I·F1_I + w_cov·coverage."""
+    if len(rows) != len(verdicts):
+        raise ValueError(f"{len(verdicts)} verdicts for {len(rows)} benchmark rows")
+    confusion = {gold: dict.fromkeys(PREDICTED, 0) for gold in ("S", "I", "A")}
+    coverage = []
+    for row, v in zip(rows, verdicts, strict=True):
+        confusion[row.label][v.status if v.valid else "invalid"] += 1
+        if row.label == "S":
+            supported = v.valid and v.status == "S"
+            coverage.append(f1_score(v.answer, row.golden_answers) if supported else 0.0)
+    true_i = confusion["I"]["I"]
+    precision = _ratio(true_i, sum(confusion[g]["I"] for g in confusion))
+    recall = _ratio(true_i, sum(confusion["I"].values()))
+    f1 = _ratio(2 * precision * recall, precision + recall)
+    cov = statistics.fmean(coverage) if coverage else 0.0
+    return JudgeMetrics(
+        n=len(rows),
+        parse_rate=_ratio(sum(v.valid for v in verdicts), len(verdicts)),
+        i_precision=precision,
+        i_recall=recall,
+        i_f1=f1,
+        gold_f1_coverage=cov,
+        objective=weights[0] * f1 + weights[1] * cov,
+        confusion=confusion,
+    )
+
+
+def status_agreement(runs: Sequence[Sequence[Verdict]]) -> float:
+    """Share of rows whose status (invalid counted as one) is the same in every run."""
+    if not runs or any(len(r) != len(runs[0]) for r in runs):
+        raise ValueError("status agreement needs one or more runs over the same rows")
+    same = sum(
+        len({v.status if v.valid else None for v in column}) == 1
+        for column in zip(*runs, strict=True)
+    )
+    return _ratio(same, len(runs[0]))
+
+
+@dataclass(frozen=True)
+class CandidateResult:
+    """A candidate policy's runs on a set of rows, with the teacher's counts per run."""
+
+    policy: TeacherPolicy
+    runs: tuple[JudgeMetrics, ...]
+    costs: tuple[TeacherStats, ...]
+    agreement: float
+
+    def summary(self) -> dict[str, Any]:
+        """Mean / min / max of the objective; means over runs of the rest (cost per run)."""
+        objectives = [m.objective for m in self.runs]
+
+        def mean(get: Callable[[Any], float], xs: Sequence) -> float:
+            return statistics.fmean(get(x) for x in xs)
+
+        return {
+            "strategy_id": self.policy.strategy_id,
+            "objective_mean": statistics.fmean(objectives),
+            "objective_min": min(objectives),
+            "objective_max": max(objectives),
+            "i_precision": mean(lambda m: m.i_precision, self.runs),
+            "i_recall": mean(lambda m: m.i_recall, self.runs),
+            "i_f1": mean(lambda m: m.i_f1, self.runs),
+            "gold_f1_coverage": mean(lambda m: m.gold_f1_coverage, self.runs),
+            "parse_rate": mean(lambda m: m.parse_rate, self.runs),
+            "agreement": self.agreement,
+            "calls": mean(lambda c: c.calls, self.costs),
+            "tokens": mean(lambda c: c.prompt_tokens + c.completion_tokens, self.costs),
+            "latency_s": mean(lambda c: c.latency_s, self.costs),
+            "failures": mean(lambda c: c.failures, self.costs),
+        }
+
+
+def candidate_result(
+    policy: TeacherPolicy,
+    rows: Sequence[BenchmarkRow],
+    runs: Sequence[Sequence[Verdict]],
+    costs: Sequence[TeacherStats],
+    weights: tuple[float, float] = (0.5, 0.5),
+) -> CandidateResult:
+    """Score each repeated run (final verdicts in row order) and their agreement."""
+    if not runs or len(runs) != len(costs):
+        raise ValueError(f"{len(runs)} runs and {len(costs)} cost records; need one each, ≥ 1")
+    metrics = tuple(judge_metrics(rows, verdicts, weights) for verdicts in runs)
+    return CandidateResult(policy, metrics, tuple(costs), status_agreement(runs))
+
+
+# --- 4. selection and the frozen policy ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    single: CandidateResult | None
+    gated: CandidateResult | None
+
+    @property
+    def best(self) -> CandidateResult:
+        return _best([r for r in (self.single, self.gated) if r is not None])
+
+
+def _rank_key(result: CandidateResult) -> tuple:
+    s = result.summary()
+    # Higher mean objective, then the more stable (higher worst run), then parse rate, then cheaper.
+    return (
+        -s["objective_mean"],
+        -s["objective_min"],
+        -s["parse_rate"],
+        s["tokens"],
+        s["strategy_id"],
+    )
+
+
+def _best(results: Sequence[CandidateResult]) -> CandidateResult:
+    if not results:
+        raise ValueError("no candidate results to select from")
+    return min(results, key=_rank_key)
+
+
+def select_best(results: Sequence[CandidateResult]) -> Selection:
+    """The best single-stage and the best gated policy: highest mean objective over the runs;
+    ties go to the higher worst-run objective, the higher parse rate, then fewer tokens."""
+    single = [r for r in results if r.policy.stage_b is None]
+    gated = [r for r in results if r.policy.stage_b is not None]
+    if not results:
+        raise ValueError("no candidate results to select from")
+    return Selection(_best(single) if single else None, _best(gated) if gated else None)
+
+
+def write_policy_file(path: str | Path, policy: TeacherPolicy, scores: Mapping[str, Any]) -> None:
+    """The frozen policy (strategy id, prompt ids and hashes, gating flags, scores) as YAML
+    (``.yaml`` / ``.yml``) or JSON (``.json``)."""
+    prompts = {"stage_a": policy.stage_a, "stage_b": policy.stage_b}
+    data = {
+        "strategy_id": policy.strategy_id,
+        **{
+            k: None if v is None else {"id": v, "hash": get_prompt(v).hash}
+            for k, v in prompts.items()
+        },
+        "gate": list(policy.gate),
+        "canonicalize": policy.canonicalize,
+        "scores": dict(scores),
+    }
+    Path(path).write_text(_dump(Path(path), data), encoding="utf-8")
+
+
+def read_policy_file(path: str | Path) -> tuple[TeacherPolicy, dict[str, Any]]:
+    """(policy, scores) from a frozen policy file; every prompt's hash must match its text now."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))  # YAML reads JSON too
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML/JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    for key in ("strategy_id", "stage_a", "stage_b", "gate", "canonicalize"):
+        if key not in data:
+            raise ValueError(f"{path}: missing key {key!r}")
+    ids = {}
+    for stage in ("stage_a", "stage_b"):
+        entry = data[stage]
+        if entry is None and stage == "stage_b":
+            ids[stage] = None
+            continue
+        if not isinstance(entry, dict) or not {"id", "hash"} <= entry.keys():
+            raise ValueError(f"{path}: {stage} must be a mapping with 'id' and 'hash'")
+        try:
+            prompt = get_prompt(str(entry["id"]))
+        except ValueError as e:
+            raise ValueError(f"{path}: {stage}: {e}") from None
+        if prompt.hash != entry["hash"]:
+            raise ValueError(
+                f"{path}: {stage} prompt {prompt.id!r} changed since the policy was frozen "
+                f"(hash {entry['hash']} in the file, {prompt.hash} now)"
+            )
+        ids[stage] = prompt.id
+    try:
+        policy = TeacherPolicy(
+            ids["stage_a"], ids["stage_b"], tuple(data["gate"]), bool(data["canonicalize"])
+        )
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+    if policy.strategy_id != data["strategy_id"]:
+        raise ValueError(
+            f"{path}: strategy_id {data['strategy_id']!r} does not match its fields "
+            f"({policy.strategy_id!r})"
+        )
+    return policy, dict(data.get("scores") or {})
+
+
+def _dump(path: Path, data: dict) -> str:
+    if path.suffix in (".yaml", ".yml"):
+        return yaml.safe_dump(data, sort_keys=False)
+    if path.suffix == ".json":
+        return json.dumps(data, indent=2) + "\n"
+    raise ValueError(f"{path}: a policy file ends in .yaml, .yml or .json")
+
+
+def results_table(results: Sequence[CandidateResult]) -> str:
+    """A markdown table of candidates' summaries, best first."""
+    header = (
+        "| strategy | objective (min–max) | I-P | I-R | I-F1 | gold-F1 cov. | parse | agree "
+        "| calls | tokens | latency s | failures |"
+    )
+    lines = [header, "|" + "---|" * 12]
+    for r in sorted(results, key=_rank_key):
+        s = r.summary()
+        lines.append(
+            f"| `{s['strategy_id']}` | {s['objective_mean']:.4f} ({s['objective_min']:.4f}–"
+            f"{s['objective_max']:.4f}) | {s['i_precision']:.4f} | {s['i_recall']:.4f} | "
+            f"{s['i_f1']:.4f} | {s['gold_f1_coverage']:.4f} | {s['parse_rate']:.3f} | "
+            f"{s['agreement']:.3f} | {s['calls']:.0f} | {s['tokens']:.0f} | "
+            f"{s['latency_s']:.1f} | {s['failures']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,302 @@
+"""LLMClient against a real OpenAI-compatible HTTP server (FastAPI + uvicorn) on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from common.llm_client import LLMClient
+
+SECRET = "sk-test-0123456789-very-secret"
+
+
+@dataclass
+class ServerState:
+    """What the server does next and what it has seen."""
+
+    fail_next: int = 0
+    fail_status: int = 500
+    sleep_s: float = 0.0
+    echo_auth: bool = False  # a 401 whose body echoes the Authorization header
+    bad_body: bool = False  # a 200 without choices
+    requests: int = 0
+    concurrent: int = 0
+    max_concurrent: int = 0
+    auth: list[str | None] = field(default_factory=list)
+    bodies: list[dict] = field(default_factory=list)
+
+
+def make_app(state: ServerState) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await request.json()
+        state.requests += 1
+        state.auth.append(request.headers.get("authorization"))
+        state.bodies.append(body)
+        state.concurrent += 1
+        state.max_concurrent = max(state.max_concurrent, state.concurrent)
+        try:
+            if state.echo_auth:
+                detail = f"invalid key: {request.headers.get('authorization')}"
+                return JSONResponse({"error": detail}, status_code=401)
+            if state.bad_body:
+                return {"object": "chat.completion", "choices": []}
+            if state.fail_next > 0:
+                state.fail_next -= 1
+                return JSONResponse({"error": "boom"}, status_code=state.fail_status)
+            if state.sleep_s:
+                await asyncio.sleep(state.sleep_s)
+            prompt = body["messages"][-1]["content"]
+            text = f"echo {prompt}"
+            usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())}
+            message = {"role": "assistant", "content": text}
+            return {"choices": [{"index": 0, "message": message}], "usage": usage}
+        finally:
+            state.concurrent -= 1
+
+    return app
+
+
+@pytest.fixture(scope="module")
+def server():
+    state = ServerState()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(make_app(state), log_level="warning", lifespan="off")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 10
+    while not srv.started:
+        assert time.time() < deadline, "test server did not start"
+        time.sleep(0.01)
+    yield state, f"http://127.0.0.1:{port}/v1"
+    srv.should_exit = True
+    thread.join(timeout=5)
+    sock.close()
+
+
+@pytest.fixture
+def srv(server):
+    state, url = server
+    deadline = time.time() + 5
+    while state.concurrent:  # requests left sleeping by an earlier timeout test
+        assert time.time() < deadline
+        time.sleep(0.05)
+    fresh = ServerState()
+    for name in fresh.__dataclass_fields__:
+        setattr(state, name, getattr(fresh, name))
+    return state, url
+
+
+def msgs(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def client(url: str, **kw) -> LLMClient:
+    return LLMClient(url, "tiny", **{"backoff": 0.01, "timeout": 5.0, **kw})
+
+
+def test_success_returns_text_tokens_and_sends_params(srv):
+    state, url = srv
+    c = client(url, temperature=0.0, top_p=1.0, max_tokens=7)
+    results = c.chat_many([msgs("one two"), msgs("three")])
+    assert [r.text for r in results] == ["echo one two", "echo three"]
+    assert [(r.prompt_tokens, r.completion_tokens) for r in results] == [(2, 3), (1, 2)]
+    assert all(r.error is None and not r.cached and r.latency_s > 0 for r in results)
+    assert state.bodies[0]["model"] == "tiny"
+    assert {k: state.bodies[0][k] for k in ("temperature", "top_p", "max_tokens")} == {
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_tokens": 7,
+    }
+    assert c.stats.calls == 2 and c.stats.requests == 2 and c.stats.failures == 0
+    assert (c.stats.prompt_tokens, c.stats.completion_tokens) == (3, 5)
+
+
+def test_cost_accounting(srv):
+    _, url = srv
+    c = client(url, price_prompt_per_mtok=2.0, price_completion_per_mtok=10.0)
+    c.chat_many([msgs("a b c d")])  # 4 prompt tokens, 5 completion tokens
+    assert c.stats.cost_usd == pytest.approx((4 * 2.0 + 5 * 10.0) / 1e6)
+
+
+def test_retries_500_then_succeeds(srv):
+    state, url = srv
+    state.fail_next = 2
+    c = client(url, retries=3)
+    [r] = c.chat_many([msgs("x")])
+    assert r.text == "echo x" and r.error is None
+    assert state.requests == 3
+    assert c.stats.retries == 2 and c.stats.requests == 3 and c.stats.failures == 0
+
+
+def test_retries_429(srv):
+    state, url = srv
+    state.fail_next, state.fail_status = 1, 429
+    [r] = client(url, retries=1).chat_many([msgs("x")])
+    assert r.text == "echo x" and state.requests == 2
+
+
+def test_retries_exhausted_become_error_result(srv):
+    state, url = srv
+    state.fail_next = 10
+    c = client(url, retries=2)
+    [r] = c.chat_many([msgs("x")])
+    assert r.text is None and "HTTP 500" in r.error
+    assert state.requests == 3 and c.stats.failures == 1
+
+
+def test_backoff_is_exponential(srv):
+    state, url = srv
+    state.fail_next = 2
+    start = time.perf_counter()
+    client(url, retries=2, backoff=0.2).chat_many([msgs("x")])
+    assert time.perf_counter() - start >= 0.2 + 0.4
+
+
+def test_client_error_is_not_retried(srv):
+    state, url = srv
+    state.fail_next, state.fail_status = 5, 400
+    [r] = client(url, retries=3).chat_many([msgs("x")])
+    assert "HTTP 400" in r.error and state.requests == 1
+
+
+def test_malformed_body_is_an_error_and_not_retried(srv):
+    state, url = srv
+    state.bad_body = True
+    [r] = client(url, retries=3).chat_many([msgs("x")])
+    assert r.text is None and "malformed response" in r.error and state.requests == 1
+
+
+def test_timeout_becomes_error_result(srv):
+    state, url = srv
+    state.sleep_s = 2.0
+    c = client(url, timeout=0.2, retries=1)
+    [r] = c.chat_many([msgs("slow")])
+    assert r.text is None and "timeout" in r.error
+    assert state.requests == 2 and c.stats.failures == 1
+
+
+def test_unreachable_server_becomes_error_result():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    c = client(f"http://127.0.0.1:{port}/v1", retries=1)
+    results = c.chat_many([msgs("a"), msgs("b")])
+    assert all(r.text is None and "connection error" in r.error for r in results)
+    assert c.stats.failures == 2 and c.stats.requests == 4
+
+
+def test_cache_serves_second_call_from_disk(srv, tmp_path):
+    state, url = srv
+    c = client(url, cache_dir=tmp_path)
+    [first] = c.chat_many([msgs("cache me")])
+    assert state.requests == 1 and not first.cached
+    files = list(tmp_path.rglob("*.json"))
+    assert len(files) == 1 and not list(tmp_path.rglob("*.tmp"))
+    assert json.loads(files[0].read_text())["text"] == "echo cache me"
+    # A fresh client over the same folder: served from disk, no request.
+    c2 = client(url, cache_dir=tmp_path)
+    [second] = c2.chat_many([msgs("cache me")])
+    assert state.requests == 1
+    assert second.cached and second.text == first.text
+    assert (second.prompt_tokens, second.completion_tokens) == (2, 3)
+    assert c2.stats.cache_hits == 1 and c2.stats.requests == 0 and c2.stats.prompt_tokens == 0
+
+
+def test_cache_key_covers_params_and_tag(srv, tmp_path):
+    state, url = srv
+    client(url, cache_dir=tmp_path).chat_many([msgs("q")])
+    client(url, cache_dir=tmp_path, temperature=0.7).chat_many([msgs("q")])
+    client(url, cache_dir=tmp_path).chat_many([msgs("q")], cache_tag="repeat-1")
+    client(url, cache_dir=tmp_path).chat_many([msgs("q")])  # hit
+    assert state.requests == 3
+
+
+def test_failures_are_not_cached_and_corrupt_entry_is_a_miss(srv, tmp_path):
+    state, url = srv
+    state.fail_next = 1
+    c = client(url, cache_dir=tmp_path, retries=0)
+    assert "HTTP 500" in c.chat(msgs("z")).error
+    assert not list(tmp_path.rglob("*.json"))
+    key = c.cache_key(msgs("z"))
+    path = tmp_path / key[:2] / f"{key}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    r = c.chat(msgs("z"))
+    assert r.text == "echo z" and not r.cached and state.requests == 2
+    assert json.loads(path.read_text())["text"] == "echo z"
+
+
+def test_concurrency_is_bounded(srv):
+    state, url = srv
+    state.sleep_s = 0.15
+    c = client(url, max_concurrency=3)
+    results = c.chat_many([msgs(f"m{i}") for i in range(12)])
+    assert [r.text for r in results] == [f"echo m{i}" for i in range(12)]
+    assert state.max_concurrent == 3
+
+
+def test_concurrency_bound_holds_across_threads(srv):
+    state, url = srv
+    state.sleep_s = 0.15
+    c = client(url, max_concurrency=2)
+    threads = [
+        threading.Thread(target=c.chat_many, args=([msgs(f"t{t}-{i}") for i in range(4)],))
+        for t in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert state.requests == 12 and state.max_concurrent == 2
+
+
+def test_key_is_sent_but_never_shown(srv, monkeypatch, caplog, tmp_path):
+    state, url = srv
+    monkeypatch.setenv("TEACHER_KEY", SECRET)
+    caplog.set_level(logging.DEBUG)
+    c = client(url, api_key_env="TEACHER_KEY", cache_dir=tmp_path, retries=1)
+    ok = c.chat(msgs("hello"))
+    assert state.auth[-1] == f"Bearer {SECRET}"
+    state.fail_next = 5
+    failed = c.chat(msgs("fail"))
+    state.echo_auth = True
+    echoed = c.chat(msgs("echo"))
+    assert "***" in echoed.error
+    shown = [repr(c), str(c), caplog.text, repr(ok), repr(failed), repr(echoed)]
+    shown += [p.read_text() for p in tmp_path.rglob("*.json")]
+    assert all(SECRET not in s for s in shown)
+    assert "TEACHER_KEY" in repr(c)
+
+
+def test_no_key_sends_no_authorization(srv, monkeypatch):
+    state, url = srv
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    client(url, api_key_env="NO_SUCH_KEY_VAR").chat(msgs("x"))
+    assert state.auth[-1] is None
+
+
+def test_malformed_input_raises_before_any_request(srv):
+    state, url = srv
+    c = client(url)
+    with pytest.raises(ValueError, match=r"messages_list\[1\]\[0\].*content"):
+        c.chat_many([msgs("ok"), [{"role": "user"}]])
+    with pytest.raises(ValueError, match=r"messages_list\[0\]"):
+        c.chat_many([[]])
+    assert state.requests == 0
+    assert c.chat_many([]) == []

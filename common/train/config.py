@@ -1,0 +1,77 @@
+"""The optimisation settings of a training run, shared by every method's trainer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+@dataclass
+class TrainConfig:
+    """AdamW, its learning-rate schedule, and how gradients are accumulated, clipped and sharded."""
+
+    lr: float = field(default=1e-6, metadata={"help": "peak learning rate of AdamW"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW decoupled weight decay"})
+    betas: tuple[float, float] = field(
+        default=(0.9, 0.999), metadata={"help": "AdamW (beta1, beta2)"}
+    )
+    warmup_steps: int = field(
+        default=0, metadata={"help": "optimizer steps of linear warmup from 0 to lr"}
+    )
+    scheduler: Literal["constant", "linear", "cosine"] = field(
+        default="constant",
+        metadata={
+            "help": "lr after warmup: constant, or linear / cosine decay to 0 at total_steps"
+        },
+    )
+    total_steps: int = field(
+        default=1000, metadata={"help": "optimizer steps of the run; decay schedules end here"}
+    )
+    grad_accum: int = field(
+        default=1, metadata={"help": "micro-batches (backward calls) per optimizer step"}
+    )
+    max_grad_norm: float = field(
+        default=1.0, metadata={"help": "clip the global gradient L2 norm to this; 0 disables"}
+    )
+    zero_stage: int = field(
+        default=2, metadata={"help": "DeepSpeed ZeRO stage (0-3) when world size > 1"}
+    )
+    bf16: bool | Literal["auto"] = field(
+        default="auto",
+        metadata={"help": "bf16 weights with fp32 master weights; auto: on GPU only"},
+    )
+    seed: int = field(
+        default=0, metadata={"help": "seed of python, numpy and torch RNGs set by the engine"}
+    )
+    gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "recompute activations in backward to save memory"}
+    )
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)  # YAML gives a list
+        checks = {
+            "lr": self.lr > 0,
+            "weight_decay": self.weight_decay >= 0,
+            "betas": len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            "warmup_steps": self.warmup_steps >= 0,
+            "scheduler": self.scheduler in SCHEDULERS,
+            "total_steps": self.total_steps >= 1,
+            "grad_accum": self.grad_accum >= 1,
+            "max_grad_norm": self.max_grad_norm >= 0,
+            "zero_stage": self.zero_stage in (0, 1, 2, 3),
+            "bf16": self.bf16 in (True, False, "auto"),
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            values = ", ".join(f"{name}={getattr(self, name)!r}" for name in bad)
+            raise ValueError(f"TrainConfig: invalid {values} (see the field help)")
+
+    def use_bf16(self, device: torch.device) -> bool:
+        """Resolve `bf16`: "auto" means bf16 on a CUDA device that supports it, fp32 elsewhere."""
+        if self.bf16 == "auto":
+            return device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return bool(self.bf16)

@@ -1,0 +1,273 @@
+"""One training engine for one CPU process, one GPU, or many GPUs under the DeepSpeed launcher.
+
+World size 1 runs plain torch; a larger world runs DeepSpeed ZeRO. Both step the same way:
+AdamW on the mean micro-batch loss of `grad_accum` micro-batches (averaged over ranks), the
+global gradient norm clipped to `max_grad_norm`, then one scheduler step.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from torch import nn
+
+from common.train.config import SCHEDULERS, TrainConfig
+from common.train.distributed import init_distributed
+from common.train.lora import enable_adapter_grads, is_lora_model
+from common.train.reference import ReferenceModel
+
+
+def _adamw(params: list[torch.Tensor], config: TrainConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(
+        params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+    )
+
+
+def _scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> Any:
+    return transformers.get_scheduler(
+        SCHEDULERS[config.scheduler],
+        optimizer,
+        num_warmup_steps=config.warmup_steps,
+        num_training_steps=config.total_steps,
+    )
+
+
+class _PlainBackend:
+    """World size 1: torch AdamW; with bf16 weights it steps fp32 master copies, as DeepSpeed does."""
+
+    def __init__(
+        self, model: nn.Module, params: list[nn.Parameter], config: TrainConfig, bf16: bool
+    ):
+        self.model = model
+        self.params = params
+        self.masters = [p.detach().float().clone() for p in params] if bf16 else None
+        self.optimizer = _adamw(self.masters or params, config)
+        self.scheduler = _scheduler(self.optimizer, config)
+        self.config = config
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (loss / self.config.grad_accum).backward()
+
+    def step(self, boundary: bool) -> float | None:
+        if not boundary:
+            return None
+        trained = self.masters or self.params
+        if self.masters is not None:
+            for master, param in zip(self.masters, self.params, strict=True):
+                master.grad = None if param.grad is None else param.grad.float()
+        max_norm = self.config.max_grad_norm or math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(trained, max_norm))
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            with torch.no_grad():
+                for master, param in zip(self.masters, self.params, strict=True):
+                    param.copy_(master)
+                    param.grad = None
+        return grad_norm
+
+    def save_state(self, folder: Path) -> None:
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        state = {
+            "params": {names[id(p)]: p.detach() for p in self.params},
+            "masters": self.masters,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+        torch.save(state, folder / "train_state.pt")
+
+    def load_state(self, folder: Path) -> None:
+        file = folder / "train_state.pt"
+        if not file.exists():
+            raise ValueError(f"{folder}: no train_state.pt (checkpoint of a DeepSpeed run?)")
+        state = torch.load(file, map_location="cpu", weights_only=False)
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        expected = {names[id(p)] for p in self.params}
+        if set(state["params"]) != expected:
+            missing, extra = expected - set(state["params"]), set(state["params"]) - expected
+            raise ValueError(
+                f"{file}: trainable parameters differ: missing {missing}, extra {extra}"
+            )
+        with torch.no_grad():
+            for param in self.params:
+                param.copy_(state["params"][names[id(param)]])
+            for master, saved in zip(self.masters or [], state["masters"] or [], strict=True):
+                master.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+class _DeepSpeedBackend:
+    """World size > 1: DeepSpeed ZeRO with the same AdamW and schedule as the plain path."""
+
+    def __init__(
+        self, model: nn.Module, params: list[nn.Parameter], config: TrainConfig, bf16: bool
+    ):
+        import deepspeed
+
+        ds_config = {
+            "train_micro_batch_size_per_gpu": 1,  # DeepSpeed's batch bookkeeping only
+            "gradient_accumulation_steps": config.grad_accum,
+            "gradient_clipping": config.max_grad_norm,
+            "zero_optimization": {"stage": config.zero_stage},
+            "bf16": {"enabled": bf16},
+            "steps_per_print": 2**31 - 1,
+        }
+        self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=model,
+            model_parameters=params,
+            optimizer=lambda ps: _adamw(list(ps), config),
+            lr_scheduler=lambda optimizer: _scheduler(optimizer, config),
+            config=ds_config,
+        )
+        # LoRA: the frozen base need not be saved, and then cannot be loaded strictly.
+        self.frozen = any(not p.requires_grad for p in model.parameters())
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.engine(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+
+    def step(self, boundary: bool) -> float | None:
+        self.engine.step()
+        if not boundary:
+            return None
+        grad_norm = self.engine.get_global_grad_norm()
+        return float(grad_norm) if grad_norm is not None else math.nan
+
+    def save_state(self, folder: Path) -> None:
+        self.engine.save_checkpoint(
+            str(folder), tag="deepspeed", save_latest=False, exclude_frozen_parameters=self.frozen
+        )
+
+    def load_state(self, folder: Path) -> None:
+        path, _ = self.engine.load_checkpoint(
+            str(folder), tag="deepspeed", load_module_strict=not self.frozen
+        )
+        if path is None:
+            raise ValueError(f"{folder}: no DeepSpeed state (checkpoint of a single-process run?)")
+
+
+class TrainEngine:
+    """Model + AdamW + LR schedule, driven the same way on every path.
+
+        out = engine(input_ids=ids, attention_mask=mask)   # training forward
+        engine.backward(loss)                              # one micro-batch
+        info = engine.step()                               # optimizer step every grad_accum calls
+
+    Training forwards go through `engine(...)`: DeepSpeed hooks its bookkeeping into its own
+    forward, and ZeRO-3 computes wrong gradients without it (measured), so a forward of
+    `engine.model` with gradients enabled is an error on every path. `engine.model` is the bare
+    module (a PeftModel for LoRA) for generation, scoring under no_grad, and adapter switching.
+    """
+
+    def __init__(self, model: nn.Module, config: TrainConfig, *, reference: bool = False):
+        self.config = config
+        self.rank, self.world_size, local_rank = init_distributed()
+        cuda = torch.cuda.is_available()
+        self.device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        self.bf16 = config.use_bf16(self.device)
+        self.global_step = 0
+        self._micro_steps = 0
+        transformers.set_seed(config.seed)
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model.to(self.device, dtype=torch.bfloat16 if self.bf16 else torch.float32)
+        # Before DeepSpeed: a ZeRO-3 model can no longer be copied whole.
+        self.reference = ReferenceModel(model) if reference else None
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("TrainEngine: the model has no parameter with requires_grad=True")
+        backend = _DeepSpeedBackend if self.world_size > 1 else _PlainBackend
+        self._backend = backend(model, params, config, self.bf16)
+        self._model = model
+        self._in_engine_forward = False
+        model.register_forward_pre_hook(self._refuse_outside_forward)
+
+    @property
+    def model(self) -> nn.Module:
+        """The unwrapped module (the PeftModel for LoRA models)."""
+        return self._model
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """AdamW (wrapped by DeepSpeed under DeepSpeed; over fp32 master copies with bf16)."""
+        return self._backend.optimizer
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimizer step uses."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    @property
+    def pending_micro_batches(self) -> int:
+        """Micro-batches whose gradient waits for the next optimizer step."""
+        return self._micro_steps % self.config.grad_accum
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The training forward of the model."""
+        self._in_engine_forward = True
+        try:
+            return self._backend.forward(*args, **kwargs)
+        finally:
+            self._in_engine_forward = False
+
+    def _refuse_outside_forward(self, module: nn.Module, args: tuple) -> None:
+        if torch.is_grad_enabled() and not self._in_engine_forward:
+            raise RuntimeError(
+                "TrainEngine: run training forwards as engine(...), not engine.model(...) "
+                "(DeepSpeed needs its own forward); wrap inference in torch.no_grad()"
+            )
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradient of loss / grad_accum."""
+        self._backend.backward(loss)
+
+    def step(self) -> dict[str, Any]:
+        """End one micro-batch; at every grad_accum-th call clip, step AdamW and the schedule.
+
+        Returns grad_norm (the global norm before clipping; None between boundaries), lr (the
+        rate of this step) and stepped.
+        """
+        lr = self.lr
+        self._micro_steps += 1
+        stepped = self.pending_micro_batches == 0
+        grad_norm = self._backend.step(stepped)
+        self.global_step += stepped
+        return {"grad_norm": grad_norm, "lr": lr, "stepped": stepped}
+
+    def set_adapter(self, name: str) -> None:
+        """Route forwards through LoRA adapter `name`; every adapter stays trainable."""
+        if not is_lora_model(self.model):
+            raise ValueError(f"set_adapter({name!r}): the model has no LoRA adapters")
+        if name not in self.model.peft_config:
+            raise ValueError(
+                f"set_adapter: no adapter {name!r}; have {sorted(self.model.peft_config)}"
+            )
+        self.model.set_adapter(name)
+        enable_adapter_grads(self.model)  # peft froze the others; ZeRO needs a fixed trainable set
+
+    def save_state(self, folder: Path) -> None:
+        """Optimizer, schedule and trainable weights into `folder`; all ranks must call, with no
+        micro-batch pending (accumulated gradients are not saved)."""
+        self._backend.save_state(folder)
+
+    def load_state(self, folder: Path) -> None:
+        """Inverse of save_state; all ranks must call. The global step is set by the caller."""
+        self._backend.load_state(folder)
+        self._micro_steps = 0

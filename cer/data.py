@@ -1,0 +1,298 @@
+"""Math and multiple-choice examples for CER, and their loaders.
+
+``load_math_examples(path, format="auto")`` reads a jsonl, JSON (a list, or one object a line) or
+parquet file, or ``hf://owner/name[:config]@split`` from the hub. Formats, picked from the keys
+of the first row when ``auto``:
+
+- ``math``: the MATH train split ``{problem, level, type, solution}``; the gold is the last boxed
+  answer of the solution. Rows whose solution has no box are left out and listed in
+  ``Loaded.skipped`` (and logged), never dropped silently.
+- ``answer``: MATH500 / AIME / AMC style ``{problem | question, answer}`` (a number answer is
+  written as text; ``27.0`` as ``27``).
+- ``webinstruct``: WebInstruct-verified ``{id, question, answer, answer_type, category,
+  difficulty}``; ``webinstruct_paper_filter`` keeps the paper's subset.
+- ``mmlu_pro``: ``{question, options, answer (letter) and/or answer_index}``.
+- ``supergpqa``: ``{question, options, answer_letter}``.
+
+Multiple-choice problems render their options as ``A. …`` lines under the question; the gold is
+the letter and ``metadata["multiple_choice"]`` is True. Every other key of a row is kept in
+``metadata``. An example's id is ``"{source}:{row id}"`` (the row's 0-based index when it has
+none); ``source`` defaults to the file's stem. A bad row is a ``DataError`` naming the file, the
+line (or row) and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import string
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cer.answer import last_boxed
+from common.data import DataError
+
+FORMATS = ("math", "answer", "webinstruct", "mmlu_pro", "supergpqa")
+LETTERS = string.ascii_uppercase[:10]  # A-J: MMLU-Pro has up to 10 options
+_HF_PATH = re.compile(r"hf://(?P<id>[^:@]+)(?::(?P<config>[^@]+))?@(?P<split>.+)")
+_WHITESPACE = re.compile(r"\s*")
+_ID_KEYS = ("id", "unique_id", "question_id", "uuid", "idx")
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MathExample:
+    id: str
+    problem: str
+    answer: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Loaded:
+    """The examples of a file, and ``"<where>: <why>"`` for each row left out."""
+
+    examples: list[MathExample]
+    skipped: list[str] = field(default_factory=list)
+
+
+def load_math_examples(path: str | Path, format: str = "auto", source: str | None = None) -> Loaded:
+    """Load a file (or ``hf://owner/name[:config]@split``) in one of ``FORMATS``."""
+    if format != "auto" and format not in FORMATS:
+        raise DataError(f"unknown format {format!r}; known: auto, {', '.join(FORMATS)}")
+    match = _HF_PATH.fullmatch(str(path))
+    if match:
+        rows, where = _hub_rows(match["id"], match["config"], match["split"]), str(path)
+        source = match["id"].rsplit("/", 1)[-1] if source is None else source
+    elif str(path).startswith("hf://"):
+        raise DataError(f"hub path {str(path)!r} is not of the form hf://owner/name[:config]@split")
+    else:
+        rows, where = _file_rows(Path(path)), str(path)
+        source = Path(path).stem if source is None else source
+    if not rows:
+        raise DataError(f"{where}: no rows")
+    if format == "auto":
+        format = _detect_format(rows[0][1], f"{where}, {rows[0][0]}")
+    parse_row = _PARSERS[format]
+    loaded = Loaded([])
+    for n, (label, row) in enumerate(rows):
+        at = f"{where}, {label}"
+        if not isinstance(row, dict):
+            raise DataError(f"{at}: expected a JSON object, got {type(row).__name__}")
+        example = parse_row(row, at)
+        if isinstance(example, str):
+            loaded.skipped.append(f"{at}: {example}")
+            continue
+        raw_id = next((row[k] for k in _ID_KEYS if k in row), n)
+        example.id = f"{source}:{raw_id}" if source else str(raw_id)
+        loaded.examples.append(example)
+    if loaded.skipped:
+        log.warning(
+            "%s: %d of %d rows skipped (first: %s)",
+            where,
+            len(loaded.skipped),
+            len(rows),
+            loaded.skipped[0],
+        )
+    return loaded
+
+
+def webinstruct_paper_filter(examples: Sequence[MathExample]) -> list[MathExample]:
+    """The paper's WebInstruct subset: ``category != "Mathematics"`` and ``difficulty ==
+    "University"``."""
+    return [
+        ex
+        for ex in examples
+        if ex.metadata.get("category") != "Mathematics"
+        and ex.metadata.get("difficulty") == "University"
+    ]
+
+
+def render_options(question: str, options: Sequence[str]) -> str:
+    """The question followed by one ``A. option`` line per option."""
+    return "\n".join([question, *(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))])
+
+
+def _detect_format(row: Any, at: str) -> str:
+    keys = set(row) if isinstance(row, dict) else set()
+    if "options" in keys:
+        return "supergpqa" if "answer_letter" in keys else "mmlu_pro"
+    if "answer_type" in keys:
+        return "webinstruct"
+    if "answer" in keys:
+        return "answer"
+    if "solution" in keys:
+        return "math"
+    raise DataError(
+        f"{at}: cannot tell the format from the keys {sorted(keys)}; expected a MATH row "
+        "(problem, solution), an answer row (problem or question, answer), WebInstruct "
+        "(question, answer, answer_type, ...) or multiple choice (question, options, ...)"
+    )
+
+
+def _text(row: dict, key: str, at: str) -> str:
+    if key not in row:
+        raise DataError(f"{at}: missing field {key!r}")
+    if not isinstance(row[key], str) or not row[key].strip():
+        raise DataError(f"{at}: field {key!r} must be a non-empty string, got {row[key]!r}")
+    return row[key]
+
+
+def _answer_text(row: dict, key: str, at: str) -> str:
+    value = row.get(key)
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        if key not in row:
+            raise DataError(f"{at}: missing field {key!r}")
+        raise DataError(f"{at}: field {key!r} must be a string or a number, got {value!r}")
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip()
+    if not text:
+        raise DataError(f"{at}: field {key!r} is empty")
+    return text
+
+
+def _rest(row: dict, *used: str) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k not in used and k not in _ID_KEYS}
+
+
+def _parse_math(row: dict, at: str) -> MathExample | str:
+    problem = _text(row, "problem", at)
+    gold = last_boxed(_text(row, "solution", at))
+    if gold is None or not gold.strip():
+        return "no \\boxed{} answer in the solution"
+    return MathExample("", problem, gold.strip(), _rest(row, "problem"))
+
+
+def _parse_answer(row: dict, at: str) -> MathExample:
+    key = "problem" if "problem" in row else "question"
+    return MathExample("", _text(row, key, at), _answer_text(row, "answer", at), _rest(row, key))
+
+
+def _parse_webinstruct(row: dict, at: str) -> MathExample:
+    meta = {k: _text(row, k, at) for k in ("answer_type", "category", "difficulty")}
+    return MathExample(
+        "",
+        _text(row, "question", at),
+        _answer_text(row, "answer", at),
+        {**_rest(row, "question", "answer"), **meta},
+    )
+
+
+def _options(row: dict, at: str) -> list[str]:
+    options = row.get("options")
+    if not isinstance(options, list) or not 1 <= len(options) <= len(LETTERS):
+        raise DataError(f"{at}: field 'options' must be a list of 1 to {len(LETTERS)} options")
+    return [str(o) for o in options]
+
+
+def _letter(row: dict, key: str, n_options: int, at: str) -> str:
+    letter = row[key].strip() if isinstance(row.get(key), str) else None
+    if letter not in LETTERS[:n_options]:
+        raise DataError(
+            f"{at}: field {key!r} must be one of the {n_options} option letters, got {row.get(key)!r}"
+        )
+    return letter
+
+
+def _multiple_choice(row: dict, at: str, letter: str, options: list[str]) -> MathExample:
+    question = _text(row, "question", at)
+    meta = {**_rest(row, "question"), "options": options, "multiple_choice": True}
+    return MathExample("", render_options(question, options), letter, meta)
+
+
+def _parse_mmlu_pro(row: dict, at: str) -> MathExample:
+    options = _options(row, at)
+    letter = _letter(row, "answer", len(options), at) if "answer" in row else None
+    index = row.get("answer_index")
+    if index is not None:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(options):
+            raise DataError(f"{at}: field 'answer_index' must be an option index, got {index!r}")
+        if letter is not None and letter != LETTERS[index]:
+            raise DataError(
+                f"{at}: field 'answer' ({letter}) disagrees with 'answer_index' ({index})"
+            )
+        letter = LETTERS[index]
+    if letter is None:
+        raise DataError(f"{at}: missing field 'answer' (letter) or 'answer_index'")
+    return _multiple_choice(row, at, letter, options)
+
+
+def _parse_supergpqa(row: dict, at: str) -> MathExample:
+    options = _options(row, at)
+    return _multiple_choice(row, at, _letter(row, "answer_letter", len(options), at), options)
+
+
+_PARSERS: dict[str, Callable[[dict, str], MathExample | str]] = {
+    "math": _parse_math,
+    "answer": _parse_answer,
+    "webinstruct": _parse_webinstruct,
+    "mmlu_pro": _parse_mmlu_pro,
+    "supergpqa": _parse_supergpqa,
+}
+
+
+def _file_rows(path: Path) -> list[tuple[str, Any]]:
+    """(``"line N"`` or ``"row N"``, row) for each row of a jsonl, JSON or parquet file."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq  # a dependency of datasets
+
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # pyarrow raises several types for a missing or bad file
+            raise DataError(f"cannot read parquet file {path}: {e}") from None
+        return [(f"row {i + 1}", row) for i, row in enumerate(table.to_pylist())]
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"cannot read {path}: {e}") from None
+    if text.lstrip().startswith("["):
+        return _json_list_rows(text, path)
+    rows = []
+    for n, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            try:
+                rows.append((f"line {n}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise DataError(
+                    f"{path}, line {n}: invalid JSON: {e.msg} (column {e.colno})"
+                ) from None
+    return rows
+
+
+def _json_list_rows(text: str, path: Path) -> list[tuple[str, Any]]:
+    """The elements of a JSON list, each labelled with the line it starts on."""
+    decoder, rows = json.JSONDecoder(), []
+    pos, line, counted = _WHITESPACE.match(text, text.index("[") + 1).end(), 1, 0
+    while not text.startswith("]", pos):
+        line, counted = line + text.count("\n", counted, pos), pos
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}, line {e.lineno}: invalid JSON: {e.msg}") from None
+        rows.append((f"line {line}", value))
+        pos = _WHITESPACE.match(text, end).end()
+        if text.startswith(",", pos):
+            pos = _WHITESPACE.match(text, pos + 1).end()
+        elif not text.startswith("]", pos):
+            where = text.count("\n", 0, pos) + 1
+            raise DataError(f"{path}, line {where}: invalid JSON: expected ',' or ']'")
+    return rows
+
+
+def _hub_rows(dataset_id: str, config: str | None, split: str) -> list[tuple[str, Any]]:
+    import datasets  # heavy; only the hub path needs it
+
+    where = f"hf://{dataset_id}{f':{config}' if config else ''}@{split}"
+    try:
+        rows = datasets.load_dataset(dataset_id, config, split=split)
+    except Exception as e:  # the hub raises many types (offline, not found, bad split): one message
+        raise DataError(
+            f"cannot load {where} from the Hugging Face hub: {type(e).__name__}: {e}\n"
+            "Without network (or with HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set) only datasets "
+            "already in the local cache load; download it first or point to a local file."
+        ) from None
+    return [(f"row {i + 1}", row) for i, row in enumerate(rows)]

@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import Qwen3ForCausalLM
+
+from cer.answer import solution_split
+from cer.reward import cer_from_logprobs
+from cer.scorer import hf_prefix_scorer, naive_scorer, score_group
+
+
+def plain_logprobs(model, prefix: list[int], continuation: list[int]) -> list[float]:
+    """log pi(continuation tokens | prefix) from one ordinary forward of prefix + continuation."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prefix + continuation])).logits[0]
+    logp = torch.log_softmax(logits.float(), -1)
+    return [logp[len(prefix) - 1 + t, tok].item() for t, tok in enumerate(continuation)]
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    gen = torch.Generator().manual_seed(1)
+    prefixes = [torch.randint(0, 97, (n,), generator=gen).tolist() for n in (1, 6, 23)]
+    conts = [torch.randint(0, 97, (n,), generator=gen).tolist() for n in (1, 4, 9, 2, 0)]
+    return [p for p in prefixes for _ in conts], [c for _ in prefixes for c in conts]
+
+
+@pytest.mark.parametrize("make", [hf_prefix_scorer, naive_scorer])
+def test_scorers_equal_a_plain_forward(tiny_qwen3, pairs, make):
+    prefixes, conts = pairs
+    got = make(tiny_qwen3, batch_size=2)(prefixes, conts)  # batch 2: several chunks per prefix
+    assert [len(g) for g in got] == [len(c) for c in conts]
+    for p, c, g in zip(prefixes, conts, got, strict=True):
+        assert g == pytest.approx(plain_logprobs(tiny_qwen3, p, c), abs=1e-5)
+
+
+def test_prefix_scorer_forwards_each_prefix_once(tiny_qwen3, pairs):
+    prefixes, conts = pairs
+    shapes = []
+    hook = tiny_qwen3.register_forward_hook(
+        lambda m, a, kw, out: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        hf_prefix_scorer(tiny_qwen3, batch_size=8)(prefixes, conts)
+    finally:
+        hook.remove()
+    # per prefix: one forward of the prefix, one of its 4 non-empty continuations as a batch
+    assert shapes == [(1, 1), (4, 9), (1, 6), (4, 9), (1, 23), (4, 9)]
+
+
+def test_empty_prefix_is_an_error(tiny_qwen3):
+    for make in (hf_prefix_scorer, naive_scorer):
+        with pytest.raises(ValueError, match="prefix is empty"):
+            make(tiny_qwen3)([[]], [[1]])
+
+
+RESPONSES = [
+    "We add the numbers: 5 + 7 = 12, so the answer is \\boxed{12}.",
+    "Half of 2 is 1, hence \\boxed{1}.",
+    "The total is 12. Final answer: \\boxed{12}",
+    "The total is 3 + 4 = 7.",
+]
+
+
+def test_score_group(tiny_qwen3, char_tokenizer):
+    tok, model = char_tokenizer, tiny_qwen3
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    prompt = tok.encode("What is 5 + 7?", add_special_tokens=False)
+    splits = [
+        solution_split(tok.encode(r, add_special_tokens=False) + [eos], tok) for r in RESPONSES
+    ]
+    calls = []
+
+    def score_fn(prefixes, continuations):
+        calls.append(len(prefixes))
+        return hf_prefix_scorer(model)(prefixes, continuations)
+
+    ref_logp, answer_logp, of_sample, distinct = score_group(score_fn, prompt, splits, "12", tok)
+    assert distinct == ["12", "1"]
+    assert of_sample.tolist() == [0, 1, 0, -1]
+    assert ref_logp.shape == (4,) and answer_logp.shape == (4, 2)
+    # the reference equals answer 0 and "12" is scored once per solution: 2 pairs per solution
+    assert calls == [4 * 2]
+    assert torch.equal(answer_logp[:, 0], ref_logp)
+    for j, split in enumerate(splits):
+        prefix = prompt + split.solution_ids
+        for x, value in (("12", ref_logp[j]), ("1", answer_logp[j, 1])):
+            cont = tok.encode(split.tail + x + "}", add_special_tokens=False)
+            assert value.item() == pytest.approx(sum(plain_logprobs(model, prefix, cont)), abs=1e-5)
+    rewards = cer_from_logprobs(ref_logp, answer_logp, of_sample)
+    assert rewards[0] == rewards[2] and rewards[3] == 0
+    # m: only the first two solutions are scored
+    ref2, ans2, of2, _ = score_group(hf_prefix_scorer(model), prompt, splits, "12", tok, m=2)
+    assert torch.equal(ref2, ref_logp[:2]) and torch.equal(ans2, answer_logp[:2])
+    assert torch.equal(of2, of_sample)
+
+
+@pytest.fixture(scope="module")
+def model_that_writes_12(char_tokenizer, tiny_qwen3):
+    """The tiny Qwen3 trained to write "so the answer is \\boxed{12}." (30 steps)."""
+    model = Qwen3ForCausalLM(tiny_qwen3.config)
+    model.load_state_dict(tiny_qwen3.state_dict())
+    ids = torch.tensor(
+        [char_tokenizer.encode("so the answer is \\boxed{12}.", add_special_tokens=False)]
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=3e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ops this small only wait on each other across threads
+    try:
+        for _ in range(30):
+            loss = model(input_ids=ids, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+def test_closing_brace_rule(char_tokenizer, model_that_writes_12):
+    """After a solution that goes on to write "12", the answer "1" is unlikely once its closing
+    brace is scored; without it, "1" would get the probability of every answer starting with 1."""
+    tok, model = char_tokenizer, model_that_writes_12
+    ids = tok.encode("so the answer is \\boxed{12}.", add_special_tokens=False)
+    split = solution_split(ids, tok)
+    assert split.tail == "{"  # "{1" is one token here: the straddling case
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    score = hf_prefix_scorer(model)
+    one, twelve, one_open = (
+        math.exp(sum(lp))
+        for lp in score([split.solution_ids] * 3, [enc("{1}"), enc("{12}"), enc("{1")])
+    )
+    assert twelve > 0.5
+    assert one < 0.05
+    assert one + twelve <= 1.0
+    assert one_open >= twelve  # without the brace, "1" is a prefix of "12"

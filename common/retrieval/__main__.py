@@ -1,0 +1,103 @@
+"""Command line: build an index, or serve one over HTTP (Search-R1's /retrieve protocol).
+
+    python -m common.retrieval index --corpus wiki.jsonl --out idx/ [--dense-encoder DIR]
+    python -m common.retrieval serve --corpus wiki.jsonl [--index idx/] [--port 8000]
+
+`serve` opens `--index` when that folder holds an index; otherwise it builds BM25 from
+`--corpus` (and saves it into `--index` when given, so the next start is fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from common.retrieval.base import CorpusError, CorpusRetriever
+from common.retrieval.index_folder import build_index, is_index_folder, load_index
+from common.retrieval.server import ServerLimits, serve
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m common.retrieval",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    index = sub.add_parser("index", help="build an index folder from a jsonl corpus")
+    index.add_argument(
+        "--corpus", required=True, help='jsonl of {"id","contents"} or {"id","title","text"}'
+    )
+    index.add_argument("--out", required=True, help="index folder to write")
+    index.add_argument("--dense-encoder", help="HF encoder folder (e.g. e5-base-v2); BM25 without")
+    index.add_argument(
+        "--index-type",
+        default="flat",
+        choices=("flat", "pq", "ivfpq"),
+        help="FAISS index for --dense-encoder",
+    )
+    index.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
+
+    srv = sub.add_parser("serve", help="serve POST /retrieve and GET /health")
+    srv.add_argument("--corpus", help="jsonl corpus to index with BM25 when --index holds none")
+    srv.add_argument("--index", help="index folder to open (or to save the BM25 index into)")
+    srv.add_argument("--host", default="127.0.0.1", help="interface (loopback by default)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--topk", type=int, default=3, help="top-k when a request gives none")
+    srv.add_argument("--max-queries", type=int, default=512, help="queries a request")
+    srv.add_argument("--max-query-chars", type=int, default=2048, help="characters a query")
+    srv.add_argument("--max-topk", type=int, default=100, help="largest topk a request may ask")
+    srv.add_argument("--no-mmap", action="store_true", help="read the index into memory")
+    srv.add_argument(
+        "--bm25-backend",
+        default="auto",
+        choices=("auto", "numba", "numpy"),
+        help="bm25s scoring backend (auto: numba when installed)",
+    )
+    return parser
+
+
+def _open_for_serving(args: argparse.Namespace) -> CorpusRetriever:
+    if args.index and is_index_folder(args.index):
+        return load_index(args.index, mmap=not args.no_mmap, backend=args.bm25_backend)
+    if not args.corpus:
+        raise FileNotFoundError(f"{args.index}: no index there, and no --corpus to build one")
+    if args.index:
+        return build_index(args.corpus, args.index, backend=args.bm25_backend)
+    from common.retrieval.bm25 import BM25Retriever
+
+    return BM25Retriever.from_corpus(args.corpus, backend=args.bm25_backend, show_progress=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "index":
+            retriever = build_index(
+                args.corpus, args.out, args.dense_encoder, args.index_type, args.batch_size
+            )
+            print(f"indexed {len(retriever):,} docs into {args.out}")
+            return 0
+        if not (args.index or args.corpus):
+            raise FileNotFoundError("serve needs --corpus or --index")
+        start = time.perf_counter()
+        retriever = _open_for_serving(args)
+        # The first search compiles bm25s's numba kernels; do it before taking requests.
+        retriever.search(["warm up"], 1)
+        print(
+            f"serving {len(retriever):,} docs on http://{args.host}:{args.port}/retrieve "
+            f"(ready in {time.perf_counter() - start:.1f}s)",
+            flush=True,
+        )
+    except (CorpusError, FileNotFoundError, ImportError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    limits = ServerLimits(args.topk, args.max_queries, args.max_query_chars, args.max_topk)
+    serve(retriever, len(retriever), args.host, args.port, limits)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

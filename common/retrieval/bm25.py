@@ -1,0 +1,150 @@
+"""BM25 over a passage corpus, a thin layer on `bm25s`.
+
+Score of doc d for query q (bm25s's default "lucene" variant, k1=1.5, b=0.75):
+
+    score(q, d) = sum_{t in q} IDF(t) * tf(t, d) / (tf(t, d) + k1 * (1 - b + b * |d| / avgdl)),
+    IDF(t) = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5)).
+
+Tokenisation is `bm25s.tokenize`'s: lowercase, words of two or more word characters,
+English stopwords removed, no stemming by default (a Snowball stemmer by language name,
+e.g. "english", needs the optional PyStemmer package). A doc is indexed as its Search-R1
+`contents` (title line + text). Like Lucene (Search-R1's BM25), a doc that shares no term
+with the query is not returned, so a query may get fewer than k docs; the docs returned
+rank exactly as raw bm25s ranks them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import bm25s
+
+from common.retrieval.base import Doc, doc_contents, read_corpus
+from common.retrieval.doc_store import DocStore, read_config, write_config
+
+STOPWORDS = "en"
+
+Stem = Callable[[list[str]], list[str]]
+
+
+def load_stemmer(language: str | None) -> Stem | None:
+    """PyStemmer's `stemWords` for `language`, or None for no stemming."""
+    if language is None:
+        return None
+    try:
+        import Stemmer
+    except ImportError:
+        raise ImportError(
+            f"stemmer={language!r} needs PyStemmer: `pip install PyStemmer` (or use stemmer=None)"
+        ) from None
+    return Stemmer.Stemmer(language).stemWords
+
+
+class BM25Retriever:
+    """BM25 retrieval of full passages; implements the `Retriever` protocol.
+
+    `backend="auto"` uses bm25s's numba kernels when numba is installed (about 10x faster
+    than numpy; the first search in a process compiles them, a few seconds), numpy otherwise.
+    `n_threads` is bm25s's: 0 searches the batch serially in the calling thread (numba's
+    kernel without the GIL), so several threads may search at once; -1 uses every core
+    for one batch (not safe from several threads at once with numba).
+    """
+
+    def __init__(
+        self, model: bm25s.BM25, docs: DocStore, stemmer: str | None = None, n_threads: int = 0
+    ):
+        if model.scores["num_docs"] != len(docs):
+            raise ValueError(f"index has {model.scores['num_docs']} docs, store {len(docs)}")
+        self.model = model
+        self.docs = docs
+        self.stemmer = stemmer
+        self.n_threads = n_threads
+        self._stemmer = load_stemmer(stemmer)
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    @classmethod
+    def from_docs(
+        cls,
+        docs: Sequence[Doc],
+        *,
+        k1: float = 1.5,
+        b: float = 0.75,
+        method: str = "lucene",
+        stemmer: str | None = None,
+        backend: str = "auto",
+        n_threads: int = 0,
+        show_progress: bool = False,
+    ) -> BM25Retriever:
+        """Index `docs` in memory."""
+        if not docs:
+            raise ValueError("cannot build a BM25 index over an empty corpus")
+        tokens = bm25s.tokenize(
+            [doc_contents(d) for d in docs],
+            stopwords=STOPWORDS,
+            stemmer=load_stemmer(stemmer),
+            show_progress=show_progress,
+        )
+        if not tokens.vocab:
+            raise ValueError(f"none of the {len(docs)} docs has a word to index")
+        model = bm25s.BM25(k1=k1, b=b, method=method, backend=backend)
+        model.index(tokens, show_progress=show_progress)
+        return cls(model, DocStore(docs), stemmer=stemmer, n_threads=n_threads)
+
+    @classmethod
+    def from_corpus(cls, path: str | Path, **kwargs: Any) -> BM25Retriever:
+        """Index a jsonl corpus file (see `read_corpus`); kwargs as for `from_docs`."""
+        return cls.from_docs(read_corpus(path), **kwargs)
+
+    def save(self, folder: str | Path) -> None:
+        """Write the index, the passage texts and the tokenisation settings into `folder`."""
+        folder = Path(folder)
+        self.model.save(folder, show_progress=False)
+        self.docs.save(folder)
+        write_config(folder, {"kind": "bm25", "stopwords": STOPWORDS, "stemmer": self.stemmer})
+
+    @classmethod
+    def load(
+        cls, folder: str | Path, mmap: bool = True, backend: str = "auto", n_threads: int = 0
+    ) -> BM25Retriever:
+        """Open a saved index; `mmap=True` maps the score arrays and texts instead of reading them."""
+        config = read_config(folder, "bm25")
+        model = bm25s.BM25.load(folder, mmap=mmap, load_corpus=False, backend=backend)
+        docs = DocStore.load(folder, mmap=mmap)
+        return cls(model, docs, stemmer=config["stemmer"], n_threads=n_threads)
+
+    def search(self, queries: list[str], k: int) -> list[list[Doc]]:
+        """Top-k docs per query, best first, only docs with a positive score.
+
+        k above the corpus size is clamped. All queries go to bm25s in one call.
+        """
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        if not queries:
+            return []
+        tokens = bm25s.tokenize(
+            queries,
+            stopwords=STOPWORDS,
+            stemmer=self._stemmer,
+            return_ids=False,
+            show_progress=False,
+        )
+        # A query left without tokens matches nothing; bm25s's numba path also rejects a
+        # batch whose first query is empty, so those never reach it.
+        asked = [i for i, t in enumerate(tokens) if t]
+        results: list[list[Doc]] = [[] for _ in queries]
+        if not asked:
+            return results
+        ids, scores = self.model.retrieve(
+            [tokens[i] for i in asked],
+            k=min(k, len(self)),
+            show_progress=False,
+            n_threads=self.n_threads,
+        )
+        rows = self.docs.take(ids.tolist(), scores.tolist())
+        for i, row in zip(asked, rows, strict=True):
+            results[i] = [doc for doc in row if doc.score > 0.0]
+        return results

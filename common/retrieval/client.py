@@ -1,0 +1,119 @@
+"""Client of a Search-R1-protocol retrieval server (this project's or Search-R1's own)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from common.retrieval.base import CorpusError, Doc, parse_row
+
+
+class RetrievalError(RuntimeError):
+    """The retrieval server could not be reached or gave an unusable answer."""
+
+
+def parse_response(body: Any, num_queries: int, url: str) -> list[list[Doc]]:
+    """Docs from a `/retrieve` answer, with scores (`{"document", "score"}` items) or
+    without (bare `{"id", "contents"}` items, score 0.0)."""
+    result = body.get("result") if isinstance(body, dict) else None
+    if not isinstance(result, list) or len(result) != num_queries:
+        raise RetrievalError(
+            f"{url}: expected {{'result': [{num_queries} lists]}}, got {body!r:.200}"
+        )
+    out = []
+    for i, items in enumerate(result):
+        if not isinstance(items, list):
+            raise RetrievalError(f"{url}: result[{i}] is not a list")
+        docs = []
+        for j, item in enumerate(items):
+            where = f"{url}: result[{i}][{j}]"
+            scored = isinstance(item, dict) and "document" in item
+            try:
+                doc = parse_row(item["document"] if scored else item, where)
+            except CorpusError as e:
+                raise RetrievalError(str(e)) from None
+            score = item.get("score", 0.0) if scored else 0.0
+            if not isinstance(score, int | float):
+                raise RetrievalError(f"{where}: score must be a number, got {score!r}")
+            docs.append(Doc(doc.id, doc.title, doc.text, float(score)))
+        out.append(docs)
+    return out
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    return str(body.get("detail", body) if isinstance(body, dict) else body)
+
+
+class HTTPRetriever:
+    """The `Retriever` protocol over HTTP: one request per `batch_size` queries.
+
+    Connection errors, timeouts and 5xx answers are retried `retries` times, waiting
+    `backoff * 2**attempt` seconds; a 4xx is not retried. Either way a failure is a
+    `RetrievalError` naming the URL.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 30.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        batch_size: int = 512,
+    ):
+        # Search-R1 configs give the endpoint itself; a bare server address works too.
+        self.url = url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
+        self.retries = retries
+        self.backoff = backoff
+        self.batch_size = batch_size
+        self._client = httpx.Client(timeout=timeout)
+
+    def search(self, queries: list[str], k: int) -> list[list[Doc]]:
+        out: list[list[Doc]] = []
+        for start in range(0, len(queries), self.batch_size):
+            out.extend(self._post(queries[start : start + self.batch_size], k))
+        return out
+
+    def _post(self, queries: list[str], k: int) -> list[list[Doc]]:
+        payload = {"queries": queries, "topk": k, "return_scores": True}
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._client.post(self.url, json=payload)
+            except httpx.TransportError as e:
+                failure = f"{type(e).__name__}: {e}"
+            else:
+                if response.status_code < 500:
+                    break
+                failure = f"HTTP {response.status_code}: {response.text[:200]}"
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2**attempt)
+        else:
+            raise RetrievalError(
+                f"retrieval server {self.url} failed {self.retries + 1} times; last: {failure}"
+            )
+        if response.status_code >= 400:
+            raise RetrievalError(
+                f"{self.url} rejected the request (HTTP {response.status_code}): "
+                f"{_detail(response)}"
+            )
+        try:
+            body = response.json()
+        except ValueError:
+            raise RetrievalError(
+                f"{self.url}: answer is not JSON: {response.text[:200]!r}"
+            ) from None
+        return parse_response(body, len(queries), self.url)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> HTTPRetriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,241 @@
+"""The retrieval server (a real subprocess on loopback) and the HTTP client against it."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+
+from common.retrieval import BM25Retriever, Doc, HTTPRetriever, RetrievalError, read_corpus
+from common.retrieval.server import ServerLimits, create_app
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).parent.parent
+DATA = Path(__file__).parent / "data" / "retrieval"
+JSON = {"content-type": "application/json"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.stderr.read()}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} not healthy after {timeout}s")
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> Path:
+    """Search-R1 jsonl: the 10 Wikipedia-2018 rows and the HotpotQA sample's paragraphs."""
+    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    rows = [json.loads(line) for line in (DATA / "wiki18_sample_corpus.jsonl").open()]
+    seen = set()
+    for line in (DATA / "hotpotqa_sample.jsonl").open():
+        for title, sentences in json.loads(line)["context"]:
+            if title not in seen:
+                seen.add(title)
+                rows.append(
+                    {"id": f"h{len(seen)}", "contents": f'"{title}"\n' + "".join(sentences)}
+                )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="session")
+def server(corpus, tmp_path_factory) -> Iterator[str]:
+    """`python -m common.retrieval index` then `serve --index`, as a user runs them."""
+    index = tmp_path_factory.mktemp("index") / "bm25"
+    cli = [sys.executable, "-m", "common.retrieval"]
+    subprocess.run(
+        [*cli, "index", "--corpus", str(corpus), "--out", str(index)], check=True, cwd=ROOT
+    )
+    port = free_port()
+    # numpy backend: numba's kernel compilation would add seconds; its ranking is tested apart.
+    args = ["serve", "--index", str(index), "--port", str(port), "--bm25-backend", "numpy"]
+    proc = subprocess.Popen([*cli, *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_health(server, corpus):
+    assert httpx.get(server + "/health").json() == {"status": "ok", "num_docs": 210}
+
+
+def test_search_r1_request_gives_search_r1_answer(server, corpus):
+    contents = {r["id"]: r["contents"] for r in map(json.loads, corpus.open())}
+    body = {"queries": ["Evan Morris lobbyist in Washington", "Horatio Hale in America"], "topk": 2}
+    scored = httpx.post(server + "/retrieve", json={**body, "return_scores": True}).json()
+    plain = httpx.post(server + "/retrieve", json=body).json()
+    assert list(scored) == ["result"] and len(scored["result"]) == 2
+    for items in scored["result"]:
+        assert len(items) == 2
+        for item in items:
+            assert set(item) == {"document", "score"} and set(item["document"]) == {
+                "id",
+                "contents",
+            }
+            assert item["document"]["contents"] == contents[item["document"]["id"]]
+        assert items[0]["score"] >= items[1]["score"] > 0
+    assert scored["result"][0][0]["document"]["id"] == "0"
+    assert scored["result"][1][0]["document"]["id"] == "1"
+    assert plain == {"result": [[item["document"] for item in items] for items in scored["result"]]}
+
+
+def test_topk_defaults_to_server_setting(server):
+    [items] = httpx.post(server + "/retrieve", json={"queries": ["the film director"]}).json()[
+        "result"
+    ]
+    assert len(items) == 3
+
+
+def test_client_equals_in_process_retriever(server, corpus):
+    questions = [json.loads(line)["question"] for line in (DATA / "hotpotqa_sample.jsonl").open()]
+    local = BM25Retriever.from_docs(read_corpus(corpus), backend="numpy").search(questions, 5)
+    with HTTPRetriever(server, batch_size=7) as client:  # 20 queries: 3 requests
+        remote = client.search(questions, 5)
+    assert remote == local  # JSON carries the float scores exactly
+
+
+def test_concurrent_requests_get_their_own_answers(server):
+    queries = [[q] for q in ("Ed Wood", "Horatio Hale", "Black Book film", "Moscow university")]
+    with HTTPRetriever(server) as client:
+        expected = [client.search(q, 3) for q in queries]
+        with ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda q: client.search(q, 3), queries * 4))
+    assert got == expected * 4
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "detail"),
+    [
+        ({"content": b"{not json", "headers": JSON}, 400, "body: invalid JSON"),
+        ({"content": b'{"queries": ["a"]}'}, 422, "body: Input should be a valid dict"),
+        ({"json": {"queries": "one string"}}, 422, "queries: "),
+        ({"json": {"queries": ["ok", 3]}}, 422, "queries.1: "),
+        ({"json": {"topk": 3}}, 422, "queries: Field required"),
+        ({"json": {"queries": ["a"], "topk": 101}}, 422, "topk: must be between 1 and 100"),
+        ({"json": {"queries": ["a"], "topk": "3"}}, 422, "topk: "),
+        ({"json": {"queries": ["a"] * 513}}, 422, "queries: at most 512"),
+        ({"json": {"queries": ["a" * 2049]}}, 422, "queries.0: at most 2048 characters"),
+        ({"json": [1, 2]}, 422, "body: Input should be a valid dict"),
+    ],
+)
+def test_bad_request_gets_4xx_and_server_keeps_serving(server, kwargs, status, detail):
+    response = httpx.post(server + "/retrieve", **kwargs)
+    assert response.status_code == status
+    assert response.json()["detail"].startswith(detail)
+    good = httpx.post(server + "/retrieve", json={"queries": ["Ed Wood"], "topk": 1})
+    assert good.status_code == 200 and len(good.json()["result"][0]) == 1
+
+
+def test_client_reports_rejected_request(server):
+    with HTTPRetriever(server) as client, pytest.raises(RetrievalError, match="HTTP 422.*topk"):
+        client.search(["a"], 1000)
+
+
+def test_unreachable_server_fails_fast_naming_url():
+    url = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(RetrievalError, match=f"{url}/retrieve failed 2 times"):
+        HTTPRetriever(url, timeout=0.5, retries=1, backoff=0.01).search(["q"], 3)
+    assert time.monotonic() - start < 3
+
+
+class FlakyRetriever:
+    """A backend that fails its first `failures` searches, then answers."""
+
+    def __init__(self, failures: int):
+        self.failures = failures
+
+    def search(self, queries: list[str], k: int) -> list[list[Doc]]:
+        if self.failures:
+            self.failures -= 1
+            raise OSError("index file temporarily unavailable")
+        return [[Doc("7", "T", q, 1.5)] for q in queries]
+
+
+@pytest.fixture
+def threaded_server() -> Iterator[Callable[..., str]]:
+    servers = []
+
+    def start(retriever, limits=None) -> str:
+        port = free_port()
+        app = create_app(retriever, 1, limits)
+        srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+        threading.Thread(target=srv.run, daemon=True).start()
+        servers.append(srv)
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, timeout=20)
+        return url
+
+    yield start
+    for srv in servers:
+        srv.should_exit = True
+
+
+def test_client_retries_5xx_then_succeeds(threaded_server):
+    url = threaded_server(FlakyRetriever(failures=2))
+    with HTTPRetriever(url, retries=2, backoff=0.01) as client:
+        assert client.search(["x", "y"], 1) == [
+            [Doc("7", "T", "x", 1.5)],
+            [Doc("7", "T", "y", 1.5)],
+        ]
+
+
+def test_client_gives_up_after_retries(threaded_server):
+    url = threaded_server(FlakyRetriever(failures=5))
+    with (
+        HTTPRetriever(url, retries=1, backoff=0.01) as client,
+        pytest.raises(RetrievalError, match="failed 2 times.*HTTP 500.*temporarily unavailable"),
+    ):
+        client.search(["x"], 1)
+
+
+def test_client_splits_batches_above_batch_size(threaded_server):
+    url = threaded_server(FlakyRetriever(failures=0), ServerLimits(max_queries=2))
+    queries = ["a", "b", "c", "d", "e"]
+    with HTTPRetriever(url, batch_size=2) as client:
+        assert [r[0].text for r in client.search(queries, 1)] == queries
+    with (
+        HTTPRetriever(url, batch_size=512) as client,
+        pytest.raises(RetrievalError, match="at most 2"),
+    ):
+        client.search(queries, 1)
+
+
+def test_serve_without_index_or_corpus_is_a_clear_error(tmp_path):
+    missing = tmp_path / "no_index"
+    result = subprocess.run(
+        [sys.executable, "-m", "common.retrieval", "serve", "--index", str(missing)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip() == f"error: {missing}: no index there, and no --corpus to build one"
+    )

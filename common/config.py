@@ -63,7 +63,16 @@ def load_config(
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """The config as plain dicts, lists and scalars (what ``dump_config`` writes)."""
-    return dataclasses.asdict(cfg)
+    return _plain(dataclasses.asdict(cfg))
+
+
+def _plain(value: Any) -> Any:
+    """Tuples become lists: YAML's safe dumper has no tuple, and loading converts them back."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
 
 
 def dump_config(cfg: Any, path: str | Path) -> None:
@@ -176,6 +185,13 @@ def _convert(tp: Any, value: Any, key: str, ctx: _Context) -> Any:
         if not isinstance(value, list):
             raise ctx.wrong(key, tp, value)
         return [_convert(args[0], v, f"{key}[{i}]", ctx) for i, v in enumerate(value)]
+    if origin is tuple:
+        types_ = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        if not isinstance(value, list | tuple) or len(value) != len(types_):
+            raise ctx.wrong(key, tp, value)
+        return tuple(
+            _convert(t, v, f"{key}[{i}]", ctx) for i, (t, v) in enumerate(zip(types_, value))
+        )
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise ctx.wrong(key, tp, value)

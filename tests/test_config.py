@@ -219,3 +219,18 @@ def test_describe_lists_dotted_keys_types_defaults_help() -> None:
     assert rows["train.lr"].split() == ["train.lr", "float", "1e-05", "learning", "rate"]
     assert rows["rollout.max_turns"].split()[1:3] == ["int", "8"]  # the field's own default
     assert "Literal['vllm', 'hf']" in rows["rollout.engine"]
+
+
+@dataclass
+class _WithTuple:
+    betas: tuple[float, float] = (0.9, 0.999)
+    sizes: tuple[int, ...] = (1, 2)
+
+
+def test_tuple_fields_load_override_and_round_trip(tmp_path):
+    cfg = load_config(_WithTuple, None, ["betas=[0.8, 0.95]", "sizes=[3, 4, 5]"])
+    assert cfg.betas == (0.8, 0.95) and cfg.sizes == (3, 4, 5)
+    dump_config(cfg, tmp_path / "c.yaml")
+    assert load_config(_WithTuple, tmp_path / "c.yaml") == cfg
+    with pytest.raises(ConfigError, match="betas"):
+        load_config(_WithTuple, None, ["betas=[0.8]"])

@@ -1,0 +1,195 @@
+"""The multi-turn search agent loop (specs/search_agent.md), batched over questions x samples.
+
+Each turn: generate for every live trajectory at once, parse the actions, send all of the turn's
+queries to the retriever in one call, insert the observations as token ids, repeat; after
+``max_turns`` turns one last turn is generated with searching disabled to force an answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from common.data import QAExample
+from common.metrics import normalize_answer
+from common.retrieval.base import Retriever
+from common.rollout.engine import GenerationEngine, SamplingConfig
+from common.rollout.protocols import get_protocol
+from common.rollout.trajectory import Step, Trajectory
+
+
+@dataclass
+class AgentConfig:
+    """How the search agent runs."""
+
+    protocol: str = field(default="search_r1", metadata={"help": "search_r1 | react"})
+    instruction: str = field(
+        default="", metadata={"help": "user prompt with {question}; empty = the protocol's own"}
+    )
+    max_turns: int = field(default=4, metadata={"help": "turns before the forced-answer turn"})
+    topk: int = field(default=3, metadata={"help": "documents shown per search"})
+    max_turn_tokens: int = field(default=500, metadata={"help": "new tokens per turn"})
+    max_obs_tokens: int = field(default=500, metadata={"help": "tokens per observation"})
+    max_context: int = field(default=4096, metadata={"help": "prompt + response token limit"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus mass"})
+    top_k: int = field(default=0, metadata={"help": "0 = off"})
+
+
+def build_prompt_ids(tokenizer, protocol, question: str, instruction: str = "") -> list[int]:
+    """The chat-templated user turn plus the assistant header, as token ids."""
+    content = instruction.format(question=question.strip()) if instruction else None
+    messages = [{"role": "user", "content": content or protocol.user_prompt(question)}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False) if text else []
+
+
+def _multi_rank() -> bool:
+    # vLLM sets up a one-rank process group in-process; only a real multi-rank run is collective
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _any_alive_globally(alive: bool) -> bool:
+    """Every rank's engine call is collective under data-parallel vLLM: agree on turn count."""
+    if not _multi_rank():
+        return alive
+    flag = torch.tensor([1 if alive else 0])
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def run_agent(
+    engine: GenerationEngine,
+    tokenizer,
+    retriever: Retriever,
+    examples: Sequence[QAExample],
+    n: int,
+    cfg: AgentConfig,
+    group_prefix: str = "",
+    adapter: str | None = None,
+    seed: int | None = None,
+    timings: dict[str, float] | None = None,
+) -> list[Trajectory]:
+    """Roll out ``n`` trajectories per example; returns them grouped, question-major.
+
+    ``group_id`` = ``f"{group_prefix}{position}:{example.id}"``, unique per question instance
+    even when one question appears twice in a batch or ids repeat across sources.
+    ``timings`` (optional) accumulates seconds spent in ``generation`` and ``retrieval``.
+    """
+    timings = timings if timings is not None else {}
+    protocol = get_protocol(cfg.protocol)
+    trajs: list[Trajectory] = []
+    for pos, ex in enumerate(examples):
+        prompt = build_prompt_ids(tokenizer, protocol, ex.question, cfg.instruction)
+        for k in range(n):
+            trajs.append(
+                Trajectory(
+                    group_id=f"{group_prefix}{pos}:{ex.id}",
+                    sample_index=k,
+                    question_id=ex.id,
+                    question=ex.question,
+                    golden_answers=list(ex.golden_answers),
+                    prompt_ids=prompt,
+                )
+            )
+    invalid_ids = encode_text(tokenizer, protocol.invalid_message())
+    force_ids = encode_text(tokenizer, protocol.force_answer_message())
+    seen_queries: dict[int, set[str]] = {i: set() for i in range(len(trajs))}
+
+    for turn in range(cfg.max_turns + 1):
+        live = [i for i, t in enumerate(trajs) if not t.done]
+        if not _any_alive_globally(bool(live)):
+            break
+        final_turn = turn == cfg.max_turns
+        # a trajectory whose next observation would overflow the context answers now
+        for i in live:
+            t = trajs[i]
+            room = cfg.max_context - len(t.input_ids) - cfg.max_turn_tokens - cfg.max_obs_tokens
+            if (final_turn or room < 0) and not t.used_forced_turn:
+                t.used_forced_turn = True
+                t.append(force_ids, sampled=False)
+        forced = [i for i in live if trajs[i].used_forced_turn]
+        free = [i for i in live if not trajs[i].used_forced_turn]
+        queries: list[tuple[int, str]] = []
+        for batch, stop in ((free, protocol.stop), (forced, protocol.answer_stop)):
+            if not batch and not _multi_rank():
+                continue
+            params = SamplingConfig(
+                n=1,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                top_k=cfg.top_k,
+                max_tokens=cfg.max_turn_tokens,
+                stop=list(stop),
+                seed=None if seed is None else seed + turn,
+            )
+            t0 = time.perf_counter()
+            outs = engine.generate([trajs[i].input_ids for i in batch], params, adapter=adapter)
+            timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
+            for i, out in zip(batch, outs, strict=True):
+                q = _take_turn(trajs[i], out[0], protocol, tokenizer, invalid_ids, cfg)
+                if q is not None:
+                    queries.append((i, q))
+        if queries:
+            t0 = time.perf_counter()
+            results = retriever.search([q for _, q in queries], cfg.topk)
+            timings["retrieval"] = timings.get("retrieval", 0.0) + time.perf_counter() - t0
+            for (i, q), docs in zip(queries, results, strict=True):
+                t = trajs[i]
+                t.num_searches += 1
+                key = normalize_answer(q)
+                t.num_duplicate_queries += key in seen_queries[i]
+                seen_queries[i].add(key)
+                t.steps[-1].docs = list(docs)
+                t.append(observation_ids(tokenizer, protocol, docs, cfg.max_obs_tokens), False)
+    return trajs
+
+
+def _take_turn(t: Trajectory, comp, protocol, tokenizer, invalid_ids, cfg) -> str | None:
+    """Append one sampled turn; returns the query to run, if the turn searched."""
+    start = len(t.response_ids)
+    t.append(comp.token_ids, sampled=True, logprobs=comp.logprobs)
+    text = tokenizer.decode(comp.token_ids, skip_special_tokens=False)
+    action = protocol.parse(text)
+    if t.used_forced_turn and action.kind == "search":
+        action = type(action)("invalid")
+    step = Step(
+        action.kind,
+        start,
+        len(t.response_ids),
+        query=action.query,
+        logprobs=list(comp.logprobs),
+        forced=t.used_forced_turn,
+    )
+    t.steps.append(step)
+    if action.kind == "answer":
+        t.answer, t.done = action.answer, True
+        return None
+    if action.kind == "search":
+        return action.query
+    t.num_invalid += 1
+    ended = comp.finish_reason == "stop" and not any(s in text for s in protocol.stop)
+    if t.used_forced_turn or ended:
+        # no answer after the forced turn, or the model ended its message without one
+        t.done, t.forced_terminated = True, True
+    else:
+        t.append(invalid_ids, sampled=False)
+    return None
+
+
+def observation_ids(tokenizer, protocol, docs, max_tokens: int) -> list[int]:
+    """Observation ids with the body cut to ``max_tokens`` minus the frame."""
+    head, body, tail = protocol.observation(docs)
+    head_ids, tail_ids = encode_text(tokenizer, head), encode_text(tokenizer, tail)
+    room = max(max_tokens - len(head_ids) - len(tail_ids), 0)
+    return head_ids + encode_text(tokenizer, body)[:room] + tail_ids

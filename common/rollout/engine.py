@@ -1,0 +1,77 @@
+"""The generation-engine interface shared by the vLLM and HF engines.
+
+Prompts go in as token ids and completions come out as token ids: nothing is decoded and
+re-tokenized on the way to the trainer. ``text`` is only for parsing actions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling parameters for one ``generate`` call."""
+
+    n: int = field(default=1, metadata={"help": "completions per prompt"})
+    temperature: float = field(default=1.0, metadata={"help": "0 = greedy"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling mass"})
+    top_k: int = field(default=0, metadata={"help": "0 = no top-k cut"})
+    max_tokens: int = field(default=128, metadata={"help": "new tokens per completion"})
+    stop: list[str] = field(default_factory=list, metadata={"help": "stop strings, kept in output"})
+    stop_token_ids: list[int] = field(default_factory=list, metadata={"help": "extra stop ids"})
+    seed: int | None = field(default=None, metadata={"help": "per-call seed (GPU vLLM and HF)"})
+
+
+@dataclass
+class Completion:
+    """One sampled continuation: ids, the sampling logprob of each id, and its decoded text."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # "stop" (stop string, stop id or eos) or "length"
+
+
+class GenerationEngine(Protocol):
+    """What the rollout code needs from an inference engine."""
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingConfig, adapter: str | None = None
+    ) -> list[list[Completion]]:
+        """``params.n`` completions for each token-id prompt, in prompt order."""
+        ...
+
+    def score(
+        self, prefixes: list[list[int]], continuations: list[list[int]], adapter: str | None = None
+    ) -> list[list[float]]:
+        """log pi(continuation token | prefix + earlier continuation tokens), per token."""
+        ...
+
+    def push_weights(self, named_weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights (HF names) into the engine in place."""
+        ...
+
+
+def stop_length(
+    token_ids: list[int], piece_of: Callable[[int], str], stop: list[str], stop_ids: set[int]
+) -> tuple[int, bool]:
+    """Length of the shortest prefix of ``token_ids`` that ends a turn, and whether it stopped.
+
+    A turn ends at the first stop id or at the first token that completes a stop string; that
+    token is kept. ``piece_of`` decodes one token (stop strings are matched on the running text).
+    """
+    text = ""
+    longest = max((len(s) for s in stop), default=0)
+    for i, tok in enumerate(token_ids):
+        if tok in stop_ids:
+            return i + 1, True
+        if stop:
+            text = (text + piece_of(tok))[-(longest + 64) :]
+            if any(s in text for s in stop):
+                return i + 1, True
+    return len(token_ids), False

@@ -1,0 +1,108 @@
+"""``GenerationEngine`` on ``transformers``' ``model.generate``: the fallback and the reference."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from common.rollout.engine import Completion, SamplingConfig, stop_length
+
+
+class HFEngine:
+    """Generates with the training model itself; pushing weights is a no-op copy when it is shared."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 64) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        eos = model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
+        return ids.to(self.device), mask.to(self.device)
+
+    @torch.no_grad()
+    def generate(
+        self, prompts: list[list[int]], params: SamplingConfig, adapter: str | None = None
+    ) -> list[list[Completion]]:
+        if adapter is not None:
+            self.model.set_adapter(adapter)
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        flat = [p for p in prompts for _ in range(params.n)]
+        comps: list[Completion] = []
+        stop_ids = self.eos_ids | set(params.stop_token_ids)
+        was_training = self.model.training
+        self.model.eval()
+        for start in range(0, len(flat), self.batch_size):
+            batch = flat[start : start + self.batch_size]
+            ids, mask = self._left_pad(batch)
+            greedy = params.temperature == 0
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=not greedy,
+                temperature=None if greedy else params.temperature,
+                top_p=None if greedy else params.top_p,
+                top_k=params.top_k if params.top_k > 0 and not greedy else None,
+                max_new_tokens=params.max_tokens,
+                eos_token_id=sorted(stop_ids) or None,
+                pad_token_id=self.pad_id,
+                stop_strings=list(params.stop) or None,
+                tokenizer=self.tokenizer if params.stop else None,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+            new = out.sequences[:, ids.shape[1] :]  # [b, t]
+            # logprobs of the sampled ids under the raw (untempered) distribution, as vLLM reports
+            logits = torch.stack(out.logits, dim=1).float()  # [b, t, V]
+            lps = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+            for row, row_lp in zip(new.tolist(), lps.tolist(), strict=True):
+                n, stopped = stop_length(row, self._piece, params.stop, stop_ids)
+                toks = row[:n]
+                comps.append(
+                    Completion(
+                        toks,
+                        row_lp[:n],
+                        self.tokenizer.decode(toks, skip_special_tokens=False),
+                        "stop" if stopped else "length",
+                    )
+                )
+        self.model.train(was_training)
+        return [comps[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def _piece(self, tok: int) -> str:
+        return self.tokenizer.decode([tok], skip_special_tokens=False)
+
+    @torch.no_grad()
+    def score(
+        self, prefixes: list[list[int]], continuations: list[list[int]], adapter: str | None = None
+    ) -> list[list[float]]:
+        if adapter is not None:
+            self.model.set_adapter(adapter)
+        scores = []
+        for p, c in zip(prefixes, continuations, strict=True):
+            ids = torch.tensor([list(p) + list(c)], device=self.device)
+            logp = torch.log_softmax(self.model(input_ids=ids).logits[0, :-1].float(), -1)
+            targets = ids[0, 1:]
+            tok_lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            scores.append(tok_lp[len(p) - 1 :].tolist())
+        return scores
+
+    def push_weights(self, named_weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy weights in; a no-op in effect when the engine shares the training model."""
+        missing, unexpected = self.model.load_state_dict(dict(named_weights), strict=False)
+        if unexpected:
+            raise KeyError(f"push_weights: names the model does not have: {unexpected[:5]}")

@@ -1,0 +1,128 @@
+"""Agent protocols: how a turn's text becomes an action, and what the environment inserts.
+
+``search_r1``: ``<think>…</think>``, ``<search> q </search>``, ``<information>…</information>``
+(inserted), ``<answer> a </answer>``. ``react``: ``Search[q]`` / ``Finish[a]``, one action a turn.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from common.retrieval.base import Doc
+
+ActionKind = Literal["search", "answer", "invalid"]
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    query: str | None = None
+    answer: str | None = None
+
+
+SEARCH_R1_INSTRUCTION = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first "
+    "every time you get new information. After reasoning, if you find you lack some knowledge, "
+    "you can call a search engine by <search> query </search> and it will return the top "
+    "searched results between <information> and </information>. You can search as many times "
+    "as you want. If you find no further external knowledge needed, you can directly provide "
+    "the answer inside <answer> and </answer>, without detailed illustrations. "
+    "Question: {question}\n"
+)
+
+REACT_INSTRUCTION = (
+    "Answer the question by interleaving Thought and Action steps. An action is either "
+    "Search[query], which returns documents as an Observation, or Finish[answer], which ends "
+    "the episode with your answer. Take one action per turn.\nQuestion: {question}\n"
+)
+
+
+class SearchR1Protocol:
+    name = "search_r1"
+    stop = ["</search>", "</answer>"]
+    answer_stop = ["</answer>"]
+
+    _answer = re.compile(r"<answer>(.*?)</answer>", re.S)
+    _search = re.compile(r"<search>(.*?)</search>", re.S)
+
+    def user_prompt(self, question: str) -> str:
+        return SEARCH_R1_INSTRUCTION.format(question=question.strip())
+
+    def format_search(self, query: str) -> str:
+        return f"<search> {query} </search>"
+
+    def format_answer(self, answer: str) -> str:
+        return f"<answer> {answer} </answer>"
+
+    def parse(self, text: str) -> Action:
+        """The turn's action: an answer wins over a search; neither (or an empty one) is invalid."""
+        answers = self._answer.findall(text)
+        if answers and answers[-1].strip():
+            return Action("answer", answer=answers[-1].strip())
+        searches = self._search.findall(text)
+        if searches and searches[-1].strip():
+            return Action("search", query=searches[-1].strip())
+        return Action("invalid")
+
+    def observation(self, docs: list[Doc]) -> tuple[str, str, str]:
+        """(head, body, tail): the body is what gets truncated to the observation budget."""
+        body = "".join(f"Doc {i}(Title: {d.title}) {d.text}\n" for i, d in enumerate(docs, 1))
+        return "\n\n<information>", body, "</information>\n\n"
+
+    def invalid_message(self) -> str:
+        return (
+            "\nMy previous action is invalid. If I want to search, I should put the query "
+            "between <search> and </search>. If I want to give the final answer, I should put "
+            "the answer between <answer> and </answer>. Let me try again.\n"
+        )
+
+    def force_answer_message(self) -> str:
+        return "\nI have used all my searches. I must give the final answer now.\n"
+
+
+class ReActProtocol:
+    name = "react"
+    stop = ["]"]
+    answer_stop = ["]"]
+
+    _action = re.compile(r"(Search|Finish)\[([^\]]*)\]")
+
+    def user_prompt(self, question: str) -> str:
+        return REACT_INSTRUCTION.format(question=question.strip())
+
+    def format_search(self, query: str) -> str:
+        return f"Search[{query}]"
+
+    def format_answer(self, answer: str) -> str:
+        return f"Finish[{answer}]"
+
+    def parse(self, text: str) -> Action:
+        """The first action in the turn (ReAct allows one per turn)."""
+        m = self._action.search(text)
+        if m is None or not m.group(2).strip():
+            return Action("invalid")
+        arg = m.group(2).strip()
+        return (
+            Action("search", query=arg) if m.group(1) == "Search" else Action("answer", answer=arg)
+        )
+
+    def observation(self, docs: list[Doc]) -> tuple[str, str, str]:
+        body = " ".join(f"[{i}] {d.title}: {d.text}" for i, d in enumerate(docs, 1))
+        return "\nObservation: ", body, "\nThought:"
+
+    def invalid_message(self) -> str:
+        return "\nObservation: Invalid action. Use Search[query] or Finish[answer].\nThought:"
+
+    def force_answer_message(self) -> str:
+        return "\nObservation: The search budget is used up. Finish now.\nThought:"
+
+
+PROTOCOLS = {"search_r1": SearchR1Protocol, "react": ReActProtocol}
+
+
+def get_protocol(name: str) -> SearchR1Protocol | ReActProtocol:
+    if name not in PROTOCOLS:
+        raise ValueError(f"unknown agent protocol {name!r}; choose one of {sorted(PROTOCOLS)}")
+    return PROTOCOLS[name]()

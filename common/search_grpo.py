@@ -1,0 +1,398 @@
+"""A reference GRPO loop for a search agent, the proof that the shared machinery works end to end.
+
+    questions -> agent rollouts (vLLM) -> EM reward -> group advantages -> clipped update
+              -> weights pushed into the engine -> next rollouts
+
+The method packages build their own loops from the same pieces. Run it with
+``python -m common.search_grpo --config common/configs/grpo_tiny.yaml [key=value ...]``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from common.config import dump_config, load_config
+from common.data import QAExample, load_qa
+from common.metrics import exact_match, f1_score
+from common.retrieval.bm25 import BM25Retriever
+from common.rl import (
+    aggregate_loss,
+    broadcast_to_tokens,
+    clipped_surrogate,
+    group_normalized_advantages,
+    kl_k3,
+    masked_mean,
+    sequence_logprobs,
+)
+from common.rollout import AgentConfig, HFEngine, Trajectory, run_agent
+from common.rollout.batch import collate
+from common.train import (
+    MetricsLogger,
+    TrainConfig,
+    TrainEngine,
+    iter_named_weights,
+    progress,
+    save_checkpoint,
+    write_env_json,
+)
+
+
+@dataclass
+class EngineConfig:
+    """The rollout engine."""
+
+    backend: Literal["vllm", "hf"] = field(default="vllm", metadata={"help": "vllm | hf"})
+    max_model_len: int = field(default=1024, metadata={"help": "engine context length"})
+    kv_cache_mib: int = field(default=128, metadata={"help": "KV cache size on CPU (MiB)"})
+    gpu_memory_utilization: float = field(default=0.4, metadata={"help": "GPU share for vLLM"})
+    sleep_during_update: bool = field(
+        default=False, metadata={"help": "free vLLM's GPU memory during the update (GPU only)"}
+    )
+
+
+@dataclass
+class LossConfig:
+    """The clipped policy loss."""
+
+    eps_low: float = field(default=0.2, metadata={"help": "lower clip range"})
+    eps_high: float = field(default=0.2, metadata={"help": "upper clip range (DAPO: 0.28)"})
+    aggregation: str = field(
+        default="seq_mean_token_mean",
+        metadata={
+            "help": "seq_mean_token_mean | token_mean | seq_mean_token_sum | seq_mean_token_sum_norm"
+        },
+    )
+    kl_coef: float = field(
+        default=0.0, metadata={"help": "k3 KL penalty weight (0 = no reference)"}
+    )
+    micro_batch_size: int = field(default=16, metadata={"help": "trajectories per backward"})
+
+
+@dataclass
+class GRPOConfig:
+    """The reference GRPO run."""
+
+    world: str = field(default="runs/tinyworld/seed0", metadata={"help": "tiny world folder"})
+    model: str = field(default="", metadata={"help": "HF model folder (default: <world>/model)"})
+    train_file: str = field(default="", metadata={"help": "QA file (default: <world>/train.jsonl)"})
+    dev_file: str = field(default="", metadata={"help": "QA file (default: <world>/dev.jsonl)"})
+    corpus: str = field(default="", metadata={"help": "corpus (default: <world>/corpus.jsonl)"})
+    run_dir: str = field(default="runs/grpo/tiny", metadata={"help": "output folder"})
+    seed: int = field(default=0, metadata={"help": "data order and sampling seed"})
+    steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)"})
+    questions_per_step: int = field(default=8, metadata={"help": "questions per rank per step"})
+    n: int = field(default=8, metadata={"help": "rollouts per question (group size)"})
+    eval_every: int = field(default=10, metadata={"help": "evaluate on dev every k steps"})
+    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated"})
+    save_every: int = field(default=0, metadata={"help": "checkpoint every k steps (0: end only)"})
+    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept"})
+    samples_per_step: int = field(default=4, metadata={"help": "rollouts written to samples/"})
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def path(self, name: str) -> str:
+        explicit = {
+            "model": self.model,
+            "train": self.train_file,
+            "dev": self.dev_file,
+            "corpus": self.corpus,
+        }[name]
+        default = {
+            "model": "model",
+            "train": "train.jsonl",
+            "dev": "dev.jsonl",
+            "corpus": "corpus.jsonl",
+        }[name]
+        return explicit or str(Path(self.world) / default)
+
+    def check_assets(self) -> None:
+        """Fail before any expensive work when an input is missing, saying how to get it."""
+        for name in ("model", "train", "dev", "corpus"):
+            p = Path(self.path(name))
+            if not p.exists():
+                raise FileNotFoundError(
+                    f"{name} not found at {p}. Build the tiny world with "
+                    f"`python -m common.tinyworld build --out {self.world}` or set `{name}`."
+                )
+
+
+def build_engine(cfg: EngineConfig, model_path: str, train: TrainEngine, tokenizer, seed: int):
+    if cfg.backend == "hf":
+        return HFEngine(train.model, tokenizer)
+    from common.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(
+        model_path,
+        max_model_len=cfg.max_model_len,
+        kv_cache_bytes=cfg.kv_cache_mib * 2**20,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        enable_sleep_mode=cfg.sleep_during_update,
+        seed=seed,
+    )
+
+
+def em_rewards(trajs: list[Trajectory]) -> torch.Tensor:
+    """Binary exact match of each rollout's final answer (0 without one)."""
+    return torch.tensor([exact_match(t.answer, t.golden_answers) for t in trajs])
+
+
+def policy_update(
+    train: TrainEngine,
+    trajs: list[Trajectory],
+    advantages: torch.Tensor,
+    cfg: LossConfig,
+    pad_id: int,
+) -> dict[str, float]:
+    """One optimizer step of the clipped surrogate over all ``trajs`` (on-policy: ratio starts at 1).
+
+    The batch is cut into ``grad_accum`` equal micro-batches; each one's loss is the chosen
+    aggregation, and the engine averages them.
+    """
+    mbs = cfg.micro_batch_size
+    stats: dict[str, float] = {}
+    for start in range(0, len(trajs), mbs):
+        batch = collate(trajs[start : start + mbs], pad_id).to(train.device)
+        adv = broadcast_to_tokens(advantages[start : start + mbs].to(train.device), batch.loss_mask)
+        logp, _ = sequence_logprobs(train.model, batch.input_ids, batch.attention_mask)  # [b, T-1]
+        per_tok, clip = clipped_surrogate(
+            logp, logp.detach(), adv, batch.loss_mask, cfg.eps_low, cfg.eps_high
+        )
+        loss = aggregate_loss(
+            per_tok,
+            batch.loss_mask,
+            cfg.aggregation,
+            constant=batch.loss_mask.shape[1]
+            if cfg.aggregation == "seq_mean_token_sum_norm"
+            else None,
+        )
+        if cfg.kl_coef > 0:
+            with torch.no_grad():
+                ref_logits = train.reference.logits(batch.input_ids, batch.attention_mask)
+                ref_logp = (
+                    torch.log_softmax(ref_logits[:, :-1].float(), -1)
+                    .gather(-1, batch.input_ids[:, 1:, None])
+                    .squeeze(-1)
+                )
+            kl = masked_mean(kl_k3(logp, ref_logp), batch.loss_mask)
+            loss = loss + cfg.kl_coef * kl
+            stats["kl"] = stats.get("kl", 0.0) + kl.item()
+        train.backward(loss)
+        info = train.step()
+        stats["loss"] = stats.get("loss", 0.0) + loss.item()
+        stats["clip_frac"] = stats.get("clip_frac", 0.0) + float(clip["clip_frac"])
+    chunks = -(-len(trajs) // mbs)
+    out = {k: v / chunks for k, v in stats.items()}
+    out["grad_norm"] = float(info["grad_norm"]) if info["grad_norm"] is not None else float("nan")
+    return out
+
+
+def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    n = max(len(trajs), 1)
+    searches = sum(t.num_searches for t in trajs)
+    return {
+        "em": sum(exact_match(t.answer, t.golden_answers) for t in trajs) / n,
+        "f1": sum(f1_score(t.answer, t.golden_answers) for t in trajs) / n,
+        "valid_answer_rate": sum(t.answer is not None for t in trajs) / n,
+        "mean_searches": searches / n,
+        "duplicate_query_rate": sum(t.num_duplicate_queries for t in trajs) / max(searches, 1),
+        "forced_termination_rate": sum(t.forced_terminated for t in trajs) / n,
+        "invalid_turns": sum(t.num_invalid for t in trajs) / n,
+        "response_tokens": sum(len(t.response_ids) for t in trajs) / n,
+    }
+
+
+def _all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return metrics
+    keys = sorted(metrics)
+    t = torch.tensor([metrics[k] * weight for k in keys] + [weight], dtype=torch.float64)
+    torch.distributed.all_reduce(t)
+    return {k: (t[i] / t[-1]).item() for i, k in enumerate(keys)}
+
+
+def evaluate(
+    engine,
+    tokenizer,
+    retriever,
+    examples: list[QAExample],
+    agent: AgentConfig,
+    rank: int = 0,
+    world: int = 1,
+) -> dict[str, float]:
+    """Greedy single-sample EM/F1 and behaviour metrics on this rank's shard, averaged over ranks."""
+    shard = examples[rank::world]
+    greedy = AgentConfig(**{**vars(agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
+    trajs = run_agent(engine, tokenizer, retriever, shard, 1, greedy, group_prefix="eval:")
+    return _all_ranks_mean(rollout_metrics(trajs), len(shard))
+
+
+def train_grpo(cfg: GRPOConfig) -> dict:
+    """Run the loop; returns the first and last evaluation."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg.check_assets()
+    batch = cfg.questions_per_step * cfg.n
+    if batch % cfg.loss.micro_batch_size:
+        raise ValueError(
+            f"questions_per_step*n = {batch} is not a multiple of "
+            f"loss.micro_batch_size = {cfg.loss.micro_batch_size}"
+        )
+    cfg.train.grad_accum = batch // cfg.loss.micro_batch_size
+    cfg.train.seed = cfg.seed
+    run_dir = Path(cfg.run_dir)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.path("model"))
+    model = AutoModelForCausalLM.from_pretrained(cfg.path("model"), dtype=torch.float32)
+    train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
+    if train.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.yaml")
+        write_env_json(run_dir)
+        (run_dir / "samples").mkdir(exist_ok=True)
+    engine = build_engine(cfg.engine, cfg.path("model"), train, tokenizer, cfg.seed + train.rank)
+    retriever = BM25Retriever.from_corpus(cfg.path("corpus"))
+    train_set = load_qa(cfg.path("train"))
+    dev_set = load_qa(cfg.path("dev"))[: cfg.eval_questions]
+    rng = random.Random(cfg.seed)
+    order = list(range(len(train_set)))
+    rng.shuffle(order)
+    pad_id = tokenizer.pad_token_id
+    logger = MetricsLogger(run_dir) if train.is_main else None
+    evals = []
+
+    def run_eval(step: int) -> None:
+        m = evaluate(engine, tokenizer, retriever, dev_set, cfg.agent, train.rank, train.world_size)
+        evals.append({"step": step, **m})
+        if logger:
+            logger.log(step, {f"dev/{k}": v for k, v in m.items()})
+            print(f"[grpo] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
+
+    run_eval(0)
+    for step in progress(range(1, cfg.steps + 1), desc="grpo", total=cfg.steps):
+        t_step = time.perf_counter()
+        per_rank = cfg.questions_per_step
+        base = ((step - 1) * train.world_size + train.rank) * per_rank
+        qs = [train_set[order[(base + i) % len(order)]] for i in range(per_rank)]
+        timings: dict[str, float] = {}
+        trajs = run_agent(
+            engine,
+            tokenizer,
+            retriever,
+            qs,
+            cfg.n,
+            cfg.agent,
+            group_prefix=f"s{step}r{train.rank}:",
+            seed=cfg.seed * 100003 + step,
+            timings=timings,
+        )
+        rewards = em_rewards(trajs)
+        adv = group_normalized_advantages(rewards, [t.group_id for t in trajs])
+        if cfg.engine.sleep_during_update and cfg.engine.backend == "vllm":
+            engine.sleep()
+        t0 = time.perf_counter()
+        upd = policy_update(train, trajs, adv, cfg.loss, pad_id)
+        timings["update"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if cfg.engine.backend == "vllm":
+            if cfg.engine.sleep_during_update:
+                engine.wake_up()
+            engine.push_weights(iter_named_weights(train))
+        timings["push"] = time.perf_counter() - t0
+        timings["step"] = time.perf_counter() - t_step
+        groups = rewards.view(-1, cfg.n)
+        metrics = {
+            **rollout_metrics(trajs),
+            "reward": rewards.mean().item(),
+            "mixed_group_share": (
+                (groups.max(1).values > groups.min(1).values).float().mean().item()
+            ),
+            **upd,
+            **{f"time/{k}": v for k, v in timings.items()},
+        }
+        metrics = _all_ranks_mean(metrics, len(trajs))
+        if logger:
+            logger.log(step, metrics)
+            _write_samples(
+                run_dir / "samples" / f"step_{step:05d}.json",
+                trajs[: cfg.samples_per_step],
+                rewards,
+                tokenizer,
+            )
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            run_eval(step)
+        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+            save_checkpoint(
+                train,
+                run_dir,
+                step,
+                {"step": step, "seed": cfg.seed},
+                keep_last=cfg.keep_checkpoints,
+                tokenizer=tokenizer,
+            )
+    if logger:
+        logger.close()
+        plot_curve(evals, run_dir / "dev_curve.png")
+    return {"before": evals[0], "after": evals[-1], "evals": evals, "run_dir": str(run_dir)}
+
+
+def _write_samples(path: Path, trajs: list[Trajectory], rewards: torch.Tensor, tokenizer) -> None:
+    rows = [{"reward": rewards[i].item(), **t.to_json(tokenizer)} for i, t in enumerate(trajs)]
+    for row in rows:  # ids are in the trajectory record; the sample file is for reading
+        for key in ("prompt_ids", "response_ids", "loss_mask", "sampling_logprobs"):
+            row.pop(key)
+    path.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
+
+
+def plot_curve(evals: list[dict], path: Path) -> Path:
+    """Dev EM and F1 against RL step, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    steps = [e["step"] for e in evals]
+    ax.plot(steps, [e["em"] for e in evals], marker="o", label="dev EM")
+    ax.plot(steps, [e["f1"] for e in evals], marker="s", label="dev F1")
+    ax.set_xlabel("GRPO step")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from common.config import describe_config
+
+    parser = argparse.ArgumentParser(
+        description="Reference GRPO loop for a search agent.",
+        epilog="overrides: dotted key=value, e.g. steps=20 train.lr=1e-3\n\n"
+        + describe_config(GRPOConfig),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", default=None, help="YAML config")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    cfg = load_config(GRPOConfig, args.config, args.overrides)
+    out = train_grpo(cfg)
+    b, a = out["before"], out["after"]
+    print(
+        f"dev EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> {a['f1']:.3f}; {out['run_dir']}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

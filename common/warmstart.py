@@ -1,0 +1,177 @@
+"""Supervised warm start on gold search paths.
+
+A gold trajectory is what an ideal agent would do: search each query of the question's gold
+path, read the retrieved documents, answer. It is assembled exactly as a rollout is (the
+agent's turns as "sampled" ids, observations inserted by the real retriever), and the loss
+falls on the agent's own tokens only.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from common.config import describe_config, dump_config, load_config
+from common.data import QAExample, load_qa
+from common.retrieval.base import Retriever
+from common.retrieval.bm25 import BM25Retriever
+from common.rl import sequence_logprobs
+from common.rollout.agent import AgentConfig, build_prompt_ids, encode_text, observation_ids
+from common.rollout.batch import collate
+from common.rollout.protocols import get_protocol
+from common.rollout.trajectory import Step, Trajectory
+from common.train import TrainConfig, TrainEngine, progress
+
+
+def gold_trajectories(
+    examples: Sequence[QAExample], tokenizer, retriever: Retriever, cfg: AgentConfig
+) -> list[Trajectory]:
+    """One gold trajectory per example that has ``metadata["gold_queries"]``.
+
+    All hop-h queries go to the retriever in one call, as in a rollout turn.
+    """
+    protocol = get_protocol(cfg.protocol)
+    usable = [ex for ex in examples if ex.metadata.get("gold_queries")]
+    if not usable:
+        raise ValueError("no example has metadata['gold_queries']: nothing to warm start on")
+    trajs = [
+        Trajectory(
+            f"gold:{ex.id}",
+            0,
+            ex.id,
+            ex.question,
+            list(ex.golden_answers),
+            build_prompt_ids(tokenizer, protocol, ex.question, cfg.instruction),
+        )
+        for ex in usable
+    ]
+    max_hops = max(len(ex.metadata["gold_queries"]) for ex in usable)
+    for hop in range(max_hops):
+        active = [
+            (t, ex.metadata["gold_queries"][hop])
+            for t, ex in zip(trajs, usable, strict=True)
+            if hop < len(ex.metadata["gold_queries"])
+        ]
+        results = retriever.search([q for _, q in active], cfg.topk)
+        for (t, q), docs in zip(active, results, strict=True):
+            ids = encode_text(tokenizer, protocol.format_search(q))
+            start = len(t.response_ids)
+            t.append(ids, sampled=True, logprobs=[0.0] * len(ids))
+            t.steps.append(Step("search", start, len(t.response_ids), query=q, docs=list(docs)))
+            t.num_searches += 1
+            t.append(observation_ids(tokenizer, protocol, docs, cfg.max_obs_tokens), False)
+    for t in trajs:
+        ids = encode_text(tokenizer, protocol.format_answer(t.golden_answers[0]))
+        start = len(t.response_ids)
+        t.append(ids, sampled=True, logprobs=[0.0] * len(ids))
+        t.steps.append(Step("answer", start, len(t.response_ids)))
+        t.answer, t.done = t.golden_answers[0], True
+    return trajs
+
+
+def sft_loss(engine: TrainEngine, batch) -> torch.Tensor:
+    """Token-mean negative log-likelihood of the agent's own tokens."""
+    logp, _ = sequence_logprobs(engine.model, batch.input_ids, batch.attention_mask)  # [B, T-1]
+    return -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
+
+
+def warm_start(
+    engine: TrainEngine,
+    trajs: Sequence[Trajectory],
+    pad_id: int,
+    steps: int,
+    batch_size: int,
+    seed: int = 0,
+    log_every: int = 50,
+) -> list[dict]:
+    """``steps`` optimizer steps of SFT over shuffled epochs of ``trajs``; returns the loss log.
+
+    Each optimizer step sees ``batch_size`` trajectories, split into ``grad_accum`` micro-batches.
+    """
+    rng = random.Random(seed)
+    accum = engine.config.grad_accum
+    micro = max(batch_size // accum, 1)
+    order: list[int] = []
+    history, running = [], 0.0
+    for step in progress(range(steps), desc="warm start", total=steps):
+        for _ in range(accum):
+            idx = []
+            while len(idx) < micro:
+                if not order:
+                    order = list(range(len(trajs)))
+                    rng.shuffle(order)
+                idx.append(order.pop())
+            batch = collate([trajs[i] for i in idx], pad_id).to(engine.device)
+            loss = sft_loss(engine, batch)
+            engine.backward(loss)
+            engine.step()
+            running += loss.item() / accum
+        if (step + 1) % log_every == 0:
+            history.append({"step": step + 1, "sft_loss": running / log_every})
+            running = 0.0
+    return history
+
+
+@dataclass
+class WarmStartConfig:
+    """Supervised warm start of a tiny-world agent."""
+
+    world: str = field(default="runs/tinyworld/seed0", metadata={"help": "tiny world folder"})
+    out: str = field(default="runs/warmstart/tiny", metadata={"help": "output folder"})
+    seed: int = field(default=0, metadata={"help": "data order and init seed"})
+    steps: int = field(default=600, metadata={"help": "optimizer steps"})
+    batch_size: int = field(default=16, metadata={"help": "trajectories per optimizer step"})
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(lr=3e-3, warmup_steps=30, scheduler="cosine")
+    )
+
+
+def run_warm_start(cfg: WarmStartConfig) -> Path:
+    """Gold trajectories of the world's train split -> SFT -> ``<out>/model`` (HF folder)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    world = Path(cfg.world)
+    if not (world / "model").is_dir():
+        raise FileNotFoundError(
+            f"no tiny world at {world}: run `python -m common.tinyworld build --out {world}`"
+        )
+    tokenizer = AutoTokenizer.from_pretrained(world / "model")
+    model = AutoModelForCausalLM.from_pretrained(world / "model", dtype=torch.float32)
+    retriever = BM25Retriever.from_corpus(world / "corpus.jsonl")
+    trajs = gold_trajectories(load_qa(world / "train.jsonl"), tokenizer, retriever, cfg.agent)
+    cfg.train.total_steps = cfg.steps
+    cfg.train.seed = cfg.seed
+    engine = TrainEngine(model, cfg.train)
+    history = warm_start(engine, trajs, tokenizer.pad_token_id, cfg.steps, cfg.batch_size, cfg.seed)
+    out = Path(cfg.out)
+    if engine.is_main:
+        (out / "model").mkdir(parents=True, exist_ok=True)
+        engine.model.save_pretrained(out / "model")
+        tokenizer.save_pretrained(out / "model")
+        dump_config(cfg, out / "config.yaml")
+        (out / "sft_loss.json").write_text(json.dumps(history))
+    return out / "model"
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="Supervised warm start on gold search paths.",
+        epilog=describe_config(WarmStartConfig),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", default=None)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args(argv)
+    print(run_warm_start(load_config(WarmStartConfig, args.config, args.overrides)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,17 +1,18 @@
-# The project's commands. Every target runs on a CPU laptop unless its name says otherwise.
+# The project's commands. SCALE=tiny (the default) runs on a laptop CPU, offline.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-SCALE ?= tiny
 SEED ?= 0
-WORLD ?= runs/tinyworld/seed$(SEED)
 
-.PHONY: install test lint format world bench
+.PHONY: install test test-fast lint format world warmstart train-grpo demo bench
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
 
 test: lint  ## ruff, then the whole test suite (GPU tests skip without a GPU)
 	$(PY) -m pytest -q
+
+test-fast: lint  ## without the tests that start engines or subprocesses
+	$(PY) -m pytest -q -m "not slow"
 
 lint:
 	$(VENV)/bin/ruff check .
@@ -21,8 +22,20 @@ format:
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-world:  ## build the tiny world (corpus, questions, tokenizer, model) into $(WORLD)
-	$(PY) -m common.tinyworld build --out $(WORLD) --seed $(SEED)
+world:  ## the tiny world (corpus, questions, tokenizer, model) in runs/tinyworld/seed$(SEED)
+	$(PY) -m common.tinyworld build --out runs/tinyworld/seed$(SEED) --seed $(SEED)
 
-bench:  ## every benchmark; tables go to benchmarks/README.md
+warmstart: world  ## supervised warm start of the tiny agent on gold search paths
+	$(PY) -m common.warmstart --config common/configs/warmstart_tiny.yaml \
+		world=runs/tinyworld/seed$(SEED) seed=$(SEED)
+
+train-grpo: warmstart  ## the reference GRPO loop on the tiny world
+	$(PY) -m common.search_grpo --config common/configs/grpo_tiny.yaml \
+		world=runs/tinyworld/seed$(SEED) seed=$(SEED)
+
+demo:  ## everything end to end on the tiny setup, from nothing, on CPU
+	$(PY) -m common.demo --out runs/demo --seed $(SEED)
+
+bench:  ## the benchmarks; each prints a table (copied into benchmarks/README.md)
 	$(PY) benchmarks/bench_retrieval.py
+	$(PY) benchmarks/bench_cer_scoring.py

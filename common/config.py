@@ -186,12 +186,13 @@ def _convert(tp: Any, value: Any, key: str, ctx: _Context) -> Any:
             raise ctx.wrong(key, tp, value)
         return [_convert(args[0], v, f"{key}[{i}]", ctx) for i, v in enumerate(value)]
     if origin is tuple:
-        types_ = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
-        if not isinstance(value, list | tuple) or len(value) != len(types_):
+        if not isinstance(value, list | tuple):
             raise ctx.wrong(key, tp, value)
-        return tuple(
-            _convert(t, v, f"{key}[{i}]", ctx) for i, (t, v) in enumerate(zip(types_, value))
-        )
+        types_ = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
+        if len(value) != len(types_):
+            raise ctx.wrong(key, tp, value)
+        pairs = enumerate(zip(types_, value, strict=True))
+        return tuple(_convert(t, v, f"{key}[{i}]", ctx) for i, (t, v) in pairs)
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise ctx.wrong(key, tp, value)

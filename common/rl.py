@@ -7,6 +7,7 @@ tokens that count (the policy's own sampled tokens) and 0 elsewhere.
 """
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,27 @@ def logprobs_from_logits(logits: Tensor, labels: Tensor, chunk_size: int = 4096)
     rows = (logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))  # [n, V], [n]
     (logp,) = _chunked(lambda z, y: (_logp(z, y),), chunk_size, rows, ())
     return logp.view(labels.shape)
+
+
+def forward_logprobs(
+    forward: Callable[..., Any],
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    chunk_size: int = 4096,
+    temperature: float = 1.0,
+) -> Tensor:
+    """log π(x_{t+1} | x_≤t) through a full model forward, e.g. a TrainEngine's training forward.
+
+    input_ids, attention_mask [B, T] -> [B, T-1]. The model's logits [B, T, V] exist once; the
+    log-softmax runs chunk by chunk. Under DeepSpeed the training forward must be the engine's,
+    which is why this takes a callable rather than reaching into the model like
+    `sequence_logprobs` (meant for no-grad scoring).
+    """
+    logits = forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = logits[:, :-1]  # [B, T-1, V]: position t predicts token t+1
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logprobs_from_logits(logits, input_ids[:, 1:], chunk_size)
 
 
 def entropy_from_logits(logits: Tensor, chunk_size: int = 4096) -> Tensor:

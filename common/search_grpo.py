@@ -27,10 +27,10 @@ from common.rl import (
     aggregate_loss,
     broadcast_to_tokens,
     clipped_surrogate,
+    forward_logprobs,
     group_normalized_advantages,
     kl_k3,
     masked_mean,
-    sequence_logprobs,
 )
 from common.rollout import AgentConfig, HFEngine, Trajectory, run_agent
 from common.rollout.batch import collate
@@ -163,7 +163,7 @@ def policy_update(
     for start in range(0, len(trajs), mbs):
         batch = collate(trajs[start : start + mbs], pad_id).to(train.device)
         adv = broadcast_to_tokens(advantages[start : start + mbs].to(train.device), batch.loss_mask)
-        logp, _ = sequence_logprobs(train.model, batch.input_ids, batch.attention_mask)  # [b, T-1]
+        logp = forward_logprobs(train, batch.input_ids, batch.attention_mask)  # [b, T-1]
         per_tok, clip = clipped_surrogate(
             logp, logp.detach(), adv, batch.loss_mask, cfg.eps_low, cfg.eps_high
         )
@@ -341,7 +341,13 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     if logger:
         logger.close()
         plot_curve(evals, run_dir / "dev_curve.png")
-    return {"before": evals[0], "after": evals[-1], "evals": evals, "run_dir": str(run_dir)}
+    return {
+        "before": evals[0],
+        "after": evals[-1],
+        "evals": evals,
+        "run_dir": str(run_dir),
+        "model": train.model,
+    }
 
 
 def _write_samples(path: Path, trajs: list[Trajectory], rewards: torch.Tensor, tokenizer) -> None:

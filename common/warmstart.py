@@ -20,7 +20,7 @@ from common.config import describe_config, dump_config, load_config
 from common.data import QAExample, load_qa
 from common.retrieval.base import Retriever
 from common.retrieval.bm25 import BM25Retriever
-from common.rl import sequence_logprobs
+from common.rl import forward_logprobs
 from common.rollout.agent import AgentConfig, build_prompt_ids, encode_text, observation_ids
 from common.rollout.batch import collate
 from common.rollout.protocols import get_protocol
@@ -76,7 +76,7 @@ def gold_trajectories(
 
 def sft_loss(engine: TrainEngine, batch) -> torch.Tensor:
     """Token-mean negative log-likelihood of the agent's own tokens."""
-    logp, _ = sequence_logprobs(engine.model, batch.input_ids, batch.attention_mask)  # [B, T-1]
+    logp = forward_logprobs(engine, batch.input_ids, batch.attention_mask)  # [B, T-1]
     return -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
 
 

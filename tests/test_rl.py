@@ -15,6 +15,7 @@ from common.rl import (
     broadcast_to_tokens,
     clipped_surrogate,
     entropy_from_logits,
+    forward_logprobs,
     group_normalized_advantages,
     kl_k1,
     kl_k3,
@@ -413,3 +414,15 @@ def test_broadcast_to_tokens():
     torch.testing.assert_close(got, torch.tensor([[0.0, 2.0, 2.0], [-1.0, -1.0, 0.0]]))
     with pytest.raises(ValueError, match="must be \\[B\\]"):
         broadcast_to_tokens(torch.zeros(3), torch.zeros(2, 4))
+
+
+def test_forward_logprobs_equals_naive_and_chunked():
+    model = tiny_qwen3()
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    naive = torch.log_softmax(model(input_ids=ids).logits[:, :-1], -1)
+    naive = naive.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    got = forward_logprobs(model, ids, mask, chunk_size=5)
+    chunked, _ = sequence_logprobs(model, ids, mask)
+    torch.testing.assert_close(got, naive, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, chunked, atol=1e-5, rtol=0)

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from common.retrieval.base import Doc
+from common.retrieval.base import Doc, format_docs
 
 ActionKind = Literal["search", "answer", "invalid"]
 
@@ -68,8 +68,7 @@ class SearchR1Protocol:
 
     def observation(self, docs: list[Doc]) -> tuple[str, str, str]:
         """(head, body, tail): the body is what gets truncated to the observation budget."""
-        body = "".join(f"Doc {i}(Title: {d.title}) {d.text}\n" for i, d in enumerate(docs, 1))
-        return "\n\n<information>", body, "</information>\n\n"
+        return "\n\n<information>", format_docs(docs), "</information>\n\n"
 
     def invalid_message(self) -> str:
         return (

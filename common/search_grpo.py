@@ -38,8 +38,11 @@ from common.train import (
     MetricsLogger,
     TrainConfig,
     TrainEngine,
+    find_latest_checkpoint,
     iter_named_weights,
+    load_checkpoint,
     progress,
+    read_metrics,
     save_checkpoint,
     write_env_json,
 )
@@ -94,6 +97,9 @@ class GRPOConfig:
     eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated"})
     save_every: int = field(default=0, metadata={"help": "checkpoint every k steps (0: end only)"})
     keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept"})
+    resume: bool = field(
+        default=True, metadata={"help": "continue from run_dir's latest checkpoint if there is one"}
+    )
     samples_per_step: int = field(default=4, metadata={"help": "rollouts written to samples/"})
     agent: AgentConfig = field(default_factory=AgentConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -276,8 +282,19 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             logger.log(step, {f"dev/{k}": v for k, v in m.items()})
             print(f"[grpo] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
 
-    run_eval(0)
-    for step in progress(range(1, cfg.steps + 1), desc="grpo", total=cfg.steps):
+    start = 1
+    latest = find_latest_checkpoint(run_dir) if cfg.resume else None
+    if latest is not None:
+        # the data order is a function of (seed, step), so the step is the data position
+        start = load_checkpoint(train, latest)["step"] + 1
+        if cfg.engine.backend == "vllm":
+            engine.push_weights(iter_named_weights(train))
+        evals.extend(_logged_evals(run_dir / "metrics.jsonl", before=start))
+        if train.is_main:
+            print(f"[grpo] resumed from {latest} at step {start}", flush=True)
+    else:
+        run_eval(0)
+    for step in progress(range(start, cfg.steps + 1), desc="grpo", total=cfg.steps):
         t_step = time.perf_counter()
         per_rank = cfg.questions_per_step
         base = ((step - 1) * train.world_size + train.rank) * per_rank
@@ -341,6 +358,8 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     if logger:
         logger.close()
         plot_curve(evals, run_dir / "dev_curve.png")
+    if not evals:  # resumed at the end: evaluate once
+        run_eval(cfg.steps)
     return {
         "before": evals[0],
         "after": evals[-1],
@@ -348,6 +367,17 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         "run_dir": str(run_dir),
         "model": train.model,
     }
+
+
+def _logged_evals(path: Path, before: int) -> list[dict]:
+    """Evaluations an earlier, interrupted run logged before step ``before``."""
+    if not path.exists():
+        return []
+    rows = [r for r in read_metrics(path) if "dev/em" in r and r["step"] < before]
+    return [
+        {"step": r["step"], **{k[4:]: v for k, v in r.items() if k.startswith("dev/")}}
+        for r in rows
+    ]
 
 
 def _write_samples(path: Path, trajs: list[Trajectory], rewards: torch.Tensor, tokenizer) -> None:

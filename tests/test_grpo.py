@@ -56,3 +56,27 @@ def test_two_deepspeed_ranks_with_vllm_end_with_identical_weights(tiny_world, tm
     steps = [r for r in rows if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(0.0 <= r["reward"] <= 1.0 for r in steps)
+
+
+@pytest.mark.slow
+def test_interrupted_run_resumes_to_the_same_weights(tiny_world, tmp_path):
+    """One process, HF engine: 1 step, then 1 more after a restart == 2 steps straight."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from common.config import load_config
+    from common.search_grpo import GRPOConfig, train_grpo
+
+    def run(run_dir: Path, steps: int) -> dict:
+        over = small_run(tiny_world, run_dir, "hf") + [f"steps={steps}", "save_every=1"]
+        return train_grpo(load_config(GRPOConfig, CONFIG, over))
+
+    straight = run(tmp_path / "straight", 2)
+    run(tmp_path / "resumed", 1)
+    resumed = run(tmp_path / "resumed", 2)
+    for a, b in zip(straight["model"].parameters(), resumed["model"].parameters(), strict=True):
+        assert torch.equal(a, b)
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "resumed" / "checkpoints" / "step_2")
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), resumed["model"].parameters()))
+    # the first process evaluated at steps 0 and 1 (its last), the resumed one at step 2
+    assert [e["step"] for e in resumed["evals"]] == [0, 1, 2]

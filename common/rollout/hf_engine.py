@@ -94,6 +94,8 @@ class HFEngine:
             self.model.set_adapter(adapter)
         scores = []
         for p, c in zip(prefixes, continuations, strict=True):
+            if not p:
+                raise ValueError("score: every prefix needs at least one token")
             ids = torch.tensor([list(p) + list(c)], device=self.device)
             logp = torch.log_softmax(self.model(input_ids=ids).logits[0, :-1].float(), -1)
             targets = ids[0, 1:]

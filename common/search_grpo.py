@@ -23,6 +23,7 @@ from common.config import dump_config, load_config
 from common.data import QAExample, load_qa
 from common.metrics import exact_match, f1_score
 from common.retrieval.bm25 import BM25Retriever
+from common.retrieval.client import HTTPRetriever
 from common.rl import (
     aggregate_loss,
     broadcast_to_tokens,
@@ -88,6 +89,10 @@ class GRPOConfig:
     train_file: str = field(default="", metadata={"help": "QA file (default: <world>/train.jsonl)"})
     dev_file: str = field(default="", metadata={"help": "QA file (default: <world>/dev.jsonl)"})
     corpus: str = field(default="", metadata={"help": "corpus (default: <world>/corpus.jsonl)"})
+    retrieval_url: str = field(
+        default="",
+        metadata={"help": "a Search-R1 /retrieve endpoint to use instead of in-process BM25"},
+    )
     run_dir: str = field(default="runs/grpo/tiny", metadata={"help": "output folder"})
     seed: int = field(default=0, metadata={"help": "data order and sampling seed"})
     steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)"})
@@ -123,7 +128,7 @@ class GRPOConfig:
 
     def check_assets(self) -> None:
         """Fail before any expensive work when an input is missing, saying how to get it."""
-        for name in ("model", "train", "dev", "corpus"):
+        for name in ("model", "train", "dev") + (() if self.retrieval_url else ("corpus",)):
             p = Path(self.path(name))
             if not p.exists():
                 raise FileNotFoundError(
@@ -265,7 +270,11 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         write_env_json(run_dir)
         (run_dir / "samples").mkdir(exist_ok=True)
     engine = build_engine(cfg.engine, cfg.path("model"), train, tokenizer, cfg.seed + train.rank)
-    retriever = BM25Retriever.from_corpus(cfg.path("corpus"))
+    retriever = (
+        HTTPRetriever(cfg.retrieval_url)
+        if cfg.retrieval_url
+        else BM25Retriever.from_corpus(cfg.path("corpus"))
+    )
     train_set = load_qa(cfg.path("train"))
     dev_set = load_qa(cfg.path("dev"))[: cfg.eval_questions]
     rng = random.Random(cfg.seed)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Doc:
     """One retrieved passage; `score` is the retriever's relevance (0.0 when unknown)."""
 

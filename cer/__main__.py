@@ -1,0 +1,5 @@
+import sys
+
+from cer.cli import main
+
+sys.exit(main())

@@ -1,0 +1,81 @@
+"""Step-time overhead of CER over exact match, on the same sampled batch, in one process.
+
+    python -m cer.bench_step --model runs/cer/tiny/warmup/model --task runs/cer/tiny/task
+
+Samples one tiny step (B x G, HF engine), then times alternately, ``--repeats`` times: the
+reward with ``exact`` (which also computes ``rule``, the accuracy), the reward with ``cer``, and
+the rest of a step (generation, the clipped update on a copy of the model). Prints medians and
+the overhead ``(t_cer - t_exact) / t_step(exact)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+
+def main(argv: list[str] | None = None) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from cer.config import LossConfig
+    from cer.evaluate import load_problems
+    from cer.group_reward import group_rewards
+    from cer.rollout import sample_groups
+    from cer.scorer import hf_prefix_scorer
+    from common.rl import rloo_advantages
+    from common.rollout import HFEngine
+    from common.rollout.engine import SamplingConfig
+    from common.search_grpo import policy_update
+    from common.train import TrainConfig, TrainEngine
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="runs/cer/tiny/warmup/model")
+    p.add_argument("--task", default="runs/cer/tiny/task")
+    p.add_argument("--b", type=int, default=8)
+    p.add_argument("--g", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    examples, prompts = load_problems(f"{args.task}/train.jsonl", tok, 256)
+    engine = HFEngine(model, tok)
+    params = SamplingConfig(n=args.g, max_tokens=args.max_tokens)
+    scorer = hf_prefix_scorer(model)
+    times: dict[str, list[float]] = {"generate": [], "exact": [], "cer": [], "update": []}
+    for r in range(args.repeats):
+        sl = slice(r * args.b, (r + 1) * args.b)
+        t0 = time.perf_counter()
+        groups = sample_groups(engine, tok, examples[sl], prompts[sl], params)
+        times["generate"].append(time.perf_counter() - t0)
+        for kind in ("exact", "cer") if r % 2 else ("cer", "exact"):
+            t0 = time.perf_counter()
+            rewards, _ = group_rewards([kind], groups, scorer, tok)
+            times[kind].append(time.perf_counter() - t0)
+        trajs = [t for g in groups for t in g.trajs]
+        adv = rloo_advantages(rewards["exact"], [t.group_id for t in trajs])
+        train = TrainEngine(copy.deepcopy(model), TrainConfig(lr=1e-4, grad_accum=2))
+        t0 = time.perf_counter()
+        policy_update(
+            train, trajs, adv, LossConfig(micro_batch_size=len(trajs) // 2), tok.pad_token_id
+        )
+        times["update"].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    step_exact = med["generate"] + med["exact"] + med["update"]
+    for k, v in med.items():
+        print(f"{k:9s} median {v:.3f} s")
+    print(
+        f"step (exact) {step_exact:.3f} s; CER adds {med['cer'] - med['exact']:.3f} s = "
+        f"{100 * (med['cer'] - med['exact']) / step_exact:+.1f}% (B={args.b}, G={args.g})"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The CER command line: ``python -m cer {build-tiny,warmup,train,eval}``.
+
+    python -m cer build-tiny --out runs/cer/tiny/task [--seed 0]
+    python -m cer warmup --config cer/configs/tiny.yaml [key=value ...]
+    python -m cer train  --config cer/configs/tiny.yaml [reward.type=exact run_dir=...]
+    python -m cer eval   --config cer/configs/tiny.yaml [--model PATH]
+
+Overrides are dotted ``key=value`` pairs (see ``python -m cer train --help`` for every key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cer.config import CERConfig, MissingAssetError
+from common.config import ConfigError, describe_config, load_config
+from common.data import DataError
+
+DEFAULT_CONFIG = "cer/configs/tiny.yaml"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m cer", description="CER: " + __doc__.split("\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build-tiny", help="write the tiny task, tokenizer and model")
+    b.add_argument("--out", default="runs/cer/tiny/task", help="output folder")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--n-train", type=int, default=2000)
+    b.add_argument("--n-dev", type=int, default=200)
+    b.add_argument("--n-test", type=int, default=200)
+    helps = {
+        "warmup": "supervised warm start on worked solutions",
+        "train": "RL with the configured reward",
+        "eval": "avg@k and greedy accuracy on the benchmarks",
+    }
+    for name, text in helps.items():
+        p = sub.add_parser(
+            name,
+            help=text,
+            epilog="overrides: dotted key=value\n\n" + describe_config(CERConfig),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config")
+        if name == "eval":
+            p.add_argument(
+                "--model", default=None, help="model folder (default: latest checkpoint)"
+            )
+        p.add_argument("overrides", nargs="*")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "build-tiny":
+            from cer.tiny import build_tiny
+
+            out = build_tiny(args.out, args.seed, args.n_train, args.n_dev, args.n_test)
+            print(f"wrote the tiny CER task, tokenizer and model to {out}")
+            return 0
+        cfg = load_config(CERConfig, args.config, args.overrides)
+        if cfg.torch_threads:
+            import torch
+
+            torch.set_num_threads(cfg.torch_threads)
+        if args.command == "warmup":
+            from cer.warmup import run_warmup
+
+            print(run_warmup(cfg))
+        elif args.command == "train":
+            from cer.trainer import train_cer
+
+            out = train_cer(cfg)
+            b, a = out["before"], out["after"]
+            print(f"dev accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f}; {out['run_dir']}")
+        else:
+            from cer.evaluate import run_eval
+
+            run_eval(cfg, args.model)
+    except (ConfigError, MissingAssetError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,203 @@
+"""The CER run's settings: one dataclass tree, every field with its help text.
+
+Every path the run reads sits under ``assets``; ``check_assets`` fails before any expensive work
+when one is missing, saying how to get it (``assets.how_to_get``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from common.search_grpo import EngineConfig
+from common.search_grpo import LossConfig as GRPOLossConfig
+from common.train import TrainConfig
+
+REWARD_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
+
+
+@dataclass
+class AssetsConfig:
+    """Every model and data path of the run (local folders and files, hub ids, ``hf://`` data)."""
+
+    model: str = field(
+        default="runs/cer/tiny/warmup/model",
+        metadata={"help": "policy to train: HF folder or hub id (e.g. Qwen/Qwen3-4B-Base)"},
+    )
+    init_model: str = field(
+        default="runs/cer/tiny/task/model",
+        metadata={"help": "model the supervised warm start begins from ('' = no warm start)"},
+    )
+    warmstart: str = field(
+        default="runs/cer/tiny/task/warmstart.jsonl",
+        metadata={"help": "worked solutions for the warm start (problem, solution)"},
+    )
+    train: str = field(
+        default="runs/cer/tiny/task/train.jsonl", metadata={"help": "training problems"}
+    )
+    train_format: str = field(
+        default="auto", metadata={"help": "cer.data format of the train file (auto: by its keys)"}
+    )
+    train_filter: Literal["none", "webinstruct_paper"] = field(
+        default="none",
+        metadata={"help": "webinstruct_paper: category != Mathematics, difficulty == University"},
+    )
+    dev: str = field(
+        default="runs/cer/tiny/task/dev.jsonl", metadata={"help": "dev problems (periodic eval)"}
+    )
+    benchmarks: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "name -> file (or hf://id[:config]@split) for `cer eval`"},
+    )
+    how_to_get: str = field(
+        default="python -m cer build-tiny --out runs/cer/tiny/task",
+        metadata={"help": "how to obtain the assets (shown when one is missing)"},
+    )
+
+
+@dataclass
+class RewardConfig:
+    """Which reward trains the policy, and how CER is estimated."""
+
+    type: Literal["exact", "rule", "cer", "rule+cer", "verifree"] = field(
+        default="cer",
+        metadata={"help": "exact | rule (math-verify / letter) | cer | rule+cer | verifree"},
+    )
+    m: int | None = field(
+        default=None, metadata={"help": "solutions CER averages over (null = the whole group G)"}
+    )
+    frozen_scorer: bool = field(
+        default=False,
+        metadata={"help": "score with a frozen copy of the initial policy instead of the live one"},
+    )
+    scorer_batch_size: int = field(
+        default=64, metadata={"help": "continuations per forward in the HF prefix scorer"}
+    )
+
+
+@dataclass
+class LossConfig(GRPOLossConfig):
+    """The clipped policy loss (CER: summed over tokens, averaged over sequences)."""
+
+    aggregation: str = field(
+        default="seq_mean_token_sum",
+        metadata={
+            "help": "seq_mean_token_sum | seq_mean_token_mean | token_mean | "
+            "seq_mean_token_sum_norm"
+        },
+    )
+
+
+@dataclass
+class SamplingSettings:
+    """Rollout sampling during training."""
+
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus mass"})
+    top_k: int = field(default=0, metadata={"help": "0 = no top-k cut"})
+
+
+@dataclass
+class EvalConfig:
+    """`cer eval` and the periodic dev evaluation."""
+
+    k: int = field(default=16, metadata={"help": "samples per problem for avg@k"})
+    temperature: float = field(default=0.6, metadata={"help": "avg@k sampling temperature"})
+    top_p: float = field(default=0.95, metadata={"help": "avg@k nucleus mass"})
+    top_k: int = field(default=20, metadata={"help": "avg@k top-k"})
+    greedy: bool = field(default=True, metadata={"help": "also evaluate one greedy sample"})
+    max_tokens: int = field(default=8192, metadata={"help": "response tokens at evaluation"})
+    max_examples: int = field(default=0, metadata={"help": "per benchmark (0 = all)"})
+    out: str = field(default="", metadata={"help": "output folder (default <run_dir>/eval)"})
+
+
+@dataclass
+class WarmupConfig:
+    """Supervised warm start on worked solutions (tiny task; the paper starts from a base model)."""
+
+    steps: int = field(default=400, metadata={"help": "optimizer steps"})
+    batch_size: int = field(default=16, metadata={"help": "solutions per optimizer step"})
+    out: str = field(
+        default="runs/cer/tiny/warmup", metadata={"help": "output folder (model in <out>/model)"}
+    )
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(lr=3e-3, warmup_steps=20, scheduler="cosine")
+    )
+
+
+@dataclass
+class CERConfig:
+    """A CER (or baseline reward) GRPO-family run on single-turn math / free-form questions."""
+
+    run_dir: str = field(default="runs/cer/tiny/cer", metadata={"help": "output folder"})
+    seed: int = field(default=0, metadata={"help": "data order, init and sampling seed"})
+    torch_threads: int = field(
+        default=0, metadata={"help": "torch CPU threads (0 = torch's default)"}
+    )
+    steps: int = field(default=30, metadata={"help": "RL steps (one optimizer step each)"})
+    prompts_per_step: int = field(default=8, metadata={"help": "B: prompts per step (all ranks)"})
+    group_size: int = field(default=8, metadata={"help": "G: samples per prompt"})
+    max_prompt_tokens: int = field(
+        default=2048, metadata={"help": "longer prompts are left out (counted and logged)"}
+    )
+    max_response_tokens: int = field(default=4096, metadata={"help": "sampled tokens per answer"})
+    advantage: Literal["rloo", "grpo"] = field(
+        default="rloo",
+        metadata={"help": "rloo: r - leave-one-out mean (no std); grpo: (r - mean) / std"},
+    )
+    eval_every: int = field(default=10, metadata={"help": "greedy dev eval every k steps"})
+    eval_questions: int = field(default=200, metadata={"help": "dev problems in that eval"})
+    save_every: int = field(default=0, metadata={"help": "checkpoint every k steps (0: end)"})
+    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept"})
+    samples_per_step: int = field(
+        default=1, metadata={"help": "groups written to samples/ with every reward type's value"}
+    )
+    assets: AssetsConfig = field(default_factory=AssetsConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    loss: LossConfig = field(default_factory=LossConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+
+
+class MissingAssetError(FileNotFoundError):
+    """A model or data file the run needs is not there."""
+
+
+def _model_available(name: str) -> bool:
+    """A local HF folder, or a hub id whose config is in the local HF cache."""
+    if Path(name).is_dir():
+        return (Path(name) / "config.json").is_file()
+    if name.count("/") != 1 or Path(name).exists():
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
+def check_assets(assets: AssetsConfig, needed: list[str]) -> None:
+    """Raise ``MissingAssetError`` naming every missing asset of ``needed`` (field names of
+    ``AssetsConfig``; ``benchmarks`` checks them all) and how to get them. ``hf://`` data is
+    checked when loaded."""
+    missing = []
+    for name in needed:
+        if name in ("model", "init_model"):
+            path = getattr(assets, name)
+            if not path or not _model_available(path):
+                missing.append(f"assets.{name} = {path!r} (no HF model folder or cached hub id)")
+            continue
+        paths = assets.benchmarks if name == "benchmarks" else {name: getattr(assets, name)}
+        for key, path in paths.items():
+            if not path.startswith("hf://") and not Path(path).is_file():
+                where = f"assets.benchmarks.{key}" if name == "benchmarks" else f"assets.{name}"
+                missing.append(f"{where} = {path!r} (no such file)")
+    if missing:
+        raise MissingAssetError(
+            "missing asset(s):\n  "
+            + "\n  ".join(missing)
+            + f"\nHow to get them: {assets.how_to_get}\n"
+            "(or point the assets.* keys at your copies, e.g. assets.model=/path/to/model)"
+        )

@@ -1,0 +1,189 @@
+"""`cer eval`: accuracy by the rule verifier (letter match for multiple choice), avg@k and greedy.
+
+    python -m cer eval --config cer/configs/tiny.yaml [--model PATH] [key=value ...]
+
+For each benchmark of ``assets.benchmarks``: k samples per problem (temperature 0.6, top-p 0.95,
+top-k 20 by default) give avg@k (mean accuracy over all samples) and pass@k; one greedy sample
+gives greedy accuracy. Written to ``<run_dir>/eval/`` (or ``eval.out``): ``<name>.json`` per
+benchmark (metrics and each problem's answers), ``results.json`` and ``results.md``.
+The model is ``--model``, else the run's latest checkpoint, else ``assets.model``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cer.config import CERConfig, EngineConfig, check_assets
+from cer.data import MathExample, load_math_examples, webinstruct_paper_filter
+from cer.group_reward import is_correct, is_exact
+from cer.prompt import prompt_ids
+from cer.rollout import sample_groups
+from common.rollout.engine import GenerationEngine, SamplingConfig
+from common.train import find_latest_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+def load_problems(
+    path: str, tokenizer: Any, max_prompt_tokens: int, fmt: str = "auto", filt: str = "none"
+) -> tuple[list[MathExample], list[list[int]]]:
+    """Examples of ``path`` and their prompt ids; prompts over ``max_prompt_tokens`` are left
+    out with a warning that counts them (the paper drops them too)."""
+    examples = load_math_examples(path, fmt).examples
+    if filt == "webinstruct_paper":
+        examples = webinstruct_paper_filter(examples)
+    kept, prompts = [], []
+    for ex in examples:
+        ids = prompt_ids(tokenizer, ex)
+        if len(ids) <= max_prompt_tokens:
+            kept.append(ex)
+            prompts.append(ids)
+    if len(kept) < len(examples):
+        log.warning(
+            "%s: %d of %d prompts longer than %d tokens left out",
+            path,
+            len(examples) - len(kept),
+            len(examples),
+            max_prompt_tokens,
+        )
+    if not kept:
+        raise ValueError(f"{path}: no problem left (filter {filt!r}, max {max_prompt_tokens})")
+    return kept, prompts
+
+
+def make_engine(
+    cfg: EngineConfig, model_path: str, model: torch.nn.Module | None, tokenizer: Any, seed: int
+) -> GenerationEngine:
+    """HF ``generate`` on ``model`` (shared with the trainer), or a colocated vLLM engine."""
+    if cfg.backend == "hf":
+        from common.rollout import HFEngine
+
+        return HFEngine(model, tokenizer)
+    from common.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(
+        model_path,
+        max_model_len=cfg.max_model_len,
+        kv_cache_bytes=cfg.kv_cache_mib * 2**20,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        enable_sleep_mode=cfg.sleep_during_update,
+        seed=seed,
+    )
+
+
+def evaluate_problems(
+    engine: GenerationEngine,
+    tokenizer: Any,
+    examples: Sequence[MathExample],
+    prompts: Sequence[list[int]],
+    params: SamplingConfig,
+) -> tuple[dict[str, float], list[dict]]:
+    """``params.n`` samples per problem: accuracy (rule / letter; mean over all samples, i.e.
+    avg@n), pass@n, exact-match accuracy and the share of samples with a boxed answer; and one
+    row per problem (its gold, answers and verdicts)."""
+    groups = sample_groups(engine, tokenizer, examples, prompts, params, group_prefix="eval:")
+    rows, right, exact, boxed, passed = [], 0, 0, 0, 0
+    for g in groups:
+        verdicts = [is_correct(s.answer, g.example) for s in g.splits]
+        right += sum(verdicts)
+        exact += sum(is_exact(s.answer, g.example) for s in g.splits)
+        boxed += sum(s.answer is not None for s in g.splits)
+        passed += any(verdicts)
+        rows.append(
+            {
+                "id": g.example.id,
+                "gold": g.example.answer,
+                "answers": [s.answer for s in g.splits],
+                "correct": verdicts,
+            }
+        )
+    n = max(len(groups) * params.n, 1)
+    metrics = {
+        "accuracy": right / n,
+        f"pass@{params.n}": passed / max(len(groups), 1),
+        "exact_accuracy": exact / n,
+        "boxed_rate": boxed / n,
+        "problems": len(groups),
+    }
+    return metrics, rows
+
+
+def resolve_model(cfg: CERConfig, model: str | None) -> str:
+    """``model``, else the run's latest checkpoint, else ``assets.model``."""
+    if model:
+        return model
+    latest = find_latest_checkpoint(cfg.run_dir)
+    return str(latest) if latest is not None else cfg.assets.model
+
+
+def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, float]]:
+    """Evaluate one model on every benchmark; returns {benchmark: metrics}."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_path = resolve_model(cfg, model)
+    cfg.assets.model = model_path
+    check_assets(cfg.assets, ["model", "benchmarks"])
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    hf_model = None
+    if cfg.engine.backend == "hf":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        hf_model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto").to(device).eval()
+    engine = make_engine(cfg.engine, model_path, hf_model, tokenizer, cfg.seed)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.eval.out or Path(cfg.run_dir) / "eval")
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, float]] = {}
+    for name, path in cfg.assets.benchmarks.items():
+        examples, prompts = load_problems(path, tokenizer, cfg.max_prompt_tokens)
+        if cfg.eval.max_examples:
+            examples, prompts = examples[: cfg.eval.max_examples], prompts[: cfg.eval.max_examples]
+        e = cfg.eval
+        sampled = SamplingConfig(
+            n=e.k, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, max_tokens=e.max_tokens
+        )
+        metrics, rows = evaluate_problems(engine, tokenizer, examples, prompts, sampled)
+        result = {f"avg@{e.k}": metrics["accuracy"], f"pass@{e.k}": metrics[f"pass@{e.k}"]}
+        result["boxed_rate"] = metrics["boxed_rate"]
+        record: dict[str, Any] = {"benchmark": name, "file": path, "model": model_path}
+        if e.greedy:
+            greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=e.max_tokens)
+            g_metrics, g_rows = evaluate_problems(engine, tokenizer, examples, prompts, greedy)
+            result["greedy"] = g_metrics["accuracy"]
+            result["greedy_exact"] = g_metrics["exact_accuracy"]
+            record["greedy_rows"] = g_rows
+        result["problems"] = metrics["problems"]
+        results[name] = result
+        record |= {"metrics": result, "sampled_rows": rows}
+        (out / f"{name}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False))
+        shown = ", ".join(
+            f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()
+        )
+        print(f"[cer eval] {name}: {shown}")
+    (out / "results.json").write_text(
+        json.dumps({"model": model_path, "results": results}, indent=1)
+    )
+    (out / "results.md").write_text(results_table(results, model_path))
+    return results
+
+
+def results_table(results: dict[str, dict[str, float]], model: str) -> str:
+    """A markdown table: one row per benchmark, one column per metric."""
+    columns = list(dict.fromkeys(k for r in results.values() for k in r))
+    lines = [
+        f"Model: `{model}`",
+        "",
+        "| benchmark | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for name, r in results.items():
+        cells = [
+            "" if k not in r else str(r[k]) if k == "problems" else f"{r[k]:.3f}" for k in columns
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,116 @@
+"""Every reward type for sampled groups: verifier checks, and CER's scoring batched over groups.
+
+A ``Group`` is one prompt, its G sampled responses and their answer splits. ``group_rewards``
+returns the rewards of the requested types over all samples (group after group) and, when a
+scored type is among them, the CER matrix summary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cer.answer import AnswerSplit
+from cer.data import MathExample
+from cer.reward import cer_from_logprobs, combine_rule_cer, verifree_reward
+from cer.scorer import ScoreFn, score_group
+from cer.verifiers import exact_verifier, letter_verifier, rule_verifier
+from common.rollout.trajectory import Trajectory
+
+SCORED_TYPES = ("cer", "rule+cer", "verifree")
+
+
+@dataclass
+class Group:
+    """One prompt and its G samples (``trajs[k]`` and ``splits[k]`` are sample k)."""
+
+    example: MathExample
+    prompt_ids: list[int]
+    trajs: list[Trajectory]
+    splits: list[AnswerSplit]
+
+
+def is_correct(answer: str | None, example: MathExample) -> bool:
+    """The rule verifier: letter match for multiple choice, math-verify otherwise."""
+    if answer is None:
+        return False
+    if example.metadata.get("multiple_choice"):
+        return letter_verifier(answer, example.answer)
+    return rule_verifier(answer, example.answer)
+
+
+def is_exact(answer: str | None, example: MathExample) -> bool:
+    """Normalised string match with the reference."""
+    return answer is not None and exact_verifier(answer, example.answer)
+
+
+def score_groups(
+    score_fn: ScoreFn, groups: Sequence[Group], tokenizer: Any, m: int | None
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]]:
+    """``score_group`` for every group with a single ``score_fn`` call carrying all pairs (one
+    engine request: vLLM batches and prefix-caches them together)."""
+    requests: list[tuple[list[list[int]], list[list[int]]]] = []
+
+    def record(prefixes: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
+        requests.append((prefixes, continuations))
+        return [[0.0] * len(c) for c in continuations]
+
+    for g in groups:
+        score_group(record, g.prompt_ids, g.splits, g.example.answer, tokenizer, m)
+    flat = score_fn([p for ps, _ in requests for p in ps], [c for _, cs in requests for c in cs])
+    out, pos = [], 0
+    for g, (prefixes, _) in zip(groups, requests, strict=True):
+        chunk = flat[pos : pos + len(prefixes)]
+        pos += len(prefixes)
+        out.append(
+            score_group(
+                lambda p, c, chunk=chunk: chunk,
+                g.prompt_ids,
+                g.splits,
+                g.example.answer,
+                tokenizer,
+                m,
+            )
+        )
+    return out
+
+
+def group_rewards(
+    types: Iterable[str],
+    groups: Sequence[Group],
+    score_fn: ScoreFn | None,
+    tokenizer: Any,
+    m: int | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Rewards [N] (N = all samples, group by group) for each of ``types`` (``exact`` and
+    ``rule`` always come along: they are cheap and are the accuracy), and the CER summary:
+    ``cer/ref_prob_mean`` (mean over groups of mean_j pi(a*|s_j)), ``cer/ref_prob_max`` (mean
+    over groups of max_j), ``cer/distinct_answers`` (per group, mean)."""
+    types = set(types) | {"exact", "rule"}
+    samples = [(s.answer, g.example) for g in groups for s in g.splits]
+    out = {
+        "exact": torch.tensor([float(is_exact(a, ex)) for a, ex in samples]),
+        "rule": torch.tensor([float(is_correct(a, ex)) for a, ex in samples]),
+    }
+    stats: dict[str, float] = {}
+    if not types & set(SCORED_TYPES):
+        return out, stats
+    if score_fn is None:
+        raise ValueError(f"reward types {sorted(types & set(SCORED_TYPES))} need a score_fn")
+    # VeriFree needs pi(a* | s_k) after every sample's own solution: score all G then.
+    scored = score_groups(score_fn, groups, tokenizer, None if "verifree" in types else m)
+    cer = torch.cat([cer_from_logprobs(r, a, idx, m).float() for r, a, idx, _ in scored])
+    out["cer"] = cer
+    out["rule+cer"] = combine_rule_cer(out["rule"], cer)
+    if "verifree" in types:
+        out["verifree"] = torch.cat([verifree_reward(r).float() for r, _, _, _ in scored])
+    ref_probs = [r[:m].exp() for r, _, _, _ in scored]
+    stats = {
+        "cer/ref_prob_mean": torch.stack([p.mean() for p in ref_probs]).mean().item(),
+        "cer/ref_prob_max": torch.stack([p.max() for p in ref_probs]).mean().item(),
+        "cer/distinct_answers": sum(len(d) for *_, d in scored) / len(scored),
+    }
+    return {k: v for k, v in out.items() if k in types}, stats

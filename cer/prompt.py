@@ -1,0 +1,40 @@
+"""The CER prompt: the model's chat template around a system line and the question.
+
+system: "You are a helpful assistant."; user: the question, then the instruction to reason step by
+step and box the final answer (multiple-choice questions also ask for the letter only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cer.data import MathExample
+
+SYSTEM_PROMPT = "You are a helpful assistant."
+INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+MC_INSTRUCTION = "Answer with the letter of the correct option only."
+
+
+def user_message(example: MathExample) -> str:
+    """The question followed by the instruction(s)."""
+    parts = [example.problem.strip(), INSTRUCTION]
+    if example.metadata.get("multiple_choice"):
+        parts.append(MC_INSTRUCTION)
+    return "\n".join(parts)
+
+
+def prompt_ids(tokenizer: Any, example: MathExample) -> list[int]:
+    """Token ids of the chat-templated system + user turns and the assistant header."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"the tokenizer of {getattr(tokenizer, 'name_or_path', '?')!r} has no chat template; "
+            "CER prompts are chat-formatted"
+        )
+    messages = [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": user_message(example)},
+    ]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)

@@ -1,0 +1,269 @@
+"""`cer train`: GRPO-family RL with the conditional expectation reward (or a baseline reward).
+
+    per step: B prompts x G samples (engine) -> answer split on the sampled ids
+              -> reward by type (exact | rule | cer | rule+cer | verifree)
+              -> RLOO advantage (r_k minus the mean of the other G-1; no std)
+              -> clipped surrogate (eps 0.2), summed over tokens, averaged over sequences
+              -> one optimizer step -> weights pushed into the engine
+
+CER's scores come from the engine's ``score`` (vLLM: prompt logprobs with prefix caching, one
+request for all groups of the step) or, on the HF backend, from ``hf_prefix_scorer`` on the
+training model under no_grad (one forward per solution, its KV cache reused for every answer;
+faster on CPU than ``HFEngine.score``, which forwards every pair whole). ``reward.frozen_scorer``
+scores with a frozen copy of the initial policy (HF prefix scorer) instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from cer.config import CERConfig, check_assets
+from cer.evaluate import evaluate_problems, load_problems, make_engine
+from cer.group_reward import Group, group_rewards
+from cer.rollout import sample_groups
+from cer.scorer import hf_prefix_scorer
+from common.config import dump_config
+from common.rl import group_normalized_advantages, rloo_advantages
+from common.rollout.engine import SamplingConfig
+from common.search_grpo import _all_ranks_mean, policy_update
+from common.train import (
+    MetricsLogger,
+    TrainEngine,
+    iter_named_weights,
+    progress,
+    save_checkpoint,
+    write_env_json,
+)
+from common.train.distributed import init_distributed
+
+ALL_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
+
+
+def advantages(rewards: torch.Tensor, group_ids: list[str], kind: str) -> torch.Tensor:
+    """rloo: A_k = r_k - 1/(G-1) sum_{j != k} r_j; grpo: (r_k - mean) / (std + eps)."""
+    if kind == "rloo":
+        return rloo_advantages(rewards, group_ids)
+    return group_normalized_advantages(rewards, group_ids)
+
+
+def train_cer(cfg: CERConfig) -> dict:
+    """Run the loop; returns the dev evaluations and the run folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_assets(cfg.assets, ["model", "train", "dev"])
+    train_cfg = cfg.train
+    tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
+    model = AutoModelForCausalLM.from_pretrained(cfg.assets.model, dtype=torch.float32)
+    # Before the engine wraps the model (and before ZeRO-3 could partition it).
+    frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.reward.frozen_scorer else None
+    train_cfg.seed = cfg.seed
+    train_cfg.total_steps = cfg.steps
+    _, world, _ = init_distributed()
+    if cfg.prompts_per_step % world:
+        raise ValueError(f"prompts_per_step={cfg.prompts_per_step} not divisible by {world} ranks")
+    rank_b = cfg.prompts_per_step // world
+    batch = rank_b * cfg.group_size
+    if batch % cfg.loss.micro_batch_size:
+        raise ValueError(
+            f"prompts per rank x group_size = {batch} is not a multiple of "
+            f"loss.micro_batch_size = {cfg.loss.micro_batch_size}"
+        )
+    train_cfg.grad_accum = batch // cfg.loss.micro_batch_size
+    train = TrainEngine(model, train_cfg, reference=cfg.loss.kl_coef > 0)
+    if frozen is not None:
+        frozen.to(train.device)
+    run_dir = Path(cfg.run_dir)
+    if train.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.yaml")
+        write_env_json(run_dir)
+        (run_dir / "samples").mkdir(exist_ok=True)
+    engine = make_engine(
+        cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
+    )
+    if frozen is not None:
+        score_fn = hf_prefix_scorer(frozen, cfg.reward.scorer_batch_size)
+    elif cfg.engine.backend == "vllm":
+        score_fn = engine.score
+    else:
+        score_fn = hf_prefix_scorer(train.model, cfg.reward.scorer_batch_size)
+    a = cfg.assets
+    train_set, train_prompts = load_problems(
+        a.train, tokenizer, cfg.max_prompt_tokens, a.train_format, a.train_filter
+    )
+    dev_set, dev_prompts = load_problems(a.dev, tokenizer, cfg.max_prompt_tokens)
+    dev_set, dev_prompts = dev_set[: cfg.eval_questions], dev_prompts[: cfg.eval_questions]
+    order = list(range(len(train_set)))
+    random.Random(cfg.seed).shuffle(order)
+    logger = MetricsLogger(run_dir) if train.is_main else None
+    evals: list[dict] = []
+    sampling = cfg.sampling
+
+    def run_eval(step: int) -> None:
+        shard = slice(train.rank, None, train.world_size)
+        greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=cfg.max_response_tokens)
+        m, _ = evaluate_problems(engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy)
+        m = _all_ranks_mean(m, len(dev_set[shard]))
+        evals.append({"step": step, **m})
+        if logger:
+            logger.log(step, {f"dev/{k}": v for k, v in m.items()})
+            print(
+                f"[cer] step {step}: dev accuracy {m['accuracy']:.3f} "
+                f"(exact {m['exact_accuracy']:.3f}, boxed {m['boxed_rate']:.3f})",
+                flush=True,
+            )
+
+    run_eval(0)
+    for step in progress(range(1, cfg.steps + 1), desc=f"cer[{cfg.reward.type}]", total=cfg.steps):
+        t_step = time.perf_counter()
+        base = ((step - 1) * train.world_size + train.rank) * rank_b
+        idx = [order[(base + i) % len(order)] for i in range(rank_b)]
+        params = SamplingConfig(
+            n=cfg.group_size,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=cfg.max_response_tokens,
+            seed=cfg.seed * 100003 + step,
+        )
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        groups = sample_groups(
+            engine,
+            tokenizer,
+            [train_set[i] for i in idx],
+            [train_prompts[i] for i in idx],
+            params,
+            group_prefix=f"s{step}r{train.rank}:",
+        )
+        timings["generate"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        rewards, cer_stats = group_rewards(
+            [cfg.reward.type], groups, score_fn, tokenizer, cfg.reward.m
+        )
+        timings["reward"] = time.perf_counter() - t0
+        trajs = [t for g in groups for t in g.trajs]
+        reward = rewards[cfg.reward.type]
+        adv = advantages(reward, [t.group_id for t in trajs], cfg.advantage)
+        # Every reward type for the groups written to samples/ (same count on every rank: the
+        # vLLM scorer is collective under several ranks).
+        shown = groups[: cfg.samples_per_step]
+        shown_rewards, shown_stats = group_rewards(
+            ALL_TYPES, shown, score_fn, tokenizer, cfg.reward.m
+        )
+        if cfg.engine.sleep_during_update and cfg.engine.backend == "vllm":
+            engine.sleep()
+        t0 = time.perf_counter()
+        upd = policy_update(train, trajs, adv, cfg.loss, tokenizer.pad_token_id)
+        timings["update"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        if cfg.engine.backend == "vllm":
+            if cfg.engine.sleep_during_update:
+                engine.wake_up()
+            engine.push_weights(iter_named_weights(train))
+        timings["push"] = time.perf_counter() - t0
+        timings["step"] = time.perf_counter() - t_step
+        per_group = reward.view(-1, cfg.group_size)
+        metrics = {
+            "reward": reward.mean().item(),
+            **{f"reward/{k}": v.mean().item() for k, v in rewards.items()},
+            "accuracy": rewards["rule"].mean().item(),
+            "boxed_rate": sum(t.answer is not None for t in trajs) / len(trajs),
+            "response_tokens": sum(len(t.response_ids) for t in trajs) / len(trajs),
+            "mixed_group_share": (
+                (per_group.max(1).values > per_group.min(1).values).float().mean().item()
+            ),
+            **cer_stats,
+            **{f"samples/reward/{k}": v.mean().item() for k, v in shown_rewards.items()},
+            **{f"samples/{k}": v for k, v in shown_stats.items()},
+            **upd,
+            **{f"time/{k}": v for k, v in timings.items()},
+        }
+        metrics = _all_ranks_mean(metrics, len(trajs))
+        if logger:
+            logger.log(step, metrics)
+            write_samples(
+                run_dir / "samples" / f"step_{step:05d}.json",
+                shown,
+                shown_rewards,
+                shown_stats,
+                adv,
+                tokenizer,
+            )
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            run_eval(step)
+        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+            save_checkpoint(
+                train,
+                run_dir,
+                step,
+                {"step": step, "seed": cfg.seed},
+                keep_last=cfg.keep_checkpoints,
+                tokenizer=tokenizer,
+            )
+    if logger:
+        logger.close()
+        plot_curve(evals, run_dir / "dev_curve.png", cfg.reward.type)
+        (run_dir / "dev_evals.json").write_text(json.dumps(evals, indent=1))
+    return {"before": evals[0], "after": evals[-1], "evals": evals, "run_dir": str(run_dir)}
+
+
+def write_samples(
+    path: Path,
+    groups: list[Group],
+    rewards: dict[str, torch.Tensor],
+    stats: dict[str, float],
+    adv: torch.Tensor,
+    tokenizer,
+) -> None:
+    """Readable records of ``groups``: prompt, each response, its answer and every reward."""
+    rows, k = [], 0
+    for g in groups:
+        samples = []
+        for t, s in zip(g.trajs, g.splits, strict=True):
+            samples.append(
+                {
+                    "response": tokenizer.decode(t.response_ids, skip_special_tokens=False),
+                    "answer": s.answer,
+                    "rewards": {name: r[k].item() for name, r in rewards.items()},
+                    "advantage": adv[k].item(),
+                }
+            )
+            k += 1
+        rows.append(
+            {
+                "id": g.example.id,
+                "prompt": tokenizer.decode(g.prompt_ids, skip_special_tokens=False),
+                "reference": g.example.answer,
+                "samples": samples,
+            }
+        )
+    path.write_text(
+        json.dumps({"cer_summary": stats, "groups": rows}, indent=1, ensure_ascii=False)
+    )
+
+
+def plot_curve(evals: list[dict], path: Path, reward_type: str) -> Path:
+    """Dev accuracy (rule verifier) and exact-match accuracy against RL step, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    steps = [e["step"] for e in evals]
+    ax.plot(steps, [e["accuracy"] for e in evals], marker="o", label="dev accuracy (rule)")
+    ax.plot(steps, [e["exact_accuracy"] for e in evals], marker="s", label="dev exact match")
+    ax.set_xlabel(f"RL step (reward: {reward_type})")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

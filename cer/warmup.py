@@ -1,0 +1,65 @@
+"""`cer warmup`: supervised warm start on the tiny task's worked solutions, so that the tiny model
+writes reasoning and a boxed answer before RL (the paper starts from a base model instead).
+
+Each example is the CER prompt followed by ``solution + end-of-turn``; the loss falls on the
+solution tokens only (common.warmstart's SFT loop).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from cer.config import CERConfig, check_assets
+from cer.data import load_math_examples
+from cer.prompt import prompt_ids
+from cer.rollout import END_OF_TURN
+from common.config import dump_config
+from common.rollout.agent import encode_text
+from common.rollout.trajectory import Trajectory
+from common.train import TrainEngine
+from common.warmstart import warm_start
+
+
+def solution_trajectories(path: str, tokenizer) -> list[Trajectory]:
+    """One trajectory per warm-start row: prompt ids, then the solution ids as 'sampled'."""
+    examples = load_math_examples(path).examples
+    end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    trajs = []
+    for ex in examples:
+        solution = ex.metadata.get("solution")
+        if not isinstance(solution, str) or not solution.strip():
+            raise ValueError(f"{path}: example {ex.id} has no 'solution' text to warm start on")
+        t = Trajectory(
+            f"warm:{ex.id}", 0, ex.id, ex.problem, [ex.answer], prompt_ids(tokenizer, ex)
+        )
+        ids = encode_text(tokenizer, solution) + [end]
+        t.append(ids, sampled=True, logprobs=[0.0] * len(ids))
+        trajs.append(t)
+    return trajs
+
+
+def run_warmup(cfg: CERConfig) -> Path:
+    """``assets.init_model`` + SFT on ``assets.warmstart`` -> ``<warmup.out>/model``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_assets(cfg.assets, ["init_model", "warmstart"])
+    w = cfg.warmup
+    tokenizer = AutoTokenizer.from_pretrained(cfg.assets.init_model)
+    model = AutoModelForCausalLM.from_pretrained(cfg.assets.init_model, dtype=torch.float32)
+    trajs = solution_trajectories(cfg.assets.warmstart, tokenizer)
+    w.train.total_steps = w.steps
+    w.train.seed = cfg.seed
+    engine = TrainEngine(model, w.train)
+    history = warm_start(engine, trajs, tokenizer.pad_token_id, w.steps, w.batch_size, cfg.seed)
+    out = Path(w.out)
+    if engine.is_main:
+        (out / "model").mkdir(parents=True, exist_ok=True)
+        engine.model.save_pretrained(out / "model")
+        tokenizer.save_pretrained(out / "model")
+        dump_config(cfg, out / "config.yaml")
+        (out / "sft_loss.json").write_text(json.dumps(history))
+        print(f"[cer warmup] {len(trajs)} solutions, {w.steps} steps; loss {history[-1:]}")
+    return out / "model"

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cer.answer import solution_split
+from cer.data import MathExample
+from cer.group_reward import Group, group_rewards, score_groups
+from cer.prompt import INSTRUCTION, MC_INSTRUCTION, SYSTEM_PROMPT, user_message
+from cer.reward import cer_from_logprobs
+from cer.scorer import hf_prefix_scorer, score_group
+
+
+def make_group(tok, problem: str, gold: str, responses: list[str], mc: bool = False) -> Group:
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    prompt = tok.encode(problem, add_special_tokens=False)
+    ids = [tok.encode(r, add_special_tokens=False) + [eos] for r in responses]
+    ex = MathExample(problem, problem, gold, {"multiple_choice": True} if mc else {})
+    return Group(ex, prompt, [], [solution_split(i, tok) for i in ids])
+
+
+@pytest.fixture(scope="module")
+def groups(char_tokenizer):
+    return [
+        make_group(
+            char_tokenizer,
+            "Half of 1?",
+            "\\frac{1}{2}",
+            ["Half of 1 is \\boxed{0.5}", "hence \\boxed{1/2}", "so \\boxed{\\frac{1}{2}}", "7"],
+        ),
+        make_group(char_tokenizer, "5 + 7?", "12", ["5 + 7 = \\boxed{12}", "\\boxed{1}"]),
+    ]
+
+
+def test_verifier_rewards_by_hand(groups, char_tokenizer):
+    rewards, stats = group_rewards(["exact", "rule"], groups, None, char_tokenizer)
+    # 0.5 and 1/2 are right but not the reference's string; a missing box is wrong for both
+    assert rewards["exact"].tolist() == [0, 0, 1, 0, 1, 0]
+    assert rewards["rule"].tolist() == [1, 1, 1, 0, 1, 0]
+    assert stats == {} and set(rewards) == {"exact", "rule"}
+
+
+def test_scored_rewards_equal_per_group_scoring(groups, char_tokenizer, tiny_qwen3):
+    calls = []
+    scorer = hf_prefix_scorer(tiny_qwen3)
+
+    def score_fn(prefixes, continuations):
+        calls.append(len(prefixes))
+        return scorer(prefixes, continuations)
+
+    rewards, stats = group_rewards(
+        ["cer", "rule+cer", "verifree"], groups, score_fn, char_tokenizer
+    )
+    assert len(calls) == 1  # all groups of the step in one request
+    expected_cer, expected_ref = [], []
+    for g in groups:
+        ref, ans, idx, _ = score_group(
+            scorer, g.prompt_ids, g.splits, g.example.answer, char_tokenizer
+        )
+        expected_cer.append(cer_from_logprobs(ref, ans, idx).float())
+        expected_ref.append(ref)
+    cer = torch.cat(expected_cer)
+    assert torch.allclose(rewards["cer"], cer, atol=1e-6)
+    assert rewards["cer"][3] == 0 and ((cer >= 0) & (cer <= 1)).all()
+    rule = torch.tensor([1.0, 1, 1, 0, 1, 0])
+    assert torch.allclose(rewards["rule+cer"], torch.where(rule > 0, 1.0, cer))
+    assert torch.allclose(rewards["verifree"], torch.cat(expected_ref).exp().float(), atol=1e-6)
+    probs = [r.exp() for r in expected_ref]
+    assert stats["cer/ref_prob_mean"] == pytest.approx(sum(p.mean() for p in probs).item() / 2)
+    assert stats["cer/ref_prob_max"] == pytest.approx(sum(p.max() for p in probs).item() / 2)
+    assert stats["cer/distinct_answers"] == (3 + 2) / 2
+
+
+def test_m_limits_the_solutions(groups, char_tokenizer, tiny_qwen3):
+    scorer = hf_prefix_scorer(tiny_qwen3)
+    got = score_groups(scorer, groups, char_tokenizer, m=1)
+    assert [r.shape[0] for r, *_ in got] == [1, 1]
+    rewards, _ = group_rewards(["cer"], groups, scorer, char_tokenizer, m=1)
+    # with one solution s_1, R_k = pi(a*|s_1) for every answer reachable from it
+    first = torch.cat(
+        [r[0].exp().repeat(len(g.splits)) for (r, *_), g in zip(got, groups, strict=True)]
+    )
+    has_answer = torch.tensor([s.answer is not None for g in groups for s in g.splits])
+    assert torch.allclose(rewards["cer"], torch.where(has_answer, first.float(), 0.0), atol=1e-6)
+
+
+def test_scored_type_without_scorer_is_an_error(groups, char_tokenizer):
+    with pytest.raises(ValueError, match="need a score_fn"):
+        group_rewards(["cer"], groups, None, char_tokenizer)
+
+
+def test_multiple_choice_uses_letter_match(char_tokenizer):
+    # letters the char tokenizer knows: F and H
+    g = make_group(
+        char_tokenizer, "Pick", "H", ["\\boxed{H}", "\\boxed{H.}", "\\boxed{F}"], mc=True
+    )
+    rewards, _ = group_rewards(["rule"], [g], None, char_tokenizer)
+    assert rewards["rule"].tolist() == [1, 1, 0]
+    assert user_message(g.example).endswith(INSTRUCTION + "\n" + MC_INSTRUCTION)
+    assert SYSTEM_PROMPT == "You are a helpful assistant."

@@ -1,0 +1,166 @@
+"""The tiny CER pipeline end to end, small: build, warm start, 2 RL steps, eval, and the errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cer.cli import main
+from cer.config import CERConfig, MissingAssetError, check_assets
+from cer.evaluate import results_table, run_eval
+from cer.tiny import build_tiny, tokenizer_texts
+from cer.trainer import ALL_TYPES, train_cer
+from cer.warmup import run_warmup
+from common.config import load_config
+
+TINY = "cer/configs/tiny.yaml"
+
+
+def tiny_config(root: Path, *overrides: str) -> CERConfig:
+    task = root / "task"
+    return load_config(
+        CERConfig,
+        TINY,
+        [
+            f"assets.init_model={task / 'model'}",
+            f"assets.warmstart={task / 'warmstart.jsonl'}",
+            f"assets.train={task / 'train.jsonl'}",
+            f"assets.dev={task / 'dev.jsonl'}",
+            f"assets.benchmarks.tiny_test={task / 'test.jsonl'}",
+            f"assets.model={root / 'warmup' / 'model'}",
+            f"warmup.out={root / 'warmup'}",
+            "warmup.steps=20",
+            "warmup.batch_size=8",
+            *overrides,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cer_tiny")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ops this small only wait on each other across threads
+    try:
+        build_tiny(root / "task", seed=0, n_train=120, n_dev=6, n_test=6)
+        run_warmup(tiny_config(root))
+        yield root
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_build_tiny_tokenizer_is_deterministic_and_keeps_the_brace_alone(tiny_root):
+    from common.tinyworld.tokenizer import build_tokenizer
+
+    texts = tokenizer_texts(tiny_root / "task")
+    assert build_tokenizer(texts, 512).backend_tokenizer.to_str() == (
+        build_tokenizer(texts, 512).backend_tokenizer.to_str()
+    )
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_root / "task" / "model")
+    pieces = tok.convert_ids_to_tokens(tok.encode("is \\boxed{12}.", add_special_tokens=False))
+    assert pieces[-2:] == ["}", "."]
+
+
+def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
+    run_dir = tiny_root / "run"
+    cfg = tiny_config(
+        tiny_root,
+        f"run_dir={run_dir}",
+        "steps=2",
+        "prompts_per_step=2",
+        "group_size=4",
+        "loss.micro_batch_size=4",
+        "eval_every=2",
+        "eval_questions=4",
+        "max_response_tokens=32",
+    )
+    torch.set_num_threads(1)
+    out = train_cer(cfg)
+    assert [e["step"] for e in out["evals"]] == [0, 2]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["reward"] == r["reward/cer"] and r["accuracy"] == r["reward/rule"]
+        assert 0 <= r["reward"] <= 1 and 0 <= r["cer/distinct_answers"] <= 4
+        assert all(f"samples/reward/{t}" in r for t in ALL_TYPES)
+    sample = json.loads((run_dir / "samples" / "step_00001.json").read_text())
+    assert set(sample["cer_summary"]) == {
+        "cer/ref_prob_mean",
+        "cer/ref_prob_max",
+        "cer/distinct_answers",
+    }
+    (group,) = sample["groups"]
+    assert len(group["samples"]) == 4
+    for s in group["samples"]:
+        rewards = s["rewards"]
+        assert set(rewards) == set(ALL_TYPES)
+        assert rewards["rule+cer"] == (1.0 if rewards["rule"] else rewards["cer"])
+        if s["answer"] is None:
+            assert rewards["cer"] == 0 and rewards["rule"] == 0
+    assert (run_dir / "checkpoints" / "step_2" / "model.safetensors").is_file()
+    assert (run_dir / "dev_curve.png").stat().st_size > 0
+    # eval picks up the run's latest checkpoint and writes JSON + markdown
+    cfg.eval.k, cfg.eval.max_tokens = 2, 24
+    results = run_eval(cfg)
+    saved = json.loads((run_dir / "eval" / "results.json").read_text())
+    assert saved["model"].endswith("step_2") and saved["results"] == results
+    tiny = results["tiny_test"]
+    assert tiny["problems"] == 6 and 0 <= tiny["avg@2"] <= tiny["pass@2"] <= 1
+    per = json.loads((run_dir / "eval" / "tiny_test.json").read_text())
+    assert len(per["sampled_rows"]) == 6 and all(
+        len(r["answers"]) == 2 for r in per["sampled_rows"]
+    )
+    assert sum(sum(r["correct"]) for r in per["sampled_rows"]) / 12 == tiny["avg@2"]
+    assert "| tiny_test |" in (run_dir / "eval" / "results.md").read_text()
+
+
+def test_results_table():
+    table = results_table({"a": {"avg@2": 0.25, "problems": 4}}, "m")
+    assert table.splitlines()[2:] == [
+        "| benchmark | avg@2 | problems |",
+        "|---|---|---|",
+        "| a | 0.250 | 4 |",
+    ]
+
+
+def test_missing_assets_are_named_with_how_to_get(tmp_path):
+    cfg = load_config(
+        CERConfig,
+        "cer/configs/qwen3_4b_base_math.yaml",
+        [f"assets.model={tmp_path / 'nope'}", f"assets.train={tmp_path / 'math.jsonl'}"],
+    )
+    with pytest.raises(MissingAssetError) as err:
+        check_assets(cfg.assets, ["model", "train", "benchmarks"])
+    text = str(err.value)
+    assert f"assets.model = '{tmp_path / 'nope'}'" in text
+    assert f"assets.train = '{tmp_path / 'math.jsonl'}'" in text
+    assert "assets.benchmarks.aime24" in text and "huggingface-cli download" in text
+
+
+def test_cli_reports_a_missing_model_before_loading(tmp_path, capsys):
+    code = main(["train", "--config", TINY, f"assets.model={tmp_path / 'm'}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "assets.model" in err and "python -m cer build-tiny" in err
+
+
+@pytest.mark.parametrize("config", sorted(Path("cer/configs").glob("*.yaml")))
+def test_every_config_loads(config):
+    cfg = load_config(CERConfig, config)
+    if "qwen3" in config.name:
+        assert (cfg.prompts_per_step, cfg.group_size, cfg.train.lr) == (32, 16, 1e-6)
+        assert (cfg.max_prompt_tokens, cfg.max_response_tokens, cfg.eval.max_tokens) == (
+            2048,
+            4096,
+            8192,
+        )
+        assert cfg.assets.model == (
+            "Qwen/Qwen3-4B-Base" if "4b" in config.name else "Qwen/Qwen3-8B-Base"
+        )
+    assert cfg.loss.aggregation == "seq_mean_token_sum" and cfg.advantage == "rloo"

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SEED ?= 0
 
-.PHONY: install test test-fast lint format world warmstart train-grpo demo bench
+.PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -39,3 +39,9 @@ demo:  ## everything end to end on the tiny setup, from nothing, on CPU
 bench:  ## the benchmarks; each prints a table (copied into benchmarks/README.md)
 	$(PY) benchmarks/bench_retrieval.py
 	$(PY) benchmarks/bench_cer_scoring.py
+	$(PY) benchmarks/bench_rollout.py
+	$(PY) benchmarks/bench_grpo_breakdown.py
+
+bench-trl:  ## our GRPO step against TRL's GRPOTrainer (installs the optional trl extra)
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) benchmarks/bench_grpo_step.py

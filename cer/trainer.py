@@ -31,7 +31,7 @@ from cer.scorer import hf_prefix_scorer
 from common.config import dump_config
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rollout.engine import SamplingConfig
-from common.search_grpo import _all_ranks_mean, policy_update
+from common.search_grpo import all_ranks_mean, policy_update
 from common.train import (
     MetricsLogger,
     TrainEngine,
@@ -109,7 +109,7 @@ def train_cer(cfg: CERConfig) -> dict:
         shard = slice(train.rank, None, train.world_size)
         greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=cfg.max_response_tokens)
         m, _ = evaluate_problems(engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy)
-        m = _all_ranks_mean(m, len(dev_set[shard]))
+        m = all_ranks_mean(m, len(dev_set[shard]))
         evals.append({"step": step, **m})
         if logger:
             logger.log(step, {f"dev/{k}": v for k, v in m.items()})
@@ -185,7 +185,7 @@ def train_cer(cfg: CERConfig) -> dict:
             **upd,
             **{f"time/{k}": v for k, v in timings.items()},
         }
-        metrics = _all_ranks_mean(metrics, len(trajs))
+        metrics = all_ranks_mean(metrics, len(trajs))
         if logger:
             logger.log(step, metrics)
             write_samples(

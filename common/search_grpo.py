@@ -222,7 +222,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     }
 
 
-def _all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
+def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
+    """Each metric averaged over ranks, rank r weighted by its ``weight`` (e.g. its sample count)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return metrics
     keys = sorted(metrics)
@@ -244,7 +245,7 @@ def evaluate(
     shard = examples[rank::world]
     greedy = AgentConfig(**{**vars(agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
     trajs = run_agent(engine, tokenizer, retriever, shard, 1, greedy, group_prefix="eval:")
-    return _all_ranks_mean(rollout_metrics(trajs), len(shard))
+    return all_ranks_mean(rollout_metrics(trajs), len(shard))
 
 
 def train_grpo(cfg: GRPOConfig) -> dict:
@@ -344,7 +345,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             **upd,
             **{f"time/{k}": v for k, v in timings.items()},
         }
-        metrics = _all_ranks_mean(metrics, len(trajs))
+        metrics = all_ranks_mean(metrics, len(trajs))
         if logger:
             logger.log(step, metrics)
             _write_samples(

@@ -341,7 +341,7 @@ def test_same_search_every_turn_then_forced_turn(
     assert docs[0].title == case.query and len(docs) == 3
     text = tok.decode(obs)
     assert len(obs) == 40
-    assert text.startswith(f"\n\n<information>Doc 1(Title: \"{docs[0].title}\") {docs[0].text}\n")
+    assert text.startswith(f'\n\n<information>Doc 1(Title: "{docs[0].title}") {docs[0].text}\n')
     assert text.endswith("</information>\n\n")
     assert [s.docs for s in t.steps] == [docs, docs, docs, []]
     assert [s.query for s in t.steps] == [case.query] * 3 + [None]

@@ -1,6 +1,6 @@
 """Step-time overhead of CER over exact match, on the same sampled batch, in one process.
 
-    python -m cer.bench_step --model runs/cer/tiny/warmup/model --task runs/cer/tiny/task
+    python benchmarks/bench_cer_step.py --model runs/cer/tiny/warmup/model --task runs/cer/tiny/task
 
 Samples one tiny step (B x G, HF engine), then times alternately, ``--repeats`` times: the
 reward with ``exact`` (which also computes ``rule``, the accuracy), the reward with ``cer``, and

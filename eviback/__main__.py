@@ -1,0 +1,5 @@
+import sys
+
+from eviback.cli import main
+
+sys.exit(main())

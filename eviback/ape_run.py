@@ -1,0 +1,178 @@
+"""`eviback ape`: the E2E-APE command loop over the pure parts in ``eviback.ape``.
+
+1. actor rollouts on training questions -> benchmark rows labelled by the evidence oracle ->
+   dev / holdout split by question (``benchmark.jsonl`` is reused when present);
+2. stage-A and stage-B candidates: proposed by the controller LLM when one is configured, else a
+   seeded sample of the grid;
+3. every single-stage candidate, then gated pairs of the best stage-A prompts with every stage-B
+   candidate, run ``ape.repeats`` times with the teacher on dev;
+4. selection on dev, one evaluation of the two selected policies on holdout, the frozen policy
+   file (``policy.yaml``) and ``report.md``.
+
+The teacher is always a model behind ``assets.teacher_endpoint``: judging prompts needs one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from common.llm_client import LLMClient
+from eviback.ape import (
+    BenchmarkRow,
+    CandidateResult,
+    build_benchmark,
+    candidate_grid,
+    candidate_result,
+    gated_policies,
+    read_benchmark,
+    results_table,
+    select_best,
+    split_by_question,
+    write_benchmark,
+    write_policy_file,
+)
+from eviback.assets import build_retriever, llm_client, load_questions
+from eviback.config import EviBackConfig
+from eviback.oracle import EvidenceOracle
+from eviback.prompts import INSTRUCTIONS, TeacherPrompt, get_prompt
+from eviback.teacher import TeacherPolicy, TeacherStats, TwoStageTeacher, Verdict
+
+_PROMPT_ID = re.compile(r"\b[AB]-[a-z_]+-[a-z_]+-fs[01]-q[01]-t[01]-[a-z]+-m\d+\b")
+
+
+def rollout_benchmark(cfg: EviBackConfig) -> list[BenchmarkRow]:
+    """Actor rollouts (sampled, ``ape.rollouts`` per question) labelled by the evidence oracle."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common.rollout import HFEngine, run_agent
+    from common.search_grpo import build_engine
+
+    a = cfg.assets
+    examples = load_questions(a.train_files, {}, cfg.seed)[: cfg.ape.questions]
+    tokenizer = AutoTokenizer.from_pretrained(a.model)
+    if cfg.engine.backend == "hf":
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+        engine = HFEngine(model, tokenizer)
+    else:
+        engine = build_engine(cfg.engine, a.model, None, tokenizer, cfg.seed)
+    trajs = run_agent(
+        engine, tokenizer, build_retriever(a), examples, cfg.ape.rollouts, cfg.agent, "ape:"
+    )
+    oracle = EvidenceOracle(cfg.teacher.top_m)
+    return build_benchmark(trajs, {ex.id: ex for ex in examples}, oracle.label)
+
+
+def controller_candidates(client: LLMClient, stage: str, k: int) -> list[TeacherPrompt]:
+    """Ask the controller for ``k`` prompt ids on the axes; ids it invents that do not parse are
+    dropped. The default prompt is always kept first."""
+    default = candidate_grid(stage, limit=1)[0]
+    instructions = ", ".join(sorted(INSTRUCTIONS[stage]))
+    ask = (
+        f"We tune the stage-{stage} prompt of an evidence judge. A prompt is named "
+        f"{default.id!r}: stage-instruction-answer_rule-fs(few-shot 0/1)-q(sub-queries shown "
+        f"0/1{', always 0 for stage B' if stage == 'B' else ''})-t(titles shown 0/1)-"
+        f"order(rank|reverse)-m(documents per round). Instructions: {instructions}. "
+        f"Propose {k} promising distinct names, one per line, nothing else."
+    )
+    result = client.chat([{"role": "user", "content": ask}], cache_tag=f"ape-controller-{stage}")
+    found = [default]
+    for name in _PROMPT_ID.findall(result.text or ""):
+        try:
+            p = get_prompt(name)
+        except ValueError:
+            continue
+        if p.stage == stage and p not in found:
+            found.append(p)
+    return found[:k]
+
+
+def evaluate_policy(
+    client: LLMClient, policy: TeacherPolicy, rows: Sequence[BenchmarkRow], repeats: int,
+    weights: tuple[float, float], tag: str,
+) -> CandidateResult:  # fmt: skip
+    """``repeats`` runs of the policy on ``rows`` (each run its own cache tag, so a repeat is a
+    fresh request) -> metrics, agreement and cost."""
+    runs: list[list[Verdict]] = []
+    costs: list[TeacherStats] = []
+    items = [r.item() for r in rows]
+    for k in range(repeats):
+        backend = lambda batch, k=k: [  # noqa: E731
+            (r.text, r.__dict__) for r in client.chat_many(batch, cache_tag=f"{tag}:{k}")
+        ]
+        judgements, stats = TwoStageTeacher(backend, policy).judge(items)
+        runs.append([j.final for j in judgements])
+        costs.append(stats)
+    return candidate_result(policy, rows, runs, costs, weights)
+
+
+def run_ape(cfg: EviBackConfig) -> dict:
+    """The whole pipeline; returns the selection and the paths written."""
+    cfg.teacher.backend = "llm"
+    if not (cfg.assets.teacher_endpoint and cfg.assets.teacher_model):
+        raise ValueError(
+            "`eviback ape` judges prompts with a teacher model: set assets.teacher_endpoint and "
+            "assets.teacher_model (any OpenAI-compatible server, e.g. vLLM's)"
+        )
+    out = Path(cfg.ape.out or Path(cfg.run_dir) / "ape")
+    out.mkdir(parents=True, exist_ok=True)
+    bench = out / "benchmark.jsonl"
+    if bench.is_file():
+        rows = read_benchmark(bench)
+    else:
+        cfg.check_assets(("model", "train", "retrieval"))
+        rows = rollout_benchmark(cfg)
+        write_benchmark(bench, rows)
+    dev, holdout = split_by_question(rows, cfg.ape.holdout_fraction, cfg.seed)
+    a = cfg.assets
+    teacher = llm_client(a.teacher_endpoint, a.teacher_model, cfg.teacher, out / "cache")
+    if a.controller_endpoint:
+        controller = llm_client(
+            a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache"
+        )
+        prompts_a = controller_candidates(controller, "A", cfg.ape.candidates_a)
+        prompts_b = controller_candidates(controller, "B", cfg.ape.candidates_b)
+    else:
+        prompts_a = candidate_grid("A", limit=cfg.ape.candidates_a, seed=cfg.seed)
+        prompts_b = candidate_grid("B", limit=cfg.ape.candidates_b, seed=cfg.seed)
+    w, reps = cfg.ape.objective_weights, cfg.ape.repeats
+    single = [evaluate_policy(teacher, TeacherPolicy(p.id), dev, reps, w, "dev") for p in prompts_a]
+    top_a = sorted(single, key=lambda r: -r.summary()["objective_mean"])[: cfg.ape.gated_from_top]
+    gated = [
+        evaluate_policy(teacher, policy, dev, reps, w, "dev")
+        for policy in gated_policies([r.policy.stage_a for r in top_a], [p.id for p in prompts_b])
+    ]
+    selection = select_best(single + gated)
+    chosen = [r for r in (selection.single, selection.gated) if r is not None]
+    held = [evaluate_policy(teacher, r.policy, holdout, 1, w, "holdout") for r in chosen]
+    best_holdout = next(h for h in held if h.policy == selection.best.policy)
+    scores = {
+        "dev": selection.best.summary(),
+        "holdout": best_holdout.summary(),
+        "dev_rows": len(dev),
+        "holdout_rows": len(holdout),
+    }
+    write_policy_file(out / "policy.yaml", selection.best.policy, scores)
+    labels = {s: sum(r.label == s for r in rows) for s in ("S", "I", "A")}
+    report = "\n".join(
+        [
+            "# E2E-APE report",
+            "",
+            f"Benchmark: {len(rows)} rows ({labels}), dev {len(dev)}, holdout {len(holdout)}; "
+            f"candidates from the {'controller' if a.controller_endpoint else 'grid'}; "
+            f"{reps} runs per candidate; teacher {a.teacher_model}.",
+            "",
+            f"Selected: `{selection.best.policy.strategy_id}` (frozen in `policy.yaml`).",
+            "",
+            "## Dev",
+            "",
+            results_table(single + gated),
+            "## Holdout (selected single-stage and gated, evaluated once)",
+            "",
+            results_table(held),
+        ]
+    )
+    (out / "report.md").write_text(report, encoding="utf-8")
+    return {"selection": selection, "policy_file": str(out / "policy.yaml"), "out": str(out)}

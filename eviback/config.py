@@ -1,0 +1,221 @@
+"""EviBack's run config: the GRPO loop's settings, the teacher backoff, evaluation and E2E-APE.
+
+Every external input (model, QA files, corpus or index, retrieval server, teacher endpoint) sits
+in ``assets``; ``check_assets`` fails on a missing one before any model is loaded, saying how to
+get it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from common.retrieval.index_folder import is_index_folder
+from common.rollout import AgentConfig
+from common.search_grpo import EngineConfig, LossConfig
+from common.train import TrainConfig
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+HOW_TO_GET = {
+    "model": "build the tiny warm start with `python -m eviback warmup` (tiny), or give a hub id "
+    "such as Qwen/Qwen3-1.7B (download it first on an offline machine: "
+    "`huggingface-cli download Qwen/Qwen3-1.7B`)",
+    "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; the "
+    "paper's data: FlashRAG jsonl files from the hub dataset RUC-NLPIR/FlashRAG_datasets "
+    "(`huggingface-cli download --repo-type dataset RUC-NLPIR/FlashRAG_datasets "
+    "--local-dir data/flashrag`)",
+    "corpus": "a corpus jsonl or an index folder (`python -m common.retrieval index ...`); "
+    "Search-R1's E5 index of Wikipedia-2018 is the hub dataset PeterJinGo/wiki-18-e5-index, or set "
+    "assets.retrieval_url to a running Search-R1 retrieval server",
+}
+
+
+@dataclass
+class AssetsConfig:
+    """Every external input of a run, in one place."""
+
+    model: str = field(
+        default="runs/warmstart/tiny/model", metadata={"help": "actor: HF folder or hub id"}
+    )
+    train_files: dict[str, str] = field(
+        default_factory=dict, metadata={"help": "training QA files, source name -> path"}
+    )
+    train_quotas: dict[str, int] = field(
+        default_factory=dict,
+        metadata={"help": "questions drawn per training source (seeded); empty = all"},
+    )
+    dev_files: dict[str, str] = field(
+        default_factory=dict, metadata={"help": "QA files evaluated during training"}
+    )
+    eval_files: dict[str, str] = field(
+        default_factory=dict, metadata={"help": "benchmark name -> QA file for `eviback eval`"}
+    )
+    eval_quotas: dict[str, int] = field(
+        default_factory=dict,
+        metadata={"help": "questions drawn per benchmark (seeded); empty = all"},
+    )
+    corpus: str = field(
+        default="", metadata={"help": "corpus jsonl (BM25 in process) or an index folder"}
+    )
+    retrieval_url: str = field(
+        default="", metadata={"help": "Search-R1 retrieval server (replaces corpus when set)"}
+    )
+    teacher_endpoint: str = field(
+        default="", metadata={"help": "OpenAI-compatible base URL of the teacher (…/v1)"}
+    )
+    teacher_model: str = field(default="", metadata={"help": "the teacher's model name"})
+    controller_endpoint: str = field(
+        default="", metadata={"help": "E2E-APE controller LLM base URL (empty: grid candidates)"}
+    )
+    controller_model: str = field(default="", metadata={"help": "the controller's model name"})
+
+
+@dataclass
+class TeacherConfig:
+    """The evidence-constrained teacher backoff."""
+
+    enabled: bool = field(
+        default=True, metadata={"help": "false = the Search-R1 GRPO baseline (EM reward only)"}
+    )
+    backend: Literal["oracle", "llm"] = field(
+        default="oracle",
+        metadata={"help": "oracle (supporting documents known) | llm (assets.teacher_endpoint)"},
+    )
+    api_key_env: str = field(
+        default="OPENAI_API_KEY", metadata={"help": "environment variable holding the key"}
+    )
+    policy_file: str = field(
+        default="",
+        metadata={"help": "frozen E2E-APE policy; empty = the hand-written gated two-stage"},
+    )
+    beta: float = field(default=0.1, metadata={"help": "β: reward for supported evidence"})
+    gamma: float = field(default=0.1, metadata={"help": "γ: weight of F1(teacher answer, gold)"})
+    lam: float = field(default=0.1, metadata={"help": "λ: advantage scale of all-zero groups"})
+    top_m: int = field(default=5, metadata={"help": "documents per round the oracle reads"})
+    max_concurrency: int = field(default=16, metadata={"help": "teacher requests in flight"})
+    timeout: float = field(default=60.0, metadata={"help": "seconds per teacher request"})
+    retries: int = field(default=3, metadata={"help": "retries of a failed request"})
+    temperature: float = field(default=0.0, metadata={"help": "teacher sampling temperature"})
+    top_p: float = field(default=1.0, metadata={"help": "teacher nucleus mass"})
+    max_tokens: int = field(default=512, metadata={"help": "teacher completion tokens"})
+
+
+@dataclass
+class EvalConfig:
+    """`eviback eval`."""
+
+    model: str = field(
+        default="",
+        metadata={"help": "model to evaluate; empty = run_dir's latest checkpoint, else assets"},
+    )
+    bootstrap_resamples: int = field(default=10_000, metadata={"help": "paired bootstrap draws"})
+    confidence: float = field(default=0.95, metadata={"help": "bootstrap interval level"})
+    compare_to: str = field(
+        default="", metadata={"help": "another run's eval/per_question.jsonl to compare against"}
+    )
+
+
+@dataclass
+class ApeConfig:
+    """`eviback ape`: E2E-APE."""
+
+    questions: int = field(default=40, metadata={"help": "training questions rolled out"})
+    rollouts: int = field(default=2, metadata={"help": "actor rollouts per question"})
+    holdout_fraction: float = field(default=0.3, metadata={"help": "questions held out"})
+    candidates_a: int = field(default=4, metadata={"help": "stage-A prompts tried"})
+    candidates_b: int = field(default=2, metadata={"help": "stage-B prompts tried"})
+    gated_from_top: int = field(
+        default=2, metadata={"help": "best stage-A prompts paired with stage B"}
+    )
+    repeats: int = field(default=2, metadata={"help": "runs per candidate (stability)"})
+    objective_weights: tuple[float, float] = field(
+        default=(0.5, 0.5), metadata={"help": "(w_I, w_coverage) of the objective"}
+    )
+    out: str = field(default="", metadata={"help": "output folder (default: <run_dir>/ape)"})
+
+
+@dataclass
+class EviBackConfig:
+    """An EviBack (or, teacher off, Search-R1 GRPO) run."""
+
+    assets: AssetsConfig = field(default_factory=AssetsConfig)
+    run_dir: str = field(default="runs/eviback/tiny", metadata={"help": "output folder"})
+    seed: int = field(default=0, metadata={"help": "data order and sampling seed"})
+    steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)"})
+    questions_per_step: int = field(default=8, metadata={"help": "questions per rank per step"})
+    n: int = field(default=8, metadata={"help": "rollouts per question (group size)"})
+    eval_every: int = field(default=10, metadata={"help": "evaluate on dev every k steps"})
+    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated"})
+    save_every: int = field(default=0, metadata={"help": "checkpoint every k steps (0: end only)"})
+    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept"})
+    samples_per_step: int = field(default=8, metadata={"help": "rollouts written to samples/"})
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    ape: ApeConfig = field(default_factory=ApeConfig)
+
+    def check_assets(self, need: tuple[str, ...] = ("model", "train", "dev", "retrieval")) -> None:
+        """Raise ``FileNotFoundError`` / ``ValueError`` for a missing input, before heavy work."""
+        a = self.assets
+        if "model" in need:
+            _check_model(a.model)
+        for kind, files in (("train", a.train_files), ("dev", a.dev_files), ("eval", a.eval_files)):
+            if kind not in need:
+                continue
+            if not files:
+                raise ValueError(f"assets.{kind}_files is empty: name at least one QA file")
+            for name, path in files.items():
+                if not str(path).startswith("hf://") and not Path(path).is_file():
+                    raise FileNotFoundError(
+                        f"assets.{kind}_files.{name}: {path} not found. To get it: {HOW_TO_GET['qa']}"
+                    )
+        if "retrieval" in need and not a.retrieval_url:
+            if not a.corpus:
+                raise ValueError(
+                    "set assets.corpus (jsonl or index folder) or assets.retrieval_url"
+                )
+            if not (Path(a.corpus).is_file() or is_index_folder(a.corpus)):
+                raise FileNotFoundError(
+                    f"assets.corpus: {a.corpus} is neither a corpus file nor an index folder. "
+                    f"To get it: {HOW_TO_GET['corpus']}"
+                )
+        llm = self.teacher.enabled and self.teacher.backend == "llm"
+        if "teacher" in need and llm and not (a.teacher_endpoint and a.teacher_model):
+            raise ValueError(
+                "teacher.backend=llm needs assets.teacher_endpoint and assets.teacher_model "
+                "(e.g. a vLLM server: `python -m vllm.entrypoints.openai.api_server --model "
+                "zai-org/GLM-4.7-Flash --port 8001` -> http://127.0.0.1:8001/v1)"
+            )
+        policy = self.teacher.policy_file
+        if "teacher" in need and policy and not Path(policy).is_file():
+            raise FileNotFoundError(
+                f"teacher.policy_file: {self.teacher.policy_file} not found; "
+                "build it with `python -m eviback ape --config ...` or leave it empty"
+            )
+
+
+def _check_model(model: str) -> None:
+    p = Path(model)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"assets.model: {p} has no config.json (not an HF folder)")
+        return
+    if p.exists() or not _HUB_ID.fullmatch(model) or model.startswith(("runs/", "./", "../")):
+        raise FileNotFoundError(
+            f"assets.model: {model} is not a model folder. To get it: {HOW_TO_GET['model']}"
+        )
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(model, "config.json"), str):
+            raise FileNotFoundError(
+                f"assets.model: {model} is not in the local hub cache and HF_HUB_OFFLINE is set. "
+                f"To get it: {HOW_TO_GET['model']}"
+            )

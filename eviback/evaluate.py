@@ -1,0 +1,200 @@
+"""`eviback eval`: the agent on QA benchmarks, per-question results, and paired bootstrap CIs.
+
+Per question (greedy, one rollout): EM, answer F1, valid answer, searches, duplicate queries,
+forced termination. Summaries are micro over all questions and per benchmark; the duplicate-query
+rate is duplicates / searches. Two runs over the same questions compare by a paired bootstrap.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.metrics import exact_match, f1_score
+from common.rollout import AgentConfig, Trajectory, run_agent
+from eviback.assets import build_retriever, load_questions, source_of
+from eviback.config import EviBackConfig
+
+METRICS = ("f1", "em", "valid_answer_rate", "mean_searches", "duplicate_query_rate",
+           "forced_termination_rate")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class QuestionResult:
+    id: str
+    benchmark: str
+    em: float
+    f1: float
+    valid: bool
+    searches: int
+    duplicates: int
+    forced: bool
+    answer: str | None = None
+
+
+def question_result(t: Trajectory) -> QuestionResult:
+    return QuestionResult(
+        t.question_id,
+        source_of(t.question_id),
+        exact_match(t.answer, t.golden_answers),
+        f1_score(t.answer, t.golden_answers),
+        t.answer is not None,
+        t.num_searches,
+        t.num_duplicate_queries,
+        t.forced_terminated,
+        t.answer,
+    )
+
+
+def summarize(results: Sequence[QuestionResult]) -> dict[str, float]:
+    """Micro averages over ``results``; duplicate rate = Σ duplicates / Σ searches."""
+    if not results:
+        raise ValueError("no question results to summarise")
+    n = len(results)
+    searches = sum(r.searches for r in results)
+    return {
+        "n": n,
+        "f1": sum(r.f1 for r in results) / n,
+        "em": sum(r.em for r in results) / n,
+        "valid_answer_rate": sum(r.valid for r in results) / n,
+        "mean_searches": searches / n,
+        "duplicate_query_rate": sum(r.duplicates for r in results) / searches if searches else 0.0,
+        "forced_termination_rate": sum(r.forced for r in results) / n,
+    }
+
+
+def summarize_by_benchmark(results: Sequence[QuestionResult]) -> dict[str, dict[str, float]]:
+    """``{"all": micro summary, benchmark: its summary, ...}``."""
+    names = sorted({r.benchmark for r in results})
+    out = {"all": summarize(results)}
+    for name in names:
+        out[name] = summarize([r for r in results if r.benchmark == name])
+    return out
+
+
+def paired_bootstrap(
+    a: Sequence[QuestionResult],
+    b: Sequence[QuestionResult],
+    metric: str = "f1",
+    resamples: int = 10_000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Δ = mean(b) − mean(a) of a per-question metric over the questions both runs have, and its
+    percentile interval over ``resamples`` draws of the questions with replacement (the same
+    draw for both runs). ``p_le_0``: share of draws with Δ* ≤ 0."""
+    by_id = {r.id: r for r in a}
+    shared = [r.id for r in b if r.id in by_id]
+    if not shared:
+        raise ValueError("the two runs have no question in common")
+    if len(shared) != len(a) or len(shared) != len(b):
+        raise ValueError(
+            f"paired runs must cover the same questions: {len(a)} vs {len(b)}, {len(shared)} shared"
+        )
+    b_by_id = {r.id: r for r in b}
+    diffs = [float(getattr(b_by_id[i], metric)) - float(getattr(by_id[i], metric)) for i in shared]
+    rng = random.Random(seed)
+    n = len(diffs)
+    draws = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    lo = draws[min(int(tail * resamples), resamples - 1)]
+    hi = draws[min(int((1 - tail) * resamples), resamples - 1)]
+    return {
+        "metric": metric,
+        "n": n,
+        "delta": statistics.fmean(diffs),
+        "ci_low": lo,
+        "ci_high": hi,
+        "confidence": confidence,
+        "p_le_0": sum(d <= 0 for d in draws) / resamples,
+    }
+
+
+def write_results(path: Path, results: Sequence[QuestionResult]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for r in results:
+            f.write(json.dumps(r.__dict__, ensure_ascii=False) + "\n")
+
+
+def read_results(path: str | Path) -> list[QuestionResult]:
+    """Per-question rows written by ``write_results``; a bad row names the file and line."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append(QuestionResult(**json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as e:
+                raise ValueError(f"{path}:{lineno}: not a per-question result ({e})") from None
+    return out
+
+
+def markdown_table(summary: dict[str, dict[str, float]], comparisons: Sequence[dict] = ()) -> str:
+    header = "| benchmark | n | F1 | EM | valid | searches | dup. queries | forced |"
+    lines = [header, "|" + "---|" * 8]
+    for name, s in summary.items():
+        lines.append(
+            f"| {name} | {s['n']:.0f} | {s['f1']:.4f} | {s['em']:.4f} | "
+            f"{s['valid_answer_rate']:.4f} | {s['mean_searches']:.2f} | "
+            f"{s['duplicate_query_rate']:.4f} | {s['forced_termination_rate']:.4f} |"
+        )
+    if comparisons:
+        lines += ["", "| metric | n | Δ (this − other) | CI | P(Δ* ≤ 0) |", "|---|---|---|---|---|"]
+        for c in comparisons:
+            lines.append(
+                f"| {c['metric']} | {c['n']} | {c['delta']:+.4f} | "
+                f"[{c['ci_low']:+.4f}, {c['ci_high']:+.4f}] ({c['confidence']:.0%}) | "
+                f"{c['p_le_0']:.4f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def compare(
+    this: Sequence[QuestionResult], other: Sequence[QuestionResult], resamples: int, conf: float
+) -> list[dict]:
+    """Paired bootstrap of F1 and EM: this run minus the other."""
+    return [paired_bootstrap(other, this, m, resamples, conf) for m in ("f1", "em")]
+
+
+def run_eval(cfg: EviBackConfig) -> dict:
+    """Evaluate the model on ``assets.eval_files`` (quotas applied); write run_dir/eval/."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common.rollout import HFEngine
+    from common.search_grpo import build_engine
+    from common.train import find_latest_checkpoint
+
+    latest = find_latest_checkpoint(cfg.run_dir)
+    model_path = cfg.eval.model or (str(latest) if latest else cfg.assets.model)
+    cfg.assets.model = model_path
+    cfg.check_assets(("model", "eval", "retrieval"))
+    if cfg.eval.compare_to and not Path(cfg.eval.compare_to).is_file():
+        raise FileNotFoundError(f"eval.compare_to: {cfg.eval.compare_to} not found")
+    examples = load_questions(cfg.assets.eval_files, cfg.assets.eval_quotas, cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if cfg.engine.backend == "hf":
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        engine = HFEngine(model, tokenizer)
+    else:
+        engine = build_engine(cfg.engine, model_path, None, tokenizer, cfg.seed)
+    greedy = AgentConfig(**{**vars(cfg.agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
+    trajs = run_agent(engine, tokenizer, build_retriever(cfg.assets), examples, 1, greedy, "eval:")
+    results = [question_result(t) for t in trajs]
+    out = Path(cfg.run_dir) / "eval"
+    out.mkdir(parents=True, exist_ok=True)
+    write_results(out / "per_question.jsonl", results)
+    summary = summarize_by_benchmark(results)
+    comparisons = []
+    if cfg.eval.compare_to:
+        other = read_results(cfg.eval.compare_to)
+        comparisons = compare(results, other, cfg.eval.bootstrap_resamples, cfg.eval.confidence)
+    report = {"model": model_path, "summary": summary, "comparisons": comparisons}
+    (out / "summary.json").write_text(json.dumps(report, indent=2))
+    (out / "table.md").write_text(markdown_table(summary, comparisons))
+    return report

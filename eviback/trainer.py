@@ -1,0 +1,275 @@
+"""`eviback train`: GRPO on the search agent with the evidence-constrained teacher backoff.
+
+    questions -> n rollouts each (vLLM) -> EM -> all-zero groups: teacher on each rollout's
+    evidence -> r_i = β·supported_i + γ·eligible_i·F1_i -> advantages, λ-scaled for those
+    groups -> clipped update -> weights pushed -> next rollouts
+
+``teacher.enabled=false`` leaves every reward at EM with scale 1: the Search-R1 GRPO baseline,
+same loop. The pieces that do not change between methods come from ``common.search_grpo``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from common.config import dump_config
+from common.data import QAExample
+from common.metrics import exact_match
+from common.rollout import Trajectory, run_agent
+from common.search_grpo import build_engine, evaluate, plot_curve, policy_update, rollout_metrics
+from common.train import (
+    MetricsLogger,
+    TrainEngine,
+    iter_named_weights,
+    progress,
+    save_checkpoint,
+    write_env_json,
+)
+from eviback.assets import build_retriever, build_teacher, load_questions
+from eviback.config import EviBackConfig, TeacherConfig
+from eviback.prompts import rounds_from_trajectory
+from eviback.reward import (
+    group_rewards,
+    is_eligible,
+    is_supported,
+    rollout_facts,
+    scaled_group_advantages,
+    teacher_f1,
+)
+from eviback.teacher import Judgement, Teacher, TeacherItem, TeacherStats
+
+
+@dataclass
+class Backoff:
+    """Rewards and advantage scales of a batch of groups, with what the teacher said."""
+
+    rewards: torch.Tensor  # [N]
+    scales: torch.Tensor  # [N]
+    em: list[float]
+    fell_back: list[bool]  # the rollout's group fell back to the teacher
+    judgements: list[Judgement | None]  # None where the teacher was not asked
+    stats: TeacherStats
+    all_zero_groups: int
+    groups: int
+
+
+def teacher_backoff(
+    trajs: Sequence[Trajectory],
+    examples: Mapping[str, QAExample],
+    teacher: Teacher | None,
+    cfg: TeacherConfig,
+) -> Backoff:
+    """EM for groups with a correct rollout; for all-zero groups the teacher judges each rollout
+    that has search evidence (one batched call) and ``group_rewards`` gives
+    r_i = β·supported_i + γ·eligible_i·F1(teacher answer_i, gold), scale λ. No teacher: EM, scale 1.
+    """
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(trajs):
+        groups.setdefault(t.group_id, []).append(i)
+    em = [exact_match(t.answer, t.golden_answers) for t in trajs]
+    facts = [rollout_facts(t) for t in trajs]
+    all_zero = [g for g, idx in groups.items() if not any(em[i] for i in idx)]
+    asked = (
+        [] if teacher is None else [i for g in all_zero for i in groups[g] if facts[i].has_evidence]
+    )
+    items = [
+        TeacherItem(
+            trajs[i].question,
+            rounds_from_trajectory(trajs[i]),
+            trajs[i].golden_answers,
+            examples[trajs[i].question_id].metadata,
+        )
+        for i in asked
+    ]
+    judgements, stats = teacher.judge(items) if items else ([], TeacherStats())
+    judged: list[Judgement | None] = [None] * len(trajs)
+    for i, j in zip(asked, judgements, strict=True):
+        judged[i] = j
+    rewards, scales, fell_back = list(em), [1.0] * len(trajs), [False] * len(trajs)
+    if teacher is not None:
+        for idx in groups.values():
+            final = [judged[i].final if judged[i] else None for i in idx]
+            r, fb = group_rewards(
+                [em[i] for i in idx],
+                [is_supported(v) for v in final],
+                [is_eligible(v, facts[i]) for v, i in zip(final, idx, strict=True)],
+                [teacher_f1(v, trajs[i].golden_answers) for v, i in zip(final, idx, strict=True)],
+                [facts[i].has_evidence for i in idx],
+                cfg.beta,
+                cfg.gamma,
+            )
+            for k, i in enumerate(idx):
+                rewards[i], fell_back[i], scales[i] = r[k], fb, cfg.lam if fb else 1.0
+    return Backoff(
+        torch.tensor(rewards, dtype=torch.float32),
+        torch.tensor(scales, dtype=torch.float32),
+        em,
+        fell_back,
+        judged,
+        stats,
+        len(all_zero),
+        len(groups),
+    )
+
+
+def backoff_metrics(b: Backoff) -> dict[str, float]:
+    """The per-step teacher log: all-zero share, calls, verdict mix, backoff reward, cost."""
+    s = b.stats
+    judged = max(s.items, 1)
+    fallback = [r for r, fb in zip(b.rewards.tolist(), b.fell_back, strict=True) if fb]
+    return {
+        "all_zero_share": b.all_zero_groups / max(b.groups, 1),
+        "teacher/items": s.items,
+        "teacher/calls": s.calls,
+        "teacher/S": s.supported / judged,
+        "teacher/I": s.insufficient / judged,
+        "teacher/A": s.ambiguous / judged,
+        "teacher/invalid": s.invalid / judged,
+        "teacher/failures": s.failures,
+        "teacher/tokens": s.prompt_tokens + s.completion_tokens,
+        "teacher/latency_s": s.latency_s,
+        "backoff_reward_mean": sum(fallback) / len(fallback) if fallback else 0.0,
+    }
+
+
+def train_eviback(cfg: EviBackConfig) -> dict:
+    """Run the loop; returns the dev evaluations (first = before training, last = after)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cfg.check_assets(("model", "train", "dev", "retrieval", "teacher"))
+    batch = cfg.questions_per_step * cfg.n
+    if batch % cfg.loss.micro_batch_size:
+        raise ValueError(
+            f"questions_per_step*n = {batch} is not a multiple of "
+            f"loss.micro_batch_size = {cfg.loss.micro_batch_size}"
+        )
+    cfg.train.grad_accum = batch // cfg.loss.micro_batch_size
+    cfg.train.total_steps = cfg.steps
+    cfg.train.seed = cfg.seed
+    a = cfg.assets
+    train_set = load_questions(a.train_files, a.train_quotas, cfg.seed)
+    dev_set = load_questions(a.dev_files, {}, cfg.seed)
+    dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
+    run_dir = Path(cfg.run_dir)
+    tokenizer = AutoTokenizer.from_pretrained(a.model)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
+    if train.is_main:
+        (run_dir / "samples").mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.yaml")
+        write_env_json(run_dir)
+    engine = build_engine(cfg.engine, a.model, train, tokenizer, cfg.seed + train.rank)
+    retriever = build_retriever(a)
+    teacher = build_teacher(a, cfg.teacher, run_dir / "teacher_cache")
+    by_id = {ex.id: ex for ex in train_set}
+    order = list(range(len(train_set)))
+    random.Random(cfg.seed).shuffle(order)
+    logger = MetricsLogger(run_dir) if train.is_main else None
+    evals: list[dict] = []
+
+    def run_eval(step: int) -> None:
+        m = evaluate(engine, tokenizer, retriever, dev_set, cfg.agent, train.rank, train.world_size)
+        evals.append({"step": step, **m})
+        if logger:
+            logger.log(step, {f"dev/{k}": v for k, v in m.items()})
+            print(f"[eviback] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
+
+    run_eval(0)
+    for step in progress(range(1, cfg.steps + 1), desc="eviback", total=cfg.steps):
+        t_step = time.perf_counter()
+        base = ((step - 1) * train.world_size + train.rank) * cfg.questions_per_step
+        qs = [train_set[order[(base + i) % len(order)]] for i in range(cfg.questions_per_step)]
+        timings: dict[str, float] = {}
+        trajs = run_agent(
+            engine,
+            tokenizer,
+            retriever,
+            qs,
+            cfg.n,
+            cfg.agent,
+            group_prefix=f"s{step}r{train.rank}:",
+            seed=cfg.seed * 100003 + step,
+            timings=timings,
+        )
+        t0 = time.perf_counter()
+        b = teacher_backoff(trajs, by_id, teacher, cfg.teacher)
+        timings["teacher"] = time.perf_counter() - t0
+        adv = scaled_group_advantages(b.rewards, [t.group_id for t in trajs], b.scales)
+        if cfg.engine.sleep_during_update and cfg.engine.backend == "vllm":
+            engine.sleep()
+        t0 = time.perf_counter()
+        upd = policy_update(train, trajs, adv, cfg.loss, tokenizer.pad_token_id)
+        timings["update"] = time.perf_counter() - t0
+        if cfg.engine.backend == "vllm":
+            if cfg.engine.sleep_during_update:
+                engine.wake_up()
+            engine.push_weights(iter_named_weights(train))
+        timings["step"] = time.perf_counter() - t_step
+        metrics = {
+            **rollout_metrics(trajs),
+            **backoff_metrics(b),
+            "reward": b.rewards.mean().item(),
+            **upd,
+            **{f"time/{k}": v for k, v in timings.items()},
+        }
+        if logger:
+            logger.log(step, metrics)
+            write_samples(
+                run_dir / "samples" / f"step_{step:05d}.json",
+                trajs,
+                b,
+                adv,
+                cfg.samples_per_step,
+                tokenizer,
+            )
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            run_eval(step)
+        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+            save_checkpoint(
+                train,
+                run_dir,
+                step,
+                {"step": step, "seed": cfg.seed},
+                keep_last=cfg.keep_checkpoints,
+                tokenizer=tokenizer,
+            )
+    if logger:
+        logger.close()
+        plot_curve(evals, run_dir / "dev_curve.png")
+    return {"before": evals[0], "after": evals[-1], "evals": evals, "run_dir": str(run_dir)}
+
+
+def write_samples(
+    path: Path,
+    trajs: Sequence[Trajectory],
+    b: Backoff,
+    adv: torch.Tensor,
+    k: int,
+    tokenizer,
+) -> None:
+    """The first ``k`` rollouts of fallback groups (else of the batch), readable, with verdicts."""
+    pick = [i for i, fb in enumerate(b.fell_back) if fb][:k] or list(range(min(k, len(trajs))))
+    rows = []
+    for i in pick:
+        row = trajs[i].to_json(tokenizer)
+        for key in ("prompt_ids", "response_ids", "loss_mask", "sampling_logprobs"):
+            row.pop(key)
+        j = b.judgements[i]
+        rows.append(
+            {
+                "em": b.em[i],
+                "reward": b.rewards[i].item(),
+                "advantage": adv[i].item(),
+                "fell_back": b.fell_back[i],
+                "verdict": None if j is None else asdict(j),
+                **row,
+            }
+        )
+    path.write_text(json.dumps(rows, indent=1, ensure_ascii=False))

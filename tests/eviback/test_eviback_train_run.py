@@ -1,0 +1,93 @@
+"""`eviback train` and `eviback eval` end to end on the tiny world (HF engine, a few steps)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from common.config import load_config
+from eviback.cli import DEFAULT_CONFIG
+from eviback.config import EviBackConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def warm(tiny_world, tmp_path_factory):
+    """A briefly warm-started actor, so that it searches and the teacher has evidence to judge."""
+    from common.warmstart import WarmStartConfig, run_warm_start
+
+    tiny = load_config(EviBackConfig, DEFAULT_CONFIG)
+    out = tmp_path_factory.mktemp("warm")
+    cfg = WarmStartConfig(world=str(tiny_world), out=str(out), steps=60, batch_size=8,
+                          agent=tiny.agent)  # fmt: skip
+    return run_warm_start(cfg)
+
+
+def overrides(world, model, run_dir, *extra: str) -> list[str]:
+    return [
+        f"assets.model={model}",
+        f"assets.train_files={{tiny: {world / 'train.jsonl'}}}",
+        f"assets.dev_files={{tiny: {world / 'dev.jsonl'}}}",
+        # mappings merge with tiny.yaml's: give both of its benchmarks
+        f"assets.eval_files={{tiny_dev: {world / 'dev.jsonl'}, tiny_test: {world / 'test.jsonl'}}}",
+        "assets.eval_quotas={tiny_dev: 3, tiny_test: 3}",
+        f"assets.corpus={world / 'corpus.jsonl'}",
+        f"run_dir={run_dir}",
+        "steps=2", "questions_per_step=2", "n=4", "eval_every=100", "eval_questions=2",
+        "loss.micro_batch_size=8", "engine.backend=hf", *extra,
+    ]  # fmt: skip
+
+
+def step_rows(run_dir) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    return [r for r in rows if "reward" in r]
+
+
+def test_eviback_and_baseline_train_then_eval_with_bootstrap(tiny_world, warm, tmp_path):
+    from eviback.evaluate import run_eval
+    from eviback.trainer import train_eviback
+
+    runs = {}
+    for name, extra in (("eviback", ()), ("baseline", ("teacher.enabled=false",))):
+        cfg = load_config(
+            EviBackConfig, DEFAULT_CONFIG, overrides(tiny_world, warm, tmp_path / name, *extra)
+        )
+        out = train_eviback(cfg)
+        runs[name] = tmp_path / name
+        assert [e["step"] for e in out["evals"]] == [0, 2]
+        assert (tmp_path / name / "checkpoints" / "step_2").is_dir()
+    evi, base = step_rows(runs["eviback"]), step_rows(runs["baseline"])
+    assert [r["step"] for r in evi] == [1, 2]
+    for r in base:  # teacher off: the reward is EM, the teacher never asked
+        assert r["teacher/items"] == 0 and r["reward"] == pytest.approx(r["em"])
+    for r in evi:
+        assert 0 <= r["all_zero_share"] <= 1
+        mix = r["teacher/S"] + r["teacher/I"] + r["teacher/A"] + r["teacher/invalid"]
+        assert mix == pytest.approx(1.0) if r["teacher/items"] else mix == 0
+    assert sum(r["teacher/items"] for r in evi) > 0  # the warm actor searched in all-zero groups
+    samples = json.loads((runs["eviback"] / "samples" / "step_00001.json").read_text())
+    for s in samples:
+        searched = any(st["kind"] == "search" and st["docs"] for st in s["steps"])
+        assert (s["verdict"] is not None) == (s["fell_back"] and searched)
+        if s["fell_back"]:
+            assert s["reward"] in (0.0, pytest.approx(0.1)) or 0.1 < s["reward"] <= 0.2
+
+    base_cfg = load_config(
+        EviBackConfig, DEFAULT_CONFIG, overrides(tiny_world, warm, runs["baseline"])
+    )
+    run_eval(base_cfg)
+    evi_cfg = load_config(
+        EviBackConfig,
+        DEFAULT_CONFIG,
+        overrides(tiny_world, warm, runs["eviback"],
+                  f"eval.compare_to={runs['baseline'] / 'eval' / 'per_question.jsonl'}",
+                  "eval.bootstrap_resamples=1000"),
+    )  # fmt: skip
+    report = run_eval(evi_cfg)
+    assert report["model"].endswith("step_2")
+    assert report["summary"]["all"]["n"] == 6 and report["summary"]["tiny_dev"]["n"] == 3
+    (f1,) = [c for c in report["comparisons"] if c["metric"] == "f1"]
+    assert f1["n"] == 6 and f1["ci_low"] <= f1["delta"] <= f1["ci_high"]
+    assert (runs["eviback"] / "eval" / "table.md").read_text().startswith("| benchmark |")

@@ -77,6 +77,9 @@ def test_interrupted_run_resumes_to_the_same_weights(tiny_world, tmp_path):
     for a, b in zip(straight["model"].parameters(), resumed["model"].parameters(), strict=True):
         assert torch.equal(a, b)
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "resumed" / "checkpoints" / "step_2")
-    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), resumed["model"].parameters()))
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(again.parameters(), resumed["model"].parameters(), strict=True)
+    )
     # the first process evaluated at steps 0 and 1 (its last), the resumed one at step 2
     assert [e["step"] for e in resumed["evals"]] == [0, 1, 2]

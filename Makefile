@@ -2,8 +2,22 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SEED ?= 0
+SCALE ?= tiny
+DATA ?= math
+WORLD := runs/tinyworld/seed0
+WARM := runs/warmstart/tiny/model
+CER_TASK := runs/cer/tiny/task
+CER_WARM := runs/cer/tiny/warmup/model
+ifeq ($(SCALE),tiny)
+CER_CONFIG := cer/configs/tiny.yaml
+EVIBACK_CONFIG := eviback/configs/tiny.yaml
+else
+CER_CONFIG := cer/configs/qwen3_$(SCALE)_base_$(DATA).yaml
+EVIBACK_CONFIG := eviback/configs/qwen3_$(SCALE).yaml
+endif
 
-.PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl
+.PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
+	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -22,19 +36,49 @@ format:
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-world:  ## the tiny world (corpus, questions, tokenizer, model) in runs/tinyworld/seed$(SEED)
-	$(PY) -m common.tinyworld build --out runs/tinyworld/seed$(SEED) --seed $(SEED)
+world: $(WORLD)/manifest.json  ## the tiny world (corpus, questions, tokenizer, model)
+$(WORLD)/manifest.json:
+	$(PY) -m common.tinyworld build --out $(WORLD) --seed 0
 
-warmstart: world  ## supervised warm start of the tiny agent on gold search paths
-	$(PY) -m common.warmstart --config common/configs/warmstart_tiny.yaml \
-		world=runs/tinyworld/seed$(SEED) seed=$(SEED)
+warmstart: $(WARM)/config.json  ## supervised warm start of the tiny agent on gold search paths
+$(WARM)/config.json: $(WORLD)/manifest.json
+	$(PY) -m common.warmstart --config common/configs/warmstart_tiny.yaml
 
 train-grpo: warmstart  ## the reference GRPO loop on the tiny world
-	$(PY) -m common.search_grpo --config common/configs/grpo_tiny.yaml \
-		world=runs/tinyworld/seed$(SEED) seed=$(SEED)
+	$(PY) -m common.search_grpo --config common/configs/grpo_tiny.yaml seed=$(SEED)
 
-demo:  ## everything end to end on the tiny setup, from nothing, on CPU
-	$(PY) -m common.demo --out runs/demo --seed $(SEED)
+cer-tiny-assets: $(CER_WARM)/config.json
+$(CER_WARM)/config.json:
+	$(PY) -m cer build-tiny --out $(CER_TASK)
+	$(PY) -m cer warmup --config cer/configs/tiny.yaml
+
+train-cer:  ## CER; SCALE=tiny|4b|8b, DATA=math|webinstruct (paper scales need GPUs)
+	$(if $(filter tiny,$(SCALE)),$(MAKE) cer-tiny-assets)
+	$(PY) -m cer train --config $(CER_CONFIG) seed=$(SEED)
+
+eval-cer:  ## CER's evaluation of the latest checkpoint of the run
+	$(PY) -m cer eval --config $(CER_CONFIG)
+
+train-eviback:  ## EviBack; SCALE=tiny|0.6b|1.7b|4b (paper scales need GPUs)
+	$(if $(filter tiny,$(SCALE)),$(MAKE) warmstart)
+	$(PY) -m eviback train --config $(EVIBACK_CONFIG) seed=$(SEED)
+
+train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (teacher off)
+	$(if $(filter tiny,$(SCALE)),$(MAKE) warmstart)
+	$(PY) -m eviback train --config $(EVIBACK_CONFIG) teacher.enabled=false \
+		run_dir=runs/eviback/$(SCALE)-baseline seed=$(SEED)
+
+eval-eviback:  ## EviBack's evaluation of the latest checkpoint of the run
+	$(PY) -m eviback eval --config $(EVIBACK_CONFIG)
+
+eval-all: eval-cer eval-eviback  ## every trained method on its benchmarks
+
+demo:  ## all of it on the tiny setup, from nothing, on CPU (about 15 minutes on 2 cores)
+	$(PY) -m common.demo --world $(WORLD) --warmstart runs/warmstart/tiny --run-dir runs/grpo/tiny
+	$(PY) -m eviback train --config eviback/configs/tiny.yaml
+	$(MAKE) cer-tiny-assets
+	$(PY) -m cer train --config cer/configs/tiny.yaml
+	$(PY) -m cer eval --config cer/configs/tiny.yaml
 
 bench:  ## the benchmarks; each prints a table (copied into benchmarks/README.md)
 	$(PY) benchmarks/bench_retrieval.py

@@ -2,7 +2,8 @@
 
 Builds the tiny world, warm-starts the tiny agent on gold search paths, evaluates it, runs the
 reference GRPO loop, evaluates again, and prints the before/after table and the curve's path.
-Stages whose output already exists are reused (delete ``--out`` to start over).
+Stages whose output already exists are reused (delete their folders to start over); an
+interrupted GRPO run resumes from its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -19,29 +20,29 @@ CONFIGS = Path(__file__).parent / "configs"
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/demo", help="output folder")
+    parser.add_argument("--world", default="runs/tinyworld/seed0", help="tiny world folder")
+    parser.add_argument("--warmstart", default="runs/warmstart/tiny", help="warm start folder")
+    parser.add_argument("--run-dir", default="runs/grpo/tiny", help="GRPO run folder")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmstart-steps", type=int, default=None, help="default: the config's")
     parser.add_argument("--grpo-steps", type=int, default=None, help="default: the config's")
     args = parser.parse_args(argv)
-    out = Path(args.out)
-
-    world = out / "world"
+    world, warm = Path(args.world), Path(args.warmstart)
     if not (world / "manifest.json").exists():
         from common.tinyworld import build_world
 
         print(f"[demo] building the tiny world (seed {args.seed}) in {world}", flush=True)
         build_world(world, seed=args.seed)
 
-    ws_over = [f"world={world}", f"out={out / 'warmstart'}", f"seed={args.seed}"]
+    ws_over = [f"world={world}", f"out={warm}", f"seed={args.seed}"]
     if args.warmstart_steps is not None:
         ws_over.append(f"steps={args.warmstart_steps}")
-    model = out / "warmstart" / "model"
+    model = warm / "model"
     if not (model / "config.json").exists():
         print("[demo] supervised warm start on gold search paths", flush=True)
         run_warm_start(load_config(WarmStartConfig, CONFIGS / "warmstart_tiny.yaml", ws_over))
 
-    grpo_over = [f"world={world}", f"model={model}", f"run_dir={out / 'grpo'}", f"seed={args.seed}"]
+    grpo_over = [f"world={world}", f"model={model}", f"run_dir={args.run_dir}", f"seed={args.seed}"]
     if args.grpo_steps is not None:
         grpo_over.append(f"steps={args.grpo_steps}")
     print("[demo] GRPO with exact-match reward, vLLM rollouts, BM25 retrieval", flush=True)

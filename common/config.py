@@ -11,7 +11,8 @@ as a string). Every field should carry its help text in ``field(metadata={"help"
 Inheritance: a file whose top level holds ``defaults: base.yaml`` (a path relative to that file)
 is laid over the base, which may itself name a base. Mappings merge key by key, so the child only
 writes what it changes; lists and scalars replace. Overrides ``key.sub=value`` come last; the value
-is read with ``yaml.safe_load`` (``true``, ``3``, ``[1, 2]``, ``null``).
+is read with ``yaml.safe_load`` (``true``, ``3``, ``[1, 2]``, ``null``). A mapping given as an
+override replaces the one in the file (``files={a: x.jsonl}``); ``files.a=x.jsonl`` sets one entry.
 
 Every mistake is a ``ConfigError`` naming the dotted key and where it came from (the file or the
 command line): an unknown key (with the closest valid key), a wrong type (with the expected type
@@ -55,10 +56,27 @@ def load_config(
             raise ConfigError(
                 f"override {item!r} on the {COMMAND_LINE}: bad YAML value: {e}"
             ) from None
-        for part in reversed(key.strip().split(".")):
-            value = {part: value}
-        data = _merge(data, value, COMMAND_LINE, sources)
+        data = _override(data, key.strip().split("."), value, sources)
     return _convert(cls, data, "", _Context(cls, sources))
+
+
+def _override(
+    data: dict[str, Any], parts: list[str], value: Any, sources: dict[str, str]
+) -> dict[str, Any]:
+    """Set the dotted key ``parts`` to ``value``. Unlike a file's keys, a mapping given on the
+    command line replaces the mapping there (``k={a: 1}``); ``k.a=1`` changes one entry."""
+    out = dict(data)
+    node = out
+    for part in parts[:-1]:
+        child = node.get(part)
+        node[part] = dict(child) if isinstance(child, dict) else {}
+        node = node[part]
+    node[parts[-1]] = value
+    key = ".".join(parts)
+    for stale in [k for k in sources if k == key or k.startswith(key + ".")]:
+        del sources[stale]
+    _merge({}, {parts[-1]: value}, COMMAND_LINE, sources, key[: -len(parts[-1])])
+    return out
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

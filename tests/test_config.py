@@ -234,3 +234,17 @@ def test_tuple_fields_load_override_and_round_trip(tmp_path):
     assert load_config(_WithTuple, tmp_path / "c.yaml") == cfg
     with pytest.raises(ConfigError, match="betas"):
         load_config(_WithTuple, None, ["betas=[0.8]"])
+
+
+@dataclass
+class _WithFiles:
+    files: dict[str, str] = field(default_factory=lambda: {"tiny": "t.jsonl"})
+
+
+def test_mapping_override_replaces_and_dotted_entry_override_merges(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("files: {tiny: t.jsonl}\n")
+    replaced = load_config(_WithFiles, path, ["files={nq: nq.jsonl}"]).files
+    assert replaced == {"nq": "nq.jsonl"}
+    merged = load_config(_WithFiles, path, ["files.nq=nq.jsonl"]).files
+    assert merged == {"tiny": "t.jsonl", "nq": "nq.jsonl"}

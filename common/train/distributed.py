@@ -30,8 +30,11 @@ def init_distributed() -> tuple[int, int, int]:
 
 
 def current_rank() -> int:
-    """This process's global rank; 0 outside torch.distributed."""
-    if dist.is_available() and dist.is_initialized():
+    """This process's global rank; the launcher's RANK (or 0) outside a multi-rank group.
+
+    A colocated vLLM engine makes a one-rank group of its own, which says nothing about ours.
+    """
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return dist.get_rank()
     return int(os.environ.get("RANK", "0"))
 

@@ -69,44 +69,67 @@ def _model_device(model: torch.nn.Module) -> torch.device:
 
 
 def hf_prefix_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
-    """A ``score_fn`` that runs one forward per distinct prefix and scores all continuations of
-    that prefix as batches (``batch_size`` at a time) on its KV cache, expanded to the batch.
+    """A ``score_fn`` that forwards every distinct prefix once and scores all continuations on
+    the prefixes' KV cache.
 
-    Continuations are right-padded: attention is causal, so padding after a token never changes
-    its logits. The model is used as it is (train or eval mode), under ``torch.no_grad``.
+    Prefixes go through the model ``batch_size`` at a time, left-padded; each batch of
+    continuations (right-padded) then attends to its own prefix's cache rows, with the padding
+    masked and positions continuing from the prefix's length. Causal attention means padding
+    after a token never changes its logits. Runs under ``torch.no_grad``.
     """
 
     @torch.no_grad()
     def score(prefixes: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
         device = _model_device(model)
-        by_prefix: dict[tuple[int, ...], list[int]] = {}
-        for i, prefix in enumerate(prefixes):
-            by_prefix.setdefault(tuple(prefix), []).append(i)
-        out: list[list[float]] = [[] for _ in prefixes]
-        for prefix, pairs in by_prefix.items():
+        distinct: dict[tuple[int, ...], int] = {}
+        for prefix in prefixes:
             if not prefix:
                 raise ValueError("hf_prefix_scorer: a prefix is empty (score needs a context)")
+            distinct.setdefault(tuple(prefix), len(distinct))
+        pair_prefix = [distinct[tuple(p)] for p in prefixes]
+        out: list[list[float]] = [[] for _ in prefixes]
+        keys = list(distinct)
+        for start in range(0, len(keys), batch_size):
+            group = keys[start : start + batch_size]
+            width = max(len(p) for p in group)
+            ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in group], device=device)
+            mask = (
+                torch.arange(width, device=device)
+                >= width - torch.tensor([len(p) for p in group], device=device)[:, None]
+            ).long()  # [P, W]
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
             pre = model(
-                input_ids=torch.tensor([prefix], device=device), use_cache=True, logits_to_keep=1
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                use_cache=True,
+                logits_to_keep=1,
             )
-            first = torch.log_softmax(pre.logits[0, -1].float(), -1)  # [V]: first token's
+            first = torch.log_softmax(pre.logits[:, -1].float(), -1)  # [P, V]
             layers = [(layer.keys, layer.values) for layer in pre.past_key_values.layers]
-            for chunk in _chunks([i for i in pairs if continuations[i]], batch_size):
+            local = {start + j: j for j in range(len(group))}
+            pairs = [i for i, c in enumerate(continuations) if c and pair_prefix[i] in local]
+            for chunk in _chunks(pairs, batch_size):
+                rows = torch.tensor([local[pair_prefix[i]] for i in chunk], device=device)
                 conts = [continuations[i] for i in chunk]
-                ids = _right_padded(conts, device)  # [B, Lc]
-                cache = DynamicCache(
-                    ddp_cache_data=[
-                        (k.expand(len(conts), -1, -1, -1), v.expand(len(conts), -1, -1, -1))
-                        for k, v in layers
-                    ]
-                )
-                logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+                cont_ids = _right_padded(conts, device)  # [B, Lc]
+                lc = cont_ids.shape[1]
+                cache = DynamicCache(ddp_cache_data=[(k[rows], v[rows]) for k, v in layers])
+                full_mask = torch.cat([mask[rows], torch.ones_like(cont_ids)], dim=1)
+                cont_pos = mask[rows].sum(-1, keepdim=True) + torch.arange(lc, device=device)
+                logits = model(
+                    input_ids=cont_ids,
+                    attention_mask=full_mask,
+                    position_ids=cont_pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                ).logits
                 logp = torch.log_softmax(logits.float(), -1)  # [B, Lc, V]
                 for b, (i, cont) in enumerate(zip(chunk, conts, strict=True)):
                     rest = logp[
-                        b, torch.arange(len(cont) - 1, device=device), ids[b, 1 : len(cont)]
+                        b, torch.arange(len(cont) - 1, device=device), cont_ids[b, 1 : len(cont)]
                     ]
-                    out[i] = [first[cont[0]].item(), *rest.tolist()]
+                    out[i] = [first[rows[b], cont[0]].item(), *rest.tolist()]
         return out
 
     return score

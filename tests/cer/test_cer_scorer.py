@@ -46,8 +46,9 @@ def test_prefix_scorer_forwards_each_prefix_once(tiny_qwen3, pairs):
         hf_prefix_scorer(tiny_qwen3, batch_size=8)(prefixes, conts)
     finally:
         hook.remove()
-    # per prefix: one forward of the prefix, one of its 4 non-empty continuations as a batch
-    assert shapes == [(1, 1), (4, 9), (1, 6), (4, 9), (1, 23), (4, 9)]
+    # the 3 distinct prefixes (1, 6 and 23 tokens) in one left-padded forward, then the 12
+    # non-empty continuations in batches of 8 on their prefixes' cache rows
+    assert shapes == [(3, 23), (8, 9), (4, 9)]
 
 
 def test_empty_prefix_is_an_error(tiny_qwen3):

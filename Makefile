@@ -73,7 +73,7 @@ eval-eviback:  ## EviBack's evaluation of the latest checkpoint of the run
 
 eval-all: eval-cer eval-eviback  ## every trained method on its benchmarks
 
-demo:  ## all of it on the tiny setup, from nothing, on CPU (about 15 minutes on 2 cores)
+demo:  ## all of it on the tiny setup, from nothing, on CPU (about 9 minutes on 2 cores)
 	$(PY) -m common.demo --world $(WORLD) --warmstart runs/warmstart/tiny --run-dir runs/grpo/tiny
 	$(PY) -m eviback train --config eviback/configs/tiny.yaml
 	$(MAKE) cer-tiny-assets

@@ -23,7 +23,6 @@ line (or row) and the field.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import string
@@ -33,12 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from cer.answer import last_boxed
-from common.data import DataError
+from common.data import DataError, read_json_rows
 
 FORMATS = ("math", "answer", "webinstruct", "mmlu_pro", "supergpqa")
 LETTERS = string.ascii_uppercase[:10]  # A-J: MMLU-Pro has up to 10 options
 _HF_PATH = re.compile(r"hf://(?P<id>[^:@]+)(?::(?P<config>[^@]+))?@(?P<split>.+)")
-_WHITESPACE = re.compile(r"\s*")
 _ID_KEYS = ("id", "unique_id", "question_id", "uuid", "idx")
 log = logging.getLogger(__name__)
 
@@ -245,42 +243,7 @@ def _file_rows(path: Path) -> list[tuple[str, Any]]:
         except Exception as e:  # pyarrow raises several types for a missing or bad file
             raise DataError(f"cannot read parquet file {path}: {e}") from None
         return [(f"row {i + 1}", row) for i, row in enumerate(table.to_pylist())]
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"cannot read {path}: {e}") from None
-    if text.lstrip().startswith("["):
-        return _json_list_rows(text, path)
-    rows = []
-    for n, line in enumerate(text.split("\n"), 1):
-        if line.strip():
-            try:
-                rows.append((f"line {n}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{path}, line {n}: invalid JSON: {e.msg} (column {e.colno})"
-                ) from None
-    return rows
-
-
-def _json_list_rows(text: str, path: Path) -> list[tuple[str, Any]]:
-    """The elements of a JSON list, each labelled with the line it starts on."""
-    decoder, rows = json.JSONDecoder(), []
-    pos, line, counted = _WHITESPACE.match(text, text.index("[") + 1).end(), 1, 0
-    while not text.startswith("]", pos):
-        line, counted = line + text.count("\n", counted, pos), pos
-        try:
-            value, end = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}, line {e.lineno}: invalid JSON: {e.msg}") from None
-        rows.append((f"line {line}", value))
-        pos = _WHITESPACE.match(text, end).end()
-        if text.startswith(",", pos):
-            pos = _WHITESPACE.match(text, pos + 1).end()
-        elif not text.startswith("]", pos):
-            where = text.count("\n", 0, pos) + 1
-            raise DataError(f"{path}, line {where}: invalid JSON: expected ',' or ']'")
-    return rows
+    return read_json_rows(path)
 
 
 def _hub_rows(dataset_id: str, config: str | None, split: str) -> list[tuple[str, Any]]:

@@ -58,7 +58,7 @@ def load_qa(path: str | Path, format: str = "auto", source: str | None = None) -
         return load_hf_qa(match["id"], match["split"], match["config"], format, source)
     if str(path).startswith("hf://"):
         raise DataError(f"hub path {str(path)!r} is not of the form hf://owner/name[:config]@split")
-    rows = _read_rows(Path(path))
+    rows = read_json_rows(Path(path))
     return _parse_rows(rows, str(path), format, _default_source(path) if source is None else source)
 
 
@@ -118,7 +118,7 @@ def write_qa_jsonl(examples: Sequence[QAExample], path: str | Path) -> None:
             f.write(json.dumps(dataclasses.asdict(ex), ensure_ascii=False) + "\n")
 
 
-def _read_rows(path: Path) -> list[tuple[str, Any]]:
+def read_json_rows(path: Path) -> list[tuple[str, Any]]:
     """(``"line N"``, decoded JSON value) for each row of a jsonl file or a JSON list."""
     try:
         text = path.read_text(encoding="utf-8")

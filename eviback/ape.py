@@ -109,7 +109,7 @@ def write_benchmark(path: str | Path, rows: Sequence[BenchmarkRow]) -> None:
         for row in rows:
             d = asdict(row)
             d["rounds"] = [
-                {"query": q, "docs": [asdict(doc) for doc in docs]} for q, docs in row.rounds
+                {"query": q, "docs": [doc._asdict() for doc in docs]} for q, docs in row.rounds
             ]
             f.write(json.dumps(d, ensure_ascii=False) + "\n")
 

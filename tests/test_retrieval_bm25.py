@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.retrieval import BM25Retriever, Doc, doc_contents
-from common.retrieval.bm25 import load_stemmer
+from common.retrieval.bm25 import QueryTokenizer, load_stemmer
 
 DATA = Path(__file__).parent / "data" / "retrieval"
 
@@ -113,6 +113,37 @@ def test_any_corpus_and_queries_rank_as_raw_bm25s(corpus, queries):
         for row, srow in zip(ids.tolist(), scores.tolist(), strict=True)
     ]
     assert [[(d.id, d.score) for d in r] for r in ours] == expected
+
+
+def bm25s_words(texts: list[str], stemmer=None) -> list[list[str]]:
+    return bm25s.tokenize(
+        texts, stopwords="en", stemmer=stemmer, return_ids=False, show_progress=False
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(queries=st.lists(st.one_of(texts, st.text()), min_size=1, max_size=4))
+def test_query_tokenizer_splits_as_bm25s_tokenize(queries):
+    tokenizer = QueryTokenizer({})
+    assert [tokenizer.words(q) for q in queries] == bm25s_words(queries)
+
+
+def test_query_tokenizer_maps_to_index_ids_and_drops_unknown_words(hotpot):
+    docs, questions = hotpot
+    retriever = BM25Retriever.from_docs(docs)
+    vocab = retriever.model.vocab_dict
+    queries = [*questions, "zzqx Film film's", ""]
+    expected = [[vocab[w] for w in ws if w in vocab] for ws in bm25s_words(queries)]
+    assert retriever.tokenize(queries) == expected
+    assert expected[-2] == [vocab["film"], vocab["film"]]  # unknown dropped, repeats kept
+    assert expected[-1] == []
+
+
+def test_query_tokenizer_stems_as_bm25s_tokenize():
+    pytest.importorskip("Stemmer")
+    stem = load_stemmer("english")
+    queries = ["Capitals of running countries", "the studies studied"]
+    assert [QueryTokenizer({}, stem).words(q) for q in queries] == bm25s_words(queries, stem)
 
 
 @pytest.mark.parametrize("mmap", [True, False])

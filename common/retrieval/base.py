@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 
-@dataclass(frozen=True, slots=True)
-class Doc:
-    """One retrieved passage; `score` is the retriever's relevance (0.0 when unknown)."""
+class Doc(NamedTuple):
+    """One retrieved passage; `score` is the retriever's relevance (0.0 when unknown).
+
+    A named tuple rather than a frozen dataclass: retrievers build ten of these per query,
+    and a tuple is built in a fifth of the time (see `DocStore.take`).
+    """
 
     id: str
     title: str

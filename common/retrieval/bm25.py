@@ -15,16 +15,22 @@ rank exactly as raw bm25s ranks them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import bm25s
+from bm25s.stopwords import STOPWORDS_EN
 
 from common.retrieval.base import Doc, doc_contents, read_corpus
-from common.retrieval.doc_store import DocStore, read_config, write_config
+from common.retrieval.doc_store import DocStore, gc_paused, read_config, write_config
 
 STOPWORDS = "en"
+# bm25s.tokenize's default is scikit-learn's r"(?u)\b\w\w+\b". Scanning left to right, a
+# greedy \w\w+ can only start at the start of a run of word characters and takes the whole
+# run, so the word boundaries never change a match; without them the scan is 30% faster.
+TOKEN_PATTERN = r"\w\w+"
 
 Stem = Callable[[list[str]], list[str]]
 
@@ -40,6 +46,37 @@ def load_stemmer(language: str | None) -> Stem | None:
             f"stemmer={language!r} needs PyStemmer: `pip install PyStemmer` (or use stemmer=None)"
         ) from None
     return Stemmer.Stemmer(language).stemWords
+
+
+class QueryTokenizer:
+    """Queries to the index's token ids, exactly as `bm25s.tokenize` + `BM25.retrieve` map them.
+
+    Lowercase, `TOKEN_PATTERN` words, English stopwords dropped, then the stemmer, repeated
+    words kept; words the index has never seen are dropped (they score nothing). Mapping
+    straight to the index vocabulary skips the per-call vocabulary `bm25s.tokenize` builds
+    (and the stopword set it rebuilds for every text): half the time of a numba search.
+    """
+
+    def __init__(self, vocab: dict[str, int], stem: Stem | None = None):
+        self.vocab = vocab
+        self.stem = stem
+        self._split = re.compile(TOKEN_PATTERN).findall
+        self._stopwords = frozenset(STOPWORDS_EN)
+        # Without a stemmer a word maps straight to its id: stopwords are never in the index's
+        # vocabulary, so one lookup drops both them and the unseen words.
+        self._ids = {w: i for w, i in vocab.items() if w not in self._stopwords}
+
+    def words(self, query: str) -> list[str]:
+        """The query's index words (before the vocabulary lookup)."""
+        words = [w for w in self._split(query.lower()) if w not in self._stopwords]
+        return self.stem(words) if self.stem is not None and words else words
+
+    def __call__(self, queries: list[str]) -> list[list[int]]:
+        if self.stem is not None:
+            vocab, words = self.vocab, self.words
+            return [[vocab[w] for w in words(q) if w in vocab] for q in queries]
+        ids, split = self._ids, self._split
+        return [[ids[w] for w in split(q.lower()) if w in ids] for q in queries]
 
 
 class BM25Retriever:
@@ -61,7 +98,7 @@ class BM25Retriever:
         self.docs = docs
         self.stemmer = stemmer
         self.n_threads = n_threads
-        self._stemmer = load_stemmer(stemmer)
+        self.tokenize = QueryTokenizer(model.vocab_dict, load_stemmer(stemmer))
 
     def __len__(self) -> int:
         return len(self.docs)
@@ -125,15 +162,10 @@ class BM25Retriever:
             raise ValueError(f"k must be at least 1, got {k}")
         if not queries:
             return []
-        tokens = bm25s.tokenize(
-            queries,
-            stopwords=STOPWORDS,
-            stemmer=self._stemmer,
-            return_ids=False,
-            show_progress=False,
-        )
-        # A query left without tokens matches nothing; bm25s's numba path also rejects a
-        # batch whose first query is empty, so those never reach it.
+        with gc_paused():  # the per-query lists would wake the collector every 700
+            tokens = self.tokenize(queries)
+        # A query left without indexed words matches nothing; bm25s also rejects a batch
+        # whose first query is empty, so those never reach it.
         asked = [i for i, t in enumerate(tokens) if t]
         results: list[list[Doc]] = [[] for _ in queries]
         if not asked:
@@ -144,7 +176,9 @@ class BM25Retriever:
             show_progress=False,
             n_threads=self.n_threads,
         )
-        rows = self.docs.take(ids.tolist(), scores.tolist())
+        rows = self.docs.take(ids.tolist(), scores.tolist(), positive=True)
+        if len(asked) == len(queries):
+            return rows
         for i, row in zip(asked, rows, strict=True):
-            results[i] = [doc for doc in row if doc.score > 0.0]
+            results[i] = row
         return results

@@ -1,4 +1,4 @@
-"""CER scoring: prefix-shared (one forward per solution, KV cache reused) vs every pair from scratch.
+"""CER scoring: prefix-shared (prompt once, each solution once, caches reused) vs every pair alone.
 
 One GRPO group as ``cer.scorer.score_group`` scores it: G solutions (prompt + ~200 sampled
 tokens each), and after each of them the reference and U distinct answers, each closed by its
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from cer.scorer import ScoreFn, hf_prefix_scorer, naive_scorer
+from cer.scorer import ScoreFn, hf_prefix_scorer, naive_scorer, shared_trunks
 
 README = Path(__file__).parent / "README.md"
 SECTION = "## CER scoring"
@@ -106,10 +106,15 @@ def main() -> None:
         NAIVE: naive_scorer(model, args.batch_size),
     }
     n_pairs = len(prefixes)
-    distinct_prefix_tokens = sum(len(p) for p in {tuple(p): p for p in prefixes}.values())
+    distinct = list({tuple(p): p for p in prefixes}.values())
+    # the shared prompt once per trunk, then each solution's own tokens once
+    prefix_tokens = sum(
+        t.length + sum(len(distinct[m]) - t.length for m in t.members)
+        for t in shared_trunks(distinct)
+    )
     cont_tokens = sum(len(c) for c in continuations)
     tokens = {
-        SHARED: distinct_prefix_tokens + cont_tokens,
+        SHARED: prefix_tokens + cont_tokens,
         NAIVE: sum(len(p) for p in prefixes) + cont_tokens,
     }
     rows = [

@@ -2,21 +2,24 @@
 
 A scoring function ``score_fn(prefixes, continuations) -> per-token logprobs`` is what the rollout
 engines expose (``engine.score``); with vLLM, prefix caching shares the prefix work. For plain HF
-models this module gives two: ``hf_prefix_scorer`` (one forward per distinct prefix, its KV cache
-reused for all of that prefix's continuations) and ``naive_scorer`` (each pair from scratch, the
+models this module gives two: ``hf_prefix_scorer`` (the prompt a group's solutions share forwarded
+once, each solution once on its cache, and every continuation on the solution's cache) and
+``naive_scorer`` (each pair from scratch, the
 public release's way; kept as the benchmark's baseline and as a check).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from transformers import DynamicCache
 
 from cer.answer import AnswerSplit, continuation_ids
 
+T = TypeVar("T")
 ScoreFn = Callable[[list[list[int]], list[list[int]]], list[list[float]]]
 
 
@@ -68,15 +71,79 @@ def _model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def hf_prefix_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
-    """A ``score_fn`` that forwards every distinct prefix once and scores all continuations on
-    the prefixes' KV cache.
+@dataclass
+class _Trunk:
+    """Prefixes (indices into the distinct prefixes) that share their first ``length`` tokens."""
 
-    Prefixes go through the model ``batch_size`` at a time, left-padded; each batch of
-    continuations (right-padded) then attends to its own prefix's cache rows, with the padding
-    masked and positions continuing from the prefix's length. Causal attention means padding
-    after a token never changes its logits. Runs under ``torch.no_grad``.
+    length: int
+    members: list[int]
+
+
+def shared_trunks(prefixes: Sequence[Sequence[int]]) -> list[_Trunk]:
+    """Cut the prefixes, in order, into runs that share their first tokens (a group's prompt).
+
+    Forwarding a run's shared start once saves ``(members - 1) * length`` tokens; the cut is the
+    one that saves the most (dynamic programming over the consecutive common starts, so a
+    second prompt that only shares the chat template's first tokens gets its own run). A run's
+    shared start stops at least one token before its shortest member, so every member has a
+    suffix of its own whose last position predicts the continuations.
     """
+    n = len(prefixes)
+    common = [0] + [_common_length(prefixes[i - 1], prefixes[i]) for i in range(1, n)]
+    best = [0] * (n + 1)  # best[b]: the most tokens saved on prefixes[:b]
+    start = [0] * (n + 1)  # where the last run of that best cut starts
+    length = [0] * (n + 1)  # and its shared length
+    for b in range(1, n + 1):
+        shared = len(prefixes[b - 1]) - 1
+        best[b], start[b], length[b] = best[b - 1], b - 1, shared
+        for a in range(b - 2, -1, -1):  # the run prefixes[a:b]
+            shared = min(shared, common[a + 1], len(prefixes[a]) - 1)
+            if shared <= 0:
+                break  # a longer run saves nothing more
+            if best[a] + (b - a - 1) * shared > best[b]:
+                best[b], start[b], length[b] = best[a] + (b - a - 1) * shared, a, shared
+    trunks: list[_Trunk] = []
+    b = n
+    while b > 0:
+        trunks.append(_Trunk(length[b], list(range(start[b], b))))
+        b = start[b]
+    return trunks[::-1]
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def hf_prefix_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
+    """A ``score_fn`` that forwards the part prefixes share (a group's prompt) once, each prefix's
+    own suffix (its solution) once, and all continuations of a prefix in one row after it.
+
+    Three forwards, ``batch_size`` rows at a time: the trunks (``shared_trunks``; left-padded);
+    each prefix's suffix on a copy of its trunk's cache rows (left-padded, so padding sits between
+    trunk and suffix and is masked); then, on that cache, one row per prefix holding all of its
+    continuations side by side, under a block-causal mask (each continuation sees the prefix and
+    its own earlier tokens, never another continuation) with positions restarting after the
+    prefix for each. Masked padding never changes a real token's logits. Runs under no_grad.
+    """
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+
+    def forward(ids, mask, positions, past=None):
+        cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
+        hidden = decoder(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        ).last_hidden_state
+        return hidden, [(layer.keys, layer.values) for layer in cache.layers]
+
+    def positions_of(mask: torch.Tensor, width: int) -> torch.Tensor:
+        return (mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
 
     @torch.no_grad()
     def score(prefixes: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
@@ -86,53 +153,99 @@ def hf_prefix_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
             if not prefix:
                 raise ValueError("hf_prefix_scorer: a prefix is empty (score needs a context)")
             distinct.setdefault(tuple(prefix), len(distinct))
-        pair_prefix = [distinct[tuple(p)] for p in prefixes]
-        out: list[list[float]] = [[] for _ in prefixes]
         keys = list(distinct)
-        for start in range(0, len(keys), batch_size):
-            group = keys[start : start + batch_size]
-            width = max(len(p) for p in group)
-            ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in group], device=device)
-            mask = (
-                torch.arange(width, device=device)
-                >= width - torch.tensor([len(p) for p in group], device=device)[:, None]
-            ).long()  # [P, W]
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            pre = model(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                use_cache=True,
-                logits_to_keep=1,
+        pairs_of: list[list[int]] = [[] for _ in keys]
+        for i, (prefix, cont) in enumerate(zip(prefixes, continuations, strict=True)):
+            if cont:
+                pairs_of[distinct[tuple(prefix)]].append(i)
+        out: list[list[float]] = [[] for _ in prefixes]
+        trunks = [t for t in shared_trunks(keys) if any(pairs_of[m] for m in t.members)]
+        for trunk_batch in _chunks(trunks, batch_size):
+            ids, mask = _left_padded([keys[t.members[0]][: t.length] for t in trunk_batch], device)
+            trunk_kv = (
+                forward(ids, mask, positions_of(mask, ids.shape[1]))[1] if ids.numel() else None
             )
-            first = torch.log_softmax(pre.logits[:, -1].float(), -1)  # [P, V]
-            layers = [(layer.keys, layer.values) for layer in pre.past_key_values.layers]
-            local = {start + j: j for j in range(len(group))}
-            pairs = [i for i, c in enumerate(continuations) if c and pair_prefix[i] in local]
-            for chunk in _chunks(pairs, batch_size):
-                rows = torch.tensor([local[pair_prefix[i]] for i in chunk], device=device)
-                conts = [continuations[i] for i in chunk]
-                cont_ids = _right_padded(conts, device)  # [B, Lc]
-                lc = cont_ids.shape[1]
-                cache = DynamicCache(ddp_cache_data=[(k[rows], v[rows]) for k, v in layers])
-                full_mask = torch.cat([mask[rows], torch.ones_like(cont_ids)], dim=1)
-                cont_pos = mask[rows].sum(-1, keepdim=True) + torch.arange(lc, device=device)
-                logits = model(
-                    input_ids=cont_ids,
-                    attention_mask=full_mask,
-                    position_ids=cont_pos,
-                    past_key_values=cache,
-                    use_cache=True,
-                ).logits
-                logp = torch.log_softmax(logits.float(), -1)  # [B, Lc, V]
-                for b, (i, cont) in enumerate(zip(chunk, conts, strict=True)):
-                    rest = logp[
-                        b, torch.arange(len(cont) - 1, device=device), cont_ids[b, 1 : len(cont)]
-                    ]
-                    out[i] = [first[rows[b], cont[0]].item(), *rest.tolist()]
+            members = [(b, m) for b, t in enumerate(trunk_batch) for m in t.members if pairs_of[m]]
+            # Rows of alike width together: less padding in the packed continuation rows.
+            members.sort(key=lambda bm: sum(len(continuations[i]) for i in pairs_of[bm[1]]))
+            for member_batch in _chunks(members, batch_size):
+                rows = torch.tensor([b for b, _ in member_batch], device=device)
+                suffixes = [keys[m][trunk_batch[b].length :] for b, m in member_batch]
+                suf_ids, suf_mask = _left_padded(suffixes, device)
+                past = None if trunk_kv is None else [(k[rows], v[rows]) for k, v in trunk_kv]
+                pairs = [pairs_of[m] for _, m in member_batch]
+                packed = _packed_continuations([[continuations[i] for i in p] for p in pairs])
+                cont_ids, segment, offset = (t.to(device) for t in packed)
+                trunk_mask, width = mask[rows], suf_ids.shape[1]
+                prefix_len = trunk_mask.sum(-1, keepdim=True) + suf_mask.sum(-1, keepdim=True)
+                hidden, _ = forward(
+                    torch.cat([suf_ids, cont_ids], dim=1),
+                    _scoring_mask(trunk_mask, suf_mask, segment, model.dtype),
+                    torch.cat(
+                        [
+                            positions_of(torch.cat([trunk_mask, suf_mask], 1), width),
+                            prefix_len + offset,
+                        ],
+                        dim=1,
+                    ),
+                    past,
+                )
+                # A continuation's token t is predicted by the column before it in the packed
+                # part (its own token t - 1), its token 0 by the suffix's last column.
+                r, col = torch.nonzero(segment >= 0, as_tuple=True)
+                before = torch.where(offset[r, col] > 0, width + col - 1, width - 1)
+                logp = torch.log_softmax(lm_head(hidden[r, before]).float(), -1)
+                scores = logp[torch.arange(len(r), device=device), cont_ids[r, col]].tolist()
+                k = 0
+                for pair_ids in pairs:
+                    for i in pair_ids:
+                        out[i] = scores[k : k + len(continuations[i])]
+                        k += len(continuations[i])
         return out
 
     return score
+
+
+def _packed_continuations(
+    rows: list[list[list[int]]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's continuations side by side, right-padded: ids, segment (the continuation's index
+    in its row, -1 for padding) and offset (the token's index in its continuation), all [M, L]."""
+    width = max(sum(len(c) for c in conts) for conts in rows)
+    ids, segment, offset = [], [], []
+    for conts in rows:
+        pad = width - sum(len(c) for c in conts)
+        ids.append([t for c in conts for t in c] + [0] * pad)
+        segment.append([j for j, c in enumerate(conts) for _ in c] + [-1] * pad)
+        offset.append([t for c in conts for t in range(len(c))] + [0] * pad)
+    ids, segment, offset = (torch.tensor(x, dtype=torch.long) for x in (ids, segment, offset))
+    return ids, segment, offset
+
+
+def _scoring_mask(
+    trunk_mask: torch.Tensor, suffix_mask: torch.Tensor, segment: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Additive 4D mask [M, 1, S + L, T + S + L] for a row of suffix (S, left-padded) then packed
+    continuations (L) after a cached trunk (T). Every query sees the trunk's real tokens; a
+    suffix token sees the real suffix tokens up to itself; a continuation token sees the whole
+    real suffix and the earlier tokens of its own continuation, never another continuation."""
+    s, length, device = suffix_mask.shape[1], segment.shape[1], segment.device
+    m = segment.shape[0]
+    real_suffix = suffix_mask.bool()[:, None, :]  # [M, 1, S]
+    suffix_rows = torch.cat(
+        [
+            real_suffix & torch.ones(s, s, dtype=torch.bool, device=device).tril(),
+            torch.zeros(m, s, length, dtype=torch.bool, device=device),
+        ],
+        dim=-1,
+    )
+    same = (segment[:, :, None] == segment[:, None, :]) & (segment[:, :, None] >= 0)
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    cont_rows = torch.cat([real_suffix.expand(-1, length, -1), same & causal], dim=-1)
+    rows = torch.cat([suffix_rows, cont_rows], dim=1)  # [M, S + L, S + L]
+    allowed = torch.cat([trunk_mask.bool()[:, None, :].expand(-1, s + length, -1), rows], dim=-1)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 def naive_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
@@ -163,10 +276,21 @@ def naive_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
     return score
 
 
+def _left_padded(
+    seqs: Sequence[Sequence[int]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ids [N, W] left-padded with 0, and the mask of real tokens."""
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([[0] * (width - len(s)) + list(s) for s in seqs], device=device)
+    lengths = torch.tensor([len(s) for s in seqs], device=device)
+    mask = (torch.arange(width, device=device) >= width - lengths[:, None]).long()
+    return ids.view(len(seqs), width), mask
+
+
 def _right_padded(seqs: list[list[int]], device: torch.device) -> torch.Tensor:
     width = max(len(s) for s in seqs)
     return torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)
 
 
-def _chunks(items: list[int], size: int) -> list[list[int]]:
+def _chunks(items: list[T], size: int) -> list[list[T]]:
     return [items[i : i + size] for i in range(0, len(items), size)]

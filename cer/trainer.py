@@ -8,8 +8,8 @@
 
 CER's scores come from the engine's ``score`` (vLLM: prompt logprobs with prefix caching, one
 request for all groups of the step) or, on the HF backend, from ``hf_prefix_scorer`` on the
-training model under no_grad (one forward per solution, its KV cache reused for every answer;
-faster on CPU than ``HFEngine.score``, which forwards every pair whole). ``reward.frozen_scorer``
+training model under no_grad (a group's prompt forwarded once, each solution once, every answer
+on the solution's cache; faster on CPU than ``HFEngine.score``, which forwards every pair whole). ``reward.frozen_scorer``
 scores with a frozen copy of the initial policy (HF prefix scorer) instead.
 """
 
@@ -20,6 +20,7 @@ import json
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ from cer.config import CERConfig, check_assets
 from cer.evaluate import evaluate_problems, load_problems, make_engine
 from cer.group_reward import Group, group_rewards
 from cer.rollout import sample_groups
-from cer.scorer import hf_prefix_scorer
+from cer.scorer import ScoreFn, hf_prefix_scorer
 from common.config import dump_config
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rollout.engine import SamplingConfig
@@ -50,6 +51,18 @@ def advantages(rewards: torch.Tensor, group_ids: list[str], kind: str) -> torch.
     if kind == "rloo":
         return rloo_advantages(rewards, group_ids)
     return group_normalized_advantages(rewards, group_ids)
+
+
+def make_score_fn(
+    cfg: CERConfig, engine: Any, model: torch.nn.Module, frozen: torch.nn.Module | None
+) -> ScoreFn:
+    """CER's scorer: the frozen initial policy when given, else the engine's ``score`` (vLLM) or
+    ``hf_prefix_scorer`` on the training model (HF backend; it follows every update)."""
+    if frozen is not None:
+        return hf_prefix_scorer(frozen, cfg.reward.scorer_batch_size)
+    if cfg.engine.backend == "vllm":
+        return engine.score
+    return hf_prefix_scorer(model, cfg.reward.scorer_batch_size)
 
 
 def train_cer(cfg: CERConfig) -> dict:
@@ -87,12 +100,7 @@ def train_cer(cfg: CERConfig) -> dict:
     engine = make_engine(
         cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
     )
-    if frozen is not None:
-        score_fn = hf_prefix_scorer(frozen, cfg.reward.scorer_batch_size)
-    elif cfg.engine.backend == "vllm":
-        score_fn = engine.score
-    else:
-        score_fn = hf_prefix_scorer(train.model, cfg.reward.scorer_batch_size)
+    score_fn = make_score_fn(cfg, engine, train.model, frozen)
     a = cfg.assets
     train_set, train_prompts = load_problems(
         a.train, tokenizer, cfg.max_prompt_tokens, a.train_format, a.train_filter

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -11,8 +12,9 @@ import torch
 from cer.cli import main
 from cer.config import CERConfig, MissingAssetError, check_assets
 from cer.evaluate import results_table, run_eval
+from cer.scorer import hf_prefix_scorer
 from cer.tiny import build_tiny, tokenizer_texts
-from cer.trainer import ALL_TYPES, train_cer
+from cer.trainer import ALL_TYPES, make_score_fn, train_cer
 from cer.warmup import run_warmup
 from common.config import load_config
 
@@ -118,6 +120,48 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
     )
     assert sum(sum(r["correct"]) for r in per["sampled_rows"]) / 12 == tiny["avg@2"]
     assert "| tiny_test |" in (run_dir / "eval" / "results.md").read_text()
+
+
+def test_frozen_scorer_keeps_the_initial_policy_and_grpo_advantages(tiny_root):
+    from transformers import AutoModelForCausalLM
+
+    run_dir = tiny_root / "run_frozen"
+    cfg = tiny_config(
+        tiny_root,
+        f"run_dir={run_dir}",
+        "steps=1",
+        "prompts_per_step=2",
+        "group_size=4",
+        "loss.micro_batch_size=4",
+        "eval_questions=2",
+        "max_response_tokens=24",
+        "reward.frozen_scorer=true",
+        "advantage=grpo",
+    )
+    torch.set_num_threads(1)
+    train_cer(cfg)
+    # GRPO advantages: (r - mean) / (std + eps) within the group, from the training reward
+    (group,) = json.loads((run_dir / "samples" / "step_00001.json").read_text())["groups"]
+    r = torch.tensor([s["rewards"]["cer"] for s in group["samples"]])
+    expected = (r - r.mean()) / (r.std() + 1e-6)
+    got = torch.tensor([s["advantage"] for s in group["samples"]])
+    assert torch.allclose(got, expected, atol=1e-5)
+    # The frozen scorer keeps scoring with the initial policy while the policy moves.
+    initial = AutoModelForCausalLM.from_pretrained(cfg.assets.model, dtype=torch.float32)
+    trained = copy.deepcopy(initial)
+    with torch.no_grad():
+        for p in trained.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    frozen = make_score_fn(cfg, None, trained, copy.deepcopy(initial).eval())
+    live = make_score_fn(cfg, None, trained, None)
+    reference = hf_prefix_scorer(initial)
+    prefixes, conts = [[5, 6, 7, 8]] * 2, [[9, 10], [11]]
+
+    def flat(score):
+        return [x for row in score(prefixes, conts) for x in row]
+
+    assert flat(frozen) == pytest.approx(flat(reference), abs=1e-6)
+    assert flat(live) != pytest.approx(flat(reference), abs=1e-3)
 
 
 def test_results_table():

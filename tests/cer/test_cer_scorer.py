@@ -8,7 +8,7 @@ from transformers import Qwen3ForCausalLM
 
 from cer.answer import solution_split
 from cer.reward import cer_from_logprobs
-from cer.scorer import hf_prefix_scorer, naive_scorer, score_group
+from cer.scorer import hf_prefix_scorer, naive_scorer, score_group, shared_trunks
 
 
 def plain_logprobs(model, prefix: list[int], continuation: list[int]) -> list[float]:
@@ -36,19 +36,66 @@ def test_scorers_equal_a_plain_forward(tiny_qwen3, pairs, make):
         assert g == pytest.approx(plain_logprobs(tiny_qwen3, p, c), abs=1e-5)
 
 
-def test_prefix_scorer_forwards_each_prefix_once(tiny_qwen3, pairs):
-    prefixes, conts = pairs
+def forward_shapes(model, scorer, prefixes, conts) -> list[tuple[int, int]]:
     shapes = []
-    hook = tiny_qwen3.register_forward_hook(
+    hook = model.get_decoder().register_forward_hook(
         lambda m, a, kw, out: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
     )
     try:
-        hf_prefix_scorer(tiny_qwen3, batch_size=8)(prefixes, conts)
+        got = scorer(prefixes, conts)
     finally:
         hook.remove()
-    # the 3 distinct prefixes (1, 6 and 23 tokens) in one left-padded forward, then the 12
-    # non-empty continuations in batches of 8 on their prefixes' cache rows
-    assert shapes == [(3, 23), (8, 9), (4, 9)]
+    return shapes, got
+
+
+def test_prefix_scorer_forwards_each_prefix_once(tiny_qwen3, pairs):
+    prefixes, conts = pairs
+    shapes, _ = forward_shapes(tiny_qwen3, hf_prefix_scorer(tiny_qwen3, batch_size=8), *pairs)
+    # The 3 distinct prefixes (1, 6 and 23 tokens) share nothing: three trunks of 0, 5 and 22
+    # tokens in one left-padded forward, then on them one row per prefix: its last token and
+    # its 4 non-empty continuations side by side (1 + 4 + 9 + 2 tokens).
+    assert shapes == [(3, 22), (3, 1 + 16)]
+
+
+def test_solutions_of_one_prompt_share_its_forward(tiny_qwen3):
+    gen = torch.Generator().manual_seed(2)
+    prompt = torch.randint(0, 97, (30,), generator=gen).tolist()
+    solutions = [torch.randint(0, 97, (n,), generator=gen).tolist() for n in (5, 1, 12, 7)]
+    solutions[3][:2] = solutions[2][:2]  # two solutions also share their first two tokens
+    other = torch.randint(0, 97, (9,), generator=gen).tolist()  # a second prompt's prefix
+    prefixes = [prompt + s for s in solutions] + [other]
+    conts = [[5, 6, 7], [8], [9, 10]]
+    all_prefixes = [p for p in prefixes for _ in conts]
+    all_conts = [c for _ in prefixes for c in conts]
+    shapes, got = forward_shapes(
+        tiny_qwen3, hf_prefix_scorer(tiny_qwen3, batch_size=16), all_prefixes, all_conts
+    )
+    # trunks: the prompt (30 tokens) and the other prefix less its last token (8 tokens); then
+    # a row per prefix: its suffix (5, 1, 12, 7 and 1 tokens, left-padded to 12) and its
+    # 3 + 1 + 2 continuation tokens
+    assert shapes == [(2, 30), (5, 12 + 6)]
+    for p, c, g in zip(all_prefixes, all_conts, got, strict=True):
+        assert g == pytest.approx(plain_logprobs(tiny_qwen3, p, c), abs=1e-5)
+
+
+def test_shared_trunks():
+    a, b = list(range(10)), list(range(10, 20))
+    trunks = shared_trunks([a + [1, 2], a + [3], a[:6] + [4], b, b + [5], a + [6]])
+    # first three: 6 shared tokens saved twice (12) beats the first two alone (10 once); b and
+    # b + [5] share 9 (a trunk stops before its shortest member's last token); then a + [6].
+    assert [(t.length, t.members) for t in trunks] == [(6, [0, 1, 2]), (9, [3, 4]), (10, [5])]
+    # a prompt sharing only its first 3 tokens with the one before gets its own trunk
+    trunks = shared_trunks([a + [1], a + [2], a[:3] + b])
+    assert [(t.length, t.members) for t in trunks] == [(10, [0, 1]), (12, [2])]
+    # long solutions after a short shared prompt: the prompt is the trunk
+    prompt, sols = list(range(50, 54)), [list(range(100 + 40 * i, 130 + 40 * i)) for i in range(3)]
+    trunks = shared_trunks([prompt + sol for sol in sols])
+    assert [(t.length, t.members) for t in trunks] == [(4, [0, 1, 2])]
+    # one prompt's single solution, then a prompt of three solutions sharing only token 50
+    other = [50] + list(range(200, 220))
+    trunks = shared_trunks([prompt + sols[0]] + [other + sol for sol in sols])
+    assert [(t.length, t.members) for t in trunks] == [(33, [0]), (21, [1, 2, 3])]
+    assert shared_trunks([]) == []
 
 
 def test_empty_prefix_is_an_error(tiny_qwen3):

@@ -97,6 +97,13 @@ class TeacherConfig:
     lam: float = field(default=0.1, metadata={"help": "λ: advantage scale of all-zero groups"})
     top_m: int = field(default=5, metadata={"help": "documents per round the oracle reads"})
     max_concurrency: int = field(default=16, metadata={"help": "teacher requests in flight"})
+    overlap: bool = field(
+        default=True,
+        metadata={"help": "judge each all-zero group while the step's other rollouts go on"},
+    )
+    workers: int = field(
+        default=2, metadata={"help": "groups judged at once in the background (with overlap)"}
+    )
     timeout: float = field(default=60.0, metadata={"help": "seconds per teacher request"})
     retries: int = field(default=3, metadata={"help": "retries of a failed request"})
     temperature: float = field(default=0.0, metadata={"help": "teacher sampling temperature"})

@@ -9,6 +9,7 @@ runs only where A said S or A, and checks the reference answer against the same 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Protocol
@@ -234,6 +235,7 @@ class TwoStageTeacher:
         self.prompt_a = get_prompt(policy.stage_a)
         self.prompt_b = None if policy.stage_b is None else get_prompt(policy.stage_b)
         self.totals = TeacherStats()
+        self._totals_lock = threading.Lock()
 
     def judge(self, items: Sequence[TeacherItem]) -> tuple[list[Judgement], TeacherStats]:
         for i, item in enumerate(items):
@@ -265,7 +267,8 @@ class TwoStageTeacher:
             )
             judgements.append(Judgement(final, stage_a[i], stage_b.get(i)))
         stats.count_final([j.final for j in judgements])
-        self.totals.add(stats)
+        with self._totals_lock:  # judge may run in several threads (trainer's TeacherOverlap)
+            self.totals.add(stats)
         return judgements, stats
 
     def _run(self, batch: list[Messages], stats: TeacherStats) -> list[Verdict]:

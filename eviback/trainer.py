@@ -14,6 +14,7 @@ import json
 import random
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -60,25 +61,22 @@ class Backoff:
     groups: int
 
 
-def teacher_backoff(
-    trajs: Sequence[Trajectory],
-    examples: Mapping[str, QAExample],
-    teacher: Teacher | None,
-    cfg: TeacherConfig,
-) -> Backoff:
-    """EM for groups with a correct rollout; for all-zero groups the teacher judges each rollout
-    that has search evidence (one batched call) and ``group_rewards`` gives
-    r_i = β·supported_i + γ·eligible_i·F1(teacher answer_i, gold), scale λ. No teacher: EM, scale 1.
+def teacher_items(
+    trajs: Sequence[Trajectory], examples: Mapping[str, QAExample]
+) -> tuple[list[int], list[TeacherItem]]:
+    """What the teacher is asked: every rollout with search evidence in an all-zero group (no
+    rollout with EM 1), as positions in ``trajs`` and teacher items. ``trajs`` holds whole groups.
     """
     groups: dict[str, list[int]] = {}
     for i, t in enumerate(trajs):
         groups.setdefault(t.group_id, []).append(i)
-    em = [exact_match(t.answer, t.golden_answers) for t in trajs]
-    facts = [rollout_facts(t) for t in trajs]
-    all_zero = [g for g, idx in groups.items() if not any(em[i] for i in idx)]
-    asked = (
-        [] if teacher is None else [i for g in all_zero for i in groups[g] if facts[i].has_evidence]
-    )
+    asked = [
+        i
+        for idx in groups.values()
+        if not any(exact_match(trajs[i].answer, trajs[i].golden_answers) for i in idx)
+        for i in idx
+        if rollout_facts(trajs[i]).has_evidence
+    ]
     items = [
         TeacherItem(
             trajs[i].question,
@@ -88,12 +86,78 @@ def teacher_backoff(
         )
         for i in asked
     ]
-    judgements, stats = teacher.judge(items) if items else ([], TeacherStats())
+    return asked, items
+
+
+def teacher_backoff(
+    trajs: Sequence[Trajectory],
+    examples: Mapping[str, QAExample],
+    teacher: Teacher | None,
+    cfg: TeacherConfig,
+) -> Backoff:
+    """``backoff_rewards`` after asking the teacher about the whole batch at once (one call)."""
     judged: list[Judgement | None] = [None] * len(trajs)
-    for i, j in zip(asked, judgements, strict=True):
-        judged[i] = j
-    rewards, scales, fell_back = list(em), [1.0] * len(trajs), [False] * len(trajs)
+    stats = TeacherStats()
     if teacher is not None:
+        asked, items = teacher_items(trajs, examples)
+        if items:
+            judgements, stats = teacher.judge(items)
+            for i, j in zip(asked, judgements, strict=True):
+                judged[i] = j
+    return backoff_rewards(trajs, judged, stats, cfg if teacher is not None else None)
+
+
+class TeacherOverlap:
+    """Asks the teacher about each all-zero group as soon as its rollouts are done, in background
+    threads, while the other questions of the step still roll out (``run_agent``'s
+    ``on_group_done``); ``collect`` waits for the answers. Same judgements as ``teacher_backoff``.
+    """
+
+    def __init__(self, teacher: Teacher, examples: Mapping[str, QAExample], workers: int = 1):
+        self.teacher = teacher
+        self.examples = examples
+        self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="teacher")
+        self.pending: list[tuple[list[Trajectory], Future]] = []
+
+    def submit(self, group: list[Trajectory]) -> None:
+        asked, items = teacher_items(group, self.examples)
+        if items:
+            chosen = [group[i] for i in asked]
+            self.pending.append((chosen, self.pool.submit(self.teacher.judge, items)))
+
+    def collect(self, trajs: Sequence[Trajectory]) -> tuple[list[Judgement | None], TeacherStats]:
+        """The judgements of ``trajs`` (None where not asked) and their summed stats."""
+        by_traj: dict[int, Judgement] = {}
+        stats = TeacherStats()
+        for chosen, future in self.pending:
+            judgements, part = future.result()
+            stats.add(part)
+            by_traj.update({id(t): j for t, j in zip(chosen, judgements, strict=True)})
+        self.pending = []
+        return [by_traj.get(id(t)) for t in trajs], stats
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+
+def backoff_rewards(
+    trajs: Sequence[Trajectory],
+    judged: Sequence[Judgement | None],
+    stats: TeacherStats,
+    cfg: TeacherConfig | None,
+) -> Backoff:
+    """EM for groups with a correct rollout; for all-zero groups ``group_rewards`` gives
+    r_i = β·supported_i + γ·eligible_i·F1(teacher answer_i, gold), scale λ. ``cfg`` None (no
+    teacher): EM, scale 1.
+    """
+    groups: dict[str, list[int]] = {}
+    for i, t in enumerate(trajs):
+        groups.setdefault(t.group_id, []).append(i)
+    em = [exact_match(t.answer, t.golden_answers) for t in trajs]
+    facts = [rollout_facts(t) for t in trajs]
+    all_zero = [g for g, idx in groups.items() if not any(em[i] for i in idx)]
+    rewards, scales, fell_back = list(em), [1.0] * len(trajs), [False] * len(trajs)
+    if cfg is not None:
         for idx in groups.values():
             final = [judged[i].final if judged[i] else None for i in idx]
             r, fb = group_rewards(
@@ -112,7 +176,7 @@ def teacher_backoff(
         torch.tensor(scales, dtype=torch.float32),
         em,
         fell_back,
-        judged,
+        list(judged),
         stats,
         len(all_zero),
         len(groups),
@@ -169,6 +233,11 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     retriever = build_retriever(a)
     teacher = build_teacher(a, cfg.teacher, run_dir / "teacher_cache")
     by_id = {ex.id: ex for ex in train_set}
+    overlap = (
+        TeacherOverlap(teacher, by_id, cfg.teacher.workers)
+        if teacher is not None and cfg.teacher.overlap
+        else None
+    )
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
     logger = MetricsLogger(run_dir) if train.is_main else None
@@ -197,9 +266,14 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             group_prefix=f"s{step}r{train.rank}:",
             seed=cfg.seed * 100003 + step,
             timings=timings,
+            on_group_done=overlap.submit if overlap else None,
         )
-        t0 = time.perf_counter()
-        b = teacher_backoff(trajs, by_id, teacher, cfg.teacher)
+        t0 = time.perf_counter()  # with the overlap: only the wait for the last answers
+        if overlap:
+            judged, stats = overlap.collect(trajs)
+            b = backoff_rewards(trajs, judged, stats, cfg.teacher)
+        else:
+            b = teacher_backoff(trajs, by_id, teacher, cfg.teacher)
         timings["teacher"] = time.perf_counter() - t0
         adv = scaled_group_advantages(b.rewards, [t.group_id for t in trajs], b.scales)
         if cfg.engine.sleep_during_update and cfg.engine.backend == "vllm":
@@ -240,6 +314,8 @@ def train_eviback(cfg: EviBackConfig) -> dict:
                 keep_last=cfg.keep_checkpoints,
                 tokenizer=tokenizer,
             )
+    if overlap:
+        overlap.close()
     if logger:
         logger.close()
         plot_curve(evals, run_dir / "dev_curve.png")

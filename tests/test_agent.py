@@ -11,6 +11,7 @@ the whole file: every model here has the same shapes, so a case pushes its weigh
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -380,6 +381,33 @@ def test_context_limit_forces_the_answer_early(serve, agent_world, tok, retrieve
     assert [s.kind for s in t.steps] == ["search", "answer"]
     assert (t.num_searches, t.answer, t.used_forced_turn) == (1, case.answer, True)
     assert len(searches) == 1
+
+
+def test_groups_are_reported_as_soon_as_they_finish(serve, agent_world, tok, retriever, cases):
+    """A question whose rollouts end early is passed to on_group_done while the others go on."""
+    case = cases[0]
+    model = scripted(agent_world, tok, search_then_answer(tok, case))
+    short = case.example
+    long = dataclasses.replace(short, id="long", question=short.question + " really" * 12)
+    prompt = build_prompt_ids(tok, SEARCH_R1, short.question)
+    # the short prompt has room for two turns with observations, the long one for one only
+    cfg = AgentConfig(
+        max_turns=3, max_turn_tokens=16, max_obs_tokens=40, temperature=0.0,
+        max_context=len(prompt) + 2 * (16 + 40),
+    )  # fmt: skip
+    assert len(build_prompt_ids(tok, SEARCH_R1, long.question)) > len(prompt) + 16
+    eng = RecordingEngine(serve(model))
+    reported = []
+
+    def on_group_done(group):
+        assert all(t.done for t in group)
+        reported.append(([t.question_id for t in group], len(eng.calls)))
+
+    trajs = run_agent(eng, tok, retriever, [short, long], 2, cfg, on_group_done=on_group_done)
+    # turn 0: everyone searches; turn 1: "long" is forced to answer, "short" searches again;
+    # turn 2: "short" is forced. "long" is reported before turn 2's generate call.
+    assert [t.num_searches for t in trajs] == [2, 2, 1, 1]
+    assert reported == [(["long", "long"], 3), ([short.id, short.id], 4)]
 
 
 def test_turn_without_action_is_invalid_until_forced_termination(

@@ -8,7 +8,7 @@ queries to the retriever in one call, insert the observations as token ids, repe
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -79,12 +79,16 @@ def run_agent(
     adapter: str | None = None,
     seed: int | None = None,
     timings: dict[str, float] | None = None,
+    on_group_done: Callable[[list[Trajectory]], None] | None = None,
 ) -> list[Trajectory]:
     """Roll out ``n`` trajectories per example; returns them grouped, question-major.
 
     ``group_id`` = ``f"{group_prefix}{position}:{example.id}"``, unique per question instance
     even when one question appears twice in a batch or ids repeat across sources.
     ``timings`` (optional) accumulates seconds spent in ``generation`` and ``retrieval``.
+    ``on_group_done`` (optional) is called with a question's ``n`` trajectories as soon as all
+    of them are done, while the other questions still roll out (once per question, in the order
+    they finish; all remaining ones before returning).
     """
     timings = timings if timings is not None else {}
     protocol = get_protocol(cfg.protocol)
@@ -105,8 +109,19 @@ def run_agent(
     invalid_ids = encode_text(tokenizer, protocol.invalid_message())
     force_ids = encode_text(tokenizer, protocol.force_answer_message())
     seen_queries: dict[int, set[str]] = {i: set() for i in range(len(trajs))}
+    pending = list(range(len(examples)))  # questions not yet passed to on_group_done
+
+    def report_finished(last: bool = False) -> None:
+        nonlocal pending
+        if on_group_done is None:
+            return
+        finished = [p for p in pending if last or all(t.done for t in trajs[p * n : (p + 1) * n])]
+        for pos in finished:
+            on_group_done(trajs[pos * n : (pos + 1) * n])
+        pending = [p for p in pending if p not in finished]
 
     for turn in range(cfg.max_turns + 1):
+        report_finished()
         live = [i for i, t in enumerate(trajs) if not t.done]
         if not _any_alive_globally(bool(live)):
             break
@@ -152,6 +167,7 @@ def run_agent(
                 seen_queries[i].add(key)
                 t.steps[-1].docs = list(docs)
                 t.append(observation_ids(tokenizer, protocol, docs, cfg.max_obs_tokens), False)
+    report_finished(last=True)
     return trajs
 
 

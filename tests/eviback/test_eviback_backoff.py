@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ from common.rollout.trajectory import Step, Trajectory
 from eviback.config import TeacherConfig
 from eviback.oracle import EvidenceOracle
 from eviback.reward import scaled_group_advantages
-from eviback.trainer import backoff_metrics, teacher_backoff
+from eviback.teacher import TeacherStats
+from eviback.trainer import TeacherOverlap, backoff_metrics, backoff_rewards, teacher_backoff
 
 DOCS = {k: Doc(k, k.title(), f"text of {k}", 1.0) for k in ("a", "b", "x")}
 EXAMPLES = {
@@ -72,3 +75,30 @@ def test_teacher_off_is_the_em_baseline():
     assert b.scales.tolist() == [1.0] * 6
     assert not any(b.fell_back) and all(j is None for j in b.judgements)
     assert b.stats.items == 0 and backoff_metrics(b)["all_zero_share"] == 0.5
+
+
+def test_overlapped_teacher_gives_the_same_backoff_and_runs_in_the_background():
+    """Groups handed over one by one (as run_agent finishes them) are judged in worker threads;
+    the result equals the one-call backoff."""
+    oracle = EvidenceOracle(5)
+    threads: list[str] = []
+
+    class Recording:  # the real oracle, noting which thread judges
+        def judge(self, items):
+            threads.append(threading.current_thread().name)
+            return oracle.judge(items)
+
+    trajs = batch()
+    overlap = TeacherOverlap(Recording(), EXAMPLES, workers=2)
+    try:
+        overlap.submit(trajs[4:])  # q2 has a correct rollout: nothing to ask
+        overlap.submit(trajs[:4])
+        judged, stats = overlap.collect(trajs)
+    finally:
+        overlap.close()
+    got = backoff_rewards(trajs, judged, stats, TeacherConfig(lam=0.1))
+    want = teacher_backoff(batch(), EXAMPLES, oracle, TeacherConfig(lam=0.1))
+    assert torch.equal(got.rewards, want.rewards) and torch.equal(got.scales, want.scales)
+    assert got.judgements == want.judgements and got.stats == want.stats
+    assert len(threads) == 1 and threads[0].startswith("teacher")
+    assert overlap.collect(trajs) == ([None] * 6, TeacherStats())  # collected once

@@ -80,7 +80,8 @@ def _run(args: argparse.Namespace) -> int:
         from eviback.evaluate import markdown_table, run_eval
 
         report = run_eval(cfg)
-        print(markdown_table(report["summary"], report["comparisons"]))
+        if "summary" in report:  # rank 0 (the others only ran their shard)
+            print(markdown_table(report["summary"], report["comparisons"]))
     else:
         from eviback.ape_run import run_ape
 

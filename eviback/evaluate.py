@@ -161,14 +161,31 @@ def compare(
     return [paired_bootstrap(other, this, m, resamples, conf) for m in ("f1", "em")]
 
 
+def gather_shards(results: list[QuestionResult], world: int) -> list[QuestionResult]:
+    """Every rank's results of ``examples[rank::world]``, back in the order of ``examples``."""
+    if world == 1:
+        return results
+    import torch.distributed as dist
+
+    shards: list[list[QuestionResult] | None] = [None] * world
+    dist.all_gather_object(shards, results)
+    total = sum(len(s) for s in shards)
+    return [shards[i % world][i // world] for i in range(total)]
+
+
 def run_eval(cfg: EviBackConfig) -> dict:
-    """Evaluate the model on ``assets.eval_files`` (quotas applied); write run_dir/eval/."""
+    """Evaluate the model on ``assets.eval_files`` (quotas applied); write run_dir/eval/.
+
+    Under the DeepSpeed launcher (or torchrun) each rank runs its own engine on every
+    world-th question and rank 0 writes the gathered results; the others return a short note.
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from common.rollout import HFEngine
     from common.search_grpo import build_engine
     from common.train import find_latest_checkpoint
+    from common.train.distributed import init_distributed
 
     latest = find_latest_checkpoint(cfg.run_dir)
     model_path = cfg.eval.model or (str(latest) if latest else cfg.assets.model)
@@ -177,6 +194,7 @@ def run_eval(cfg: EviBackConfig) -> dict:
     if cfg.eval.compare_to and not Path(cfg.eval.compare_to).is_file():
         raise FileNotFoundError(f"eval.compare_to: {cfg.eval.compare_to} not found")
     examples = load_questions(cfg.assets.eval_files, cfg.assets.eval_quotas, cfg.seed)
+    rank, world, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if cfg.engine.backend == "hf":
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
@@ -184,8 +202,11 @@ def run_eval(cfg: EviBackConfig) -> dict:
     else:
         engine = build_engine(cfg.engine, model_path, None, tokenizer, cfg.seed)
     greedy = AgentConfig(**{**vars(cfg.agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
-    trajs = run_agent(engine, tokenizer, build_retriever(cfg.assets), examples, 1, greedy, "eval:")
-    results = [question_result(t) for t in trajs]
+    retriever = build_retriever(cfg.assets)
+    trajs = run_agent(engine, tokenizer, retriever, examples[rank::world], 1, greedy, "eval:")
+    results = gather_shards([question_result(t) for t in trajs], world)
+    if rank != 0:
+        return {"model": model_path, "rank": rank, "questions": len(trajs)}
     out = Path(cfg.run_dir) / "eval"
     out.mkdir(parents=True, exist_ok=True)
     write_results(out / "per_question.jsonl", results)

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +16,13 @@ from eviback.cli import DEFAULT_CONFIG
 from eviback.config import EviBackConfig
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +103,19 @@ def test_eviback_and_baseline_train_then_eval_with_bootstrap(tiny_world, warm, t
     (f1,) = [c for c in report["comparisons"] if c["metric"] == "f1"]
     assert f1["n"] == 6 and f1["ci_low"] <= f1["delta"] <= f1["ci_high"]
     assert (runs["eviback"] / "eval" / "table.md").read_text().startswith("| benchmark |")
+
+    # The same evaluation on two ranks (each its own engine on every other question): rank 0
+    # writes the gathered results, in question order, equal to the one-process run's.
+    sharded = tmp_path / "sharded"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_port", str(free_port()), "-m", "eviback", "eval", "--config", DEFAULT_CONFIG,
+        *overrides(tiny_world, warm, sharded),
+        f"eval.model={runs['baseline'] / 'checkpoints' / 'step_2'}",
+    ]  # fmt: skip
+    env = os.environ | {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
+    one = (runs["baseline"] / "eval" / "per_question.jsonl").read_text()
+    assert (sharded / "eval" / "per_question.jsonl").read_text() == one
+    assert run.stdout.count("| benchmark |") == 1  # printed by rank 0 only

@@ -65,9 +65,13 @@ def rollout_benchmark(cfg: EviBackConfig) -> list[BenchmarkRow]:
     return build_benchmark(trajs, {ex.id: ex for ex in examples}, oracle.label)
 
 
-def controller_candidates(client: LLMClient, stage: str, k: int) -> list[TeacherPrompt]:
-    """Ask the controller for ``k`` prompt ids on the axes; ids it invents that do not parse are
-    dropped. The default prompt is always kept first."""
+def controller_candidates(
+    client: LLMClient, stage: str, k: int, seed: int = 0
+) -> tuple[list[TeacherPrompt], int]:
+    """Ask the controller for ``k`` prompt ids on the axes; returns the candidates and how many
+    came from the controller. The default prompt is always first; names that do not parse, are
+    of the other stage or repeat are dropped, and places left over are filled from the seeded
+    grid (counted, and said in the report)."""
     default = candidate_grid(stage, limit=1)[0]
     instructions = ", ".join(sorted(INSTRUCTIONS[stage]))
     ask = (
@@ -78,15 +82,30 @@ def controller_candidates(client: LLMClient, stage: str, k: int) -> list[Teacher
         f"Propose {k} promising distinct names, one per line, nothing else."
     )
     result = client.chat([{"role": "user", "content": ask}], cache_tag=f"ape-controller-{stage}")
-    found = [default]
-    for name in _PROMPT_ID.findall(result.text or ""):
+    proposed = parse_controller_reply(result.text or "", stage)
+    found = [default] + [p for p in proposed if p != default]
+    found = found[:k]
+    from_controller = len(found) - 1
+    grid = candidate_grid(stage)
+    for p in candidate_grid(stage, limit=len(grid), seed=seed):  # the grid in a seeded order
+        if len(found) >= k:
+            break
+        if p not in found:
+            found.append(p)
+    return found, from_controller
+
+
+def parse_controller_reply(text: str, stage: str) -> list[TeacherPrompt]:
+    """The distinct valid prompt ids of ``stage`` named in a controller's reply, in order."""
+    found: list[TeacherPrompt] = []
+    for name in _PROMPT_ID.findall(text):
         try:
             p = get_prompt(name)
         except ValueError:
             continue
         if p.stage == stage and p not in found:
             found.append(p)
-    return found[:k]
+    return found
 
 
 def evaluate_policy(
@@ -132,11 +151,17 @@ def run_ape(cfg: EviBackConfig) -> dict:
         controller = llm_client(
             a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache"
         )
-        prompts_a = controller_candidates(controller, "A", cfg.ape.candidates_a)
-        prompts_b = controller_candidates(controller, "B", cfg.ape.candidates_b)
+        prompts_a, n_a = controller_candidates(controller, "A", cfg.ape.candidates_a, cfg.seed)
+        prompts_b, n_b = controller_candidates(controller, "B", cfg.ape.candidates_b, cfg.seed)
+        source = (
+            f"candidates from the controller {a.controller_model} (stage A: {n_a} proposed + "
+            f"the default + {len(prompts_a) - n_a - 1} from the grid; stage B: {n_b} + 1 + "
+            f"{len(prompts_b) - n_b - 1})"
+        )
     else:
         prompts_a = candidate_grid("A", limit=cfg.ape.candidates_a, seed=cfg.seed)
         prompts_b = candidate_grid("B", limit=cfg.ape.candidates_b, seed=cfg.seed)
+        source = "candidates from the grid"
     w, reps = cfg.ape.objective_weights, cfg.ape.repeats
     single = [evaluate_policy(teacher, TeacherPolicy(p.id), dev, reps, w, "dev") for p in prompts_a]
     top_a = sorted(single, key=lambda r: -r.summary()["objective_mean"])[: cfg.ape.gated_from_top]
@@ -161,7 +186,7 @@ def run_ape(cfg: EviBackConfig) -> dict:
             "# E2E-APE report",
             "",
             f"Benchmark: {len(rows)} rows ({labels}), dev {len(dev)}, holdout {len(holdout)}; "
-            f"candidates from the {'controller' if a.controller_endpoint else 'grid'}; "
+            f"{source}; "
             f"{reps} runs per candidate; teacher {a.teacher_model}.",
             "",
             f"Selected: `{selection.best.policy.strategy_id}` (frozen in `policy.yaml`).",

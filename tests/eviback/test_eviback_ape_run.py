@@ -14,15 +14,27 @@ from fastapi import FastAPI, Request
 
 from common.config import load_config
 from common.retrieval.base import Doc
-from eviback.ape import BenchmarkRow, read_policy_file, write_benchmark
+from eviback.ape import BenchmarkRow, candidate_grid, read_policy_file, write_benchmark
 from eviback.cli import DEFAULT_CONFIG
 from eviback.config import EviBackConfig
 from eviback.prompts import Round, get_prompt
 
 CITIES = ("Paris", "Rome", "Oslo")
+# What the canned controller proposes for stage A: two grid prompts, one invented name, a stage-B
+# prompt, the default again and a repeat (only the first two are kept).
+GRID_A = candidate_grid("A")
+PROPOSED_A = [GRID_A[5].id, GRID_A[9].id]
+CONTROLLER_A = "\n".join(
+    [PROPOSED_A[0], "A-madeup-exact-fs0-q1-t1-rank-m5", candidate_grid("B")[1].id,
+     GRID_A[0].id, PROPOSED_A[1], PROPOSED_A[0]]
+)  # fmt: skip
 
 
 def canned(prompt: str) -> str:
+    if prompt.startswith("We tune the stage-A prompt"):
+        return CONTROLLER_A
+    if prompt.startswith("We tune the stage-B prompt"):
+        return "Sorry, I cannot help with naming prompts."
     if "(Title: " not in prompt:  # prompts hiding titles: the teacher rambles
         return "I think the answer is probably Paris."
     evidence = prompt.split("Documents:", 1)[-1]
@@ -97,6 +109,50 @@ def test_ape_selects_writes_policy_and_report(teacher_url, tmp_path):
     report = (out / "report.md").read_text()
     assert "## Dev" in report and "## Holdout" in report and policy.strategy_id in report
     assert len(seen) > 0
+
+
+def test_controller_parse_rules():
+    from eviback.ape_run import parse_controller_reply
+
+    got = parse_controller_reply(CONTROLLER_A, "A")
+    assert [p.id for p in got] == [PROPOSED_A[0], GRID_A[0].id, PROPOSED_A[1]]
+    assert parse_controller_reply("nothing useful", "A") == []
+
+
+def test_ape_with_a_controller_keeps_its_valid_names_and_fills_from_the_grid(teacher_url, tmp_path):
+    url, seen = teacher_url
+    out = tmp_path / "ape"
+    out.mkdir()
+    write_benchmark(out / "benchmark.jsonl", rows())
+    cfg = load_config(
+        EviBackConfig,
+        DEFAULT_CONFIG,
+        [f"assets.teacher_endpoint={url}", "assets.teacher_model=canned", f"ape.out={out}",
+         f"assets.controller_endpoint={url}", "assets.controller_model=canned-controller",
+         "ape.candidates_a=4", "ape.candidates_b=2", "ape.gated_from_top=1", "ape.repeats=1"],
+    )  # fmt: skip
+    from eviback.ape_run import controller_candidates, run_ape
+    from eviback.assets import llm_client
+
+    client = llm_client(url, "canned-controller", cfg.teacher, None)
+    prompts, n = controller_candidates(client, "A", 4)
+    # the default, the controller's two valid names, then one grid prompt to make four
+    assert [p.id for p in prompts[:3]] == [GRID_A[0].id, *PROPOSED_A] and n == 2
+    assert len(prompts) == 4 and prompts[3] in GRID_A
+    prompts, n = controller_candidates(client, "B", 2)  # a useless reply: default + grid
+    assert n == 0 and len(prompts) == 2
+
+    run_ape(cfg)
+    report = (out / "report.md").read_text()
+    assert (
+        "controller canned-controller (stage A: 2 proposed + the default + 1 from the grid"
+        in report
+    )
+    for name in PROPOSED_A:
+        assert name in report  # evaluated on dev
+    assert any(p.startswith("We tune the stage-A prompt") for p in seen)
+    policy, _ = read_policy_file(out / "policy.yaml")
+    assert get_prompt(policy.stage_a).show_titles
 
 
 def test_ape_without_a_teacher_endpoint_says_so(tmp_path):

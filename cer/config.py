@@ -71,8 +71,16 @@ class RewardConfig:
         default=False,
         metadata={"help": "score with a frozen copy of the initial policy instead of the live one"},
     )
+    scorer: Literal["prefix", "engine"] = field(
+        default="prefix",
+        metadata={
+            "help": "prefix: hf_prefix_scorer on the training model (a group's prompt and each "
+            "solution forwarded once) | engine: the rollout engine's score (vLLM prompt "
+            "logprobs; vLLM skips its prefix cache for those, so every pair is a full prefill)"
+        },
+    )
     scorer_batch_size: int = field(
-        default=64, metadata={"help": "continuations per forward in the HF prefix scorer"}
+        default=64, metadata={"help": "rows (prompts, or solutions with their answers) a forward"}
     )
 
 

@@ -50,8 +50,8 @@ def is_exact(answer: str | None, example: MathExample) -> bool:
 def score_groups(
     score_fn: ScoreFn, groups: Sequence[Group], tokenizer: Any, m: int | None
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]]:
-    """``score_group`` for every group with a single ``score_fn`` call carrying all pairs (one
-    engine request: vLLM batches and prefix-caches them together)."""
+    """``score_group`` for every group with a single ``score_fn`` call carrying all pairs (the
+    prefix scorer shares each prompt and solution across them; one request for an engine)."""
     requests: list[tuple[list[list[int]], list[list[int]]]] = []
 
     def record(prefixes: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:

@@ -1,11 +1,11 @@
 """Fill CER's matrices: log pi(x | prompt + s_j) for the reference and every distinct answer x.
 
-A scoring function ``score_fn(prefixes, continuations) -> per-token logprobs`` is what the rollout
-engines expose (``engine.score``); with vLLM, prefix caching shares the prefix work. For plain HF
-models this module gives two: ``hf_prefix_scorer`` (the prompt a group's solutions share forwarded
-once, each solution once on its cache, and every continuation on the solution's cache) and
-``naive_scorer`` (each pair from scratch, the
-public release's way; kept as the benchmark's baseline and as a check).
+A scoring function ``score_fn(prefixes, continuations) -> per-token logprobs`` fills them. The
+trainer's is ``hf_prefix_scorer`` on the training model: the prompt a group's solutions share is
+forwarded once, each solution once, and every answer on the solution's cache. ``naive_scorer``
+forwards each pair from scratch (the public release's way; the benchmark's baseline and a check),
+as the engines' own ``score`` methods do: vLLM (0.32) reads no prefix cache for a request with
+prompt logprobs (``SamplingParams.skip_reading_prefix_cache``), so each pair is a full prefill.
 """
 
 from __future__ import annotations
@@ -118,18 +118,25 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def hf_prefix_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
+def hf_prefix_scorer(
+    model: torch.nn.Module, batch_size: int = 32, sync_ranks: bool = False
+) -> ScoreFn:
     """A ``score_fn`` that forwards the part prefixes share (a group's prompt) once, each prefix's
     own suffix (its solution) once, and all continuations of a prefix in one row after it.
 
-    Three forwards, ``batch_size`` rows at a time: the trunks (``shared_trunks``; left-padded);
-    each prefix's suffix on a copy of its trunk's cache rows (left-padded, so padding sits between
-    trunk and suffix and is masked); then, on that cache, one row per prefix holding all of its
+    Two kinds of forward, ``batch_size`` rows at a time: the trunks (``shared_trunks``; left-
+    padded); then, on a copy of its trunk's cache rows, one row per prefix: its suffix (left-
+    padded, so padding sits between trunk and suffix and is masked) followed by all of its
     continuations side by side, under a block-causal mask (each continuation sees the prefix and
     its own earlier tokens, never another continuation) with positions restarting after the
     prefix for each. Masked padding never changes a real token's logits. Runs under no_grad.
+
+    ``sync_ranks``: every rank of the process group makes the same number of forward calls
+    (padding with one-token forwards), as a ZeRO-3 partitioned model needs: each of its forwards
+    gathers the parameters collectively, while ranks score different groups.
     """
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    calls = [0]
 
     def forward(ids, mask, positions, past=None):
         cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
@@ -140,7 +147,11 @@ def hf_prefix_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
             past_key_values=cache,
             use_cache=True,
         ).last_hidden_state
+        calls[0] += 1
         return hidden, [(layer.keys, layer.values) for layer in cache.layers]
+
+    def head(hidden: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(lm_head(hidden).float(), -1)
 
     def positions_of(mask: torch.Tensor, width: int) -> torch.Tensor:
         return (mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
@@ -160,11 +171,21 @@ def hf_prefix_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
                 pairs_of[distinct[tuple(prefix)]].append(i)
         out: list[list[float]] = [[] for _ in prefixes]
         trunks = [t for t in shared_trunks(keys) if any(pairs_of[m] for m in t.members)]
-        for trunk_batch in _chunks(trunks, batch_size):
+        batches = _chunks(trunks, batch_size)
+        planned = sum(
+            any(t.length for t in tb)
+            + len(_chunks([m for t in tb for m in t.members if pairs_of[m]], batch_size))
+            for tb in batches
+        )
+        total = _max_over_ranks(planned, device) if sync_ranks else planned
+        calls[0] = 0
+        for trunk_batch in batches:
             ids, mask = _left_padded([keys[t.members[0]][: t.length] for t in trunk_batch], device)
-            trunk_kv = (
-                forward(ids, mask, positions_of(mask, ids.shape[1]))[1] if ids.numel() else None
-            )
+            trunk_kv = None
+            if ids.numel():
+                hidden, trunk_kv = forward(ids, mask, positions_of(mask, ids.shape[1]))
+                if sync_ranks:  # every call also runs the head: the same gathers on every rank
+                    head(hidden[:1, -1])
             members = [(b, m) for b, t in enumerate(trunk_batch) for m in t.members if pairs_of[m]]
             # Rows of alike width together: less padding in the packed continuation rows.
             members.sort(key=lambda bm: sum(len(continuations[i]) for i in pairs_of[bm[1]]))
@@ -194,16 +215,32 @@ def hf_prefix_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
                 # part (its own token t - 1), its token 0 by the suffix's last column.
                 r, col = torch.nonzero(segment >= 0, as_tuple=True)
                 before = torch.where(offset[r, col] > 0, width + col - 1, width - 1)
-                logp = torch.log_softmax(lm_head(hidden[r, before]).float(), -1)
+                logp = head(hidden[r, before])
                 scores = logp[torch.arange(len(r), device=device), cont_ids[r, col]].tolist()
                 k = 0
                 for pair_ids in pairs:
                     for i in pair_ids:
                         out[i] = scores[k : k + len(continuations[i])]
                         k += len(continuations[i])
+        if calls[0] != planned:
+            raise RuntimeError(f"hf_prefix_scorer: planned {planned} forwards, made {calls[0]}")
+        while calls[0] < total:  # this rank scored fewer batches than another
+            one = torch.zeros(1, 1, dtype=torch.long, device=device)
+            head(forward(one, torch.ones_like(one), torch.zeros_like(one))[0][:, -1])
         return out
 
     return score
+
+
+def _max_over_ranks(n: int, device: torch.device) -> int:
+    """The largest ``n`` over the ranks of the default process group (``n`` outside one)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return n
+    t = torch.tensor([n], dtype=torch.long, device=device)  # on the GPU for NCCL
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def _packed_continuations(

@@ -6,11 +6,11 @@
               -> clipped surrogate (eps 0.2), summed over tokens, averaged over sequences
               -> one optimizer step -> weights pushed into the engine
 
-CER's scores come from the engine's ``score`` (vLLM: prompt logprobs with prefix caching, one
-request for all groups of the step) or, on the HF backend, from ``hf_prefix_scorer`` on the
-training model under no_grad (a group's prompt forwarded once, each solution once, every answer
-on the solution's cache; faster on CPU than ``HFEngine.score``, which forwards every pair whole). ``reward.frozen_scorer``
-scores with a frozen copy of the initial policy (HF prefix scorer) instead.
+CER's scores come from ``hf_prefix_scorer`` on the training model under no_grad (a group's prompt
+forwarded once, each solution once, every answer on the solution's cache), on any engine backend.
+``reward.scorer=engine`` uses the engine's ``score`` instead (vLLM prompt logprobs: vLLM ignores
+its prefix cache for requests with prompt logprobs, so each pair is prefilled whole; HF: each pair
+forwarded whole). ``reward.frozen_scorer`` scores with a frozen copy of the initial policy.
 """
 
 from __future__ import annotations
@@ -54,15 +54,21 @@ def advantages(rewards: torch.Tensor, group_ids: list[str], kind: str) -> torch.
 
 
 def make_score_fn(
-    cfg: CERConfig, engine: Any, model: torch.nn.Module, frozen: torch.nn.Module | None
+    cfg: CERConfig,
+    engine: Any,
+    model: torch.nn.Module,
+    frozen: torch.nn.Module | None,
+    world: int = 1,
 ) -> ScoreFn:
-    """CER's scorer: the frozen initial policy when given, else the engine's ``score`` (vLLM) or
-    ``hf_prefix_scorer`` on the training model (HF backend; it follows every update)."""
+    """CER's scorer: ``hf_prefix_scorer`` on the frozen initial policy when given, else on the
+    training model (it follows every update; a ZeRO-3 model's ranks make equal forward counts),
+    or the engine's ``score`` with ``reward.scorer=engine``."""
     if frozen is not None:
         return hf_prefix_scorer(frozen, cfg.reward.scorer_batch_size)
-    if cfg.engine.backend == "vllm":
+    if cfg.reward.scorer == "engine":
         return engine.score
-    return hf_prefix_scorer(model, cfg.reward.scorer_batch_size)
+    zero3 = world > 1 and cfg.train.zero_stage == 3
+    return hf_prefix_scorer(model, cfg.reward.scorer_batch_size, sync_ranks=zero3)
 
 
 def train_cer(cfg: CERConfig) -> dict:
@@ -100,7 +106,7 @@ def train_cer(cfg: CERConfig) -> dict:
     engine = make_engine(
         cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
     )
-    score_fn = make_score_fn(cfg, engine, train.model, frozen)
+    score_fn = make_score_fn(cfg, engine, train.model, frozen, world)
     a = cfg.assets
     train_set, train_prompts = load_problems(
         a.train, tokenizer, cfg.max_prompt_tokens, a.train_format, a.train_filter

@@ -21,7 +21,9 @@ byte-level tokens; those tokens share the span of the character they complete). 
   answer scored after one solution, so that they compete on equal terms. ``closing`` is ``"}"`` for
   the brace forms (so that ``pi("1" | s)`` is the probability of the answer "1" and not of every
   answer starting with "1"), the terminating character for the space form (``""`` when the text
-  ends there).
+  ends there). When the closing is a token of its own there, the last step sums the probability
+  of every token that starts with it (``closing_alternatives``): a model that writes ``"}."`` in
+  one token has closed the box just as well.
 
 A response without a box still serves as a solution (``solution_split``): all of its text, with the
 tokens after the last visible character (end-of-turn and other special tokens) left out, and
@@ -211,3 +213,44 @@ def continuation_ids(split: AnswerSplit, answer: str, tokenizer: Any) -> list[in
     """Token ids scored after ``split.solution_ids`` for ``answer``: encode(tail + answer +
     closing)."""
     return encode_text(tokenizer, split.continuation_text(answer))
+
+
+# (id of the backend tokenizer, text) -> (the backend, kept alive so that its id is not reused;
+# the token ids)
+_STARTING_WITH: dict[tuple[int, str], tuple[Tokenizer, tuple[int, ...]]] = {}
+
+
+def tokens_starting_with(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """Ids of every vocabulary token whose text starts with ``text`` (special tokens excluded);
+    computed once per tokenizer and text."""
+    backend = backend_tokenizer(tokenizer)
+    key = (id(backend), text)
+    if key not in _STARTING_WITH:
+        special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+        _STARTING_WITH[key] = (
+            backend,
+            tuple(
+                i
+                for i in range(backend.get_vocab_size(with_added_tokens=True))
+                if i not in special and backend.decode([i]).startswith(text)
+            ),
+        )
+    return _STARTING_WITH[key][1]
+
+
+def closing_alternatives(
+    split: AnswerSplit, continuation: list[int], tokenizer: Any
+) -> tuple[int, ...] | None:
+    """The tokens that close the answer as well as the continuation's last one does, or None.
+
+    When the closing text (``"}"``) is a token of its own at the end of the continuation, any
+    token that starts with it (``"}."``, ``"}$"``, ``"}\n"``, ...) ends the answer the same way:
+    the answer's probability sums over them. When the closing merged with the answer's last
+    characters, or there is none, the continuation is scored as it is.
+    """
+    if not split.closing or not continuation:
+        return None
+    backend = backend_tokenizer(tokenizer)
+    if backend.decode([continuation[-1]]) != split.closing:
+        return None
+    return tokens_starting_with(tokenizer, split.closing)

@@ -54,20 +54,24 @@ def score_groups(
     prefix scorer shares each prompt and solution across them; one request for an engine)."""
     requests: list[tuple[list[list[int]], list[list[int]]]] = []
 
-    def record(prefixes: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
-        requests.append((prefixes, continuations))
+    def record(prefixes, continuations, last_alternatives=None) -> list[list[float]]:
+        requests.append((prefixes, continuations, last_alternatives))
         return [[0.0] * len(c) for c in continuations]
 
     for g in groups:
         score_group(record, g.prompt_ids, g.splits, g.example.answer, tokenizer, m)
-    flat = score_fn([p for ps, _ in requests for p in ps], [c for _, cs in requests for c in cs])
+    flat = score_fn(
+        [p for ps, _, _ in requests for p in ps],
+        [c for _, cs, _ in requests for c in cs],
+        [a for _, _, alts in requests for a in alts],
+    )
     out, pos = [], 0
-    for g, (prefixes, _) in zip(groups, requests, strict=True):
+    for g, (prefixes, _, _) in zip(groups, requests, strict=True):
         chunk = flat[pos : pos + len(prefixes)]
         pos += len(prefixes)
         out.append(
             score_group(
-                lambda p, c, chunk=chunk: chunk,
+                lambda p, c, a=None, chunk=chunk: chunk,
                 g.prompt_ids,
                 g.splits,
                 g.example.answer,

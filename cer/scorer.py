@@ -12,15 +12,38 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from transformers import DynamicCache
 
-from cer.answer import AnswerSplit, continuation_ids
+from cer.answer import AnswerSplit, closing_alternatives, continuation_ids
 
 T = TypeVar("T")
-ScoreFn = Callable[[list[list[int]], list[list[int]]], list[list[float]]]
+Alternatives = Sequence[Sequence[int] | None]
+
+
+class ScoreFn(Protocol):
+    """Per-token log probabilities of each continuation after its prefix. With
+    ``last_alternatives[i]`` given, continuation i's last value is the log of the summed
+    probability of those tokens (which include its own last token) instead of that token's."""
+
+    def __call__(
+        self,
+        prefixes: list[list[int]],
+        continuations: list[list[int]],
+        last_alternatives: Alternatives | None = None,
+    ) -> list[list[float]]: ...
+
+
+def ignoring_alternatives(score: Callable[[list[list[int]], list[list[int]]], list[list[float]]]):
+    """A two-argument scorer (an engine's ``score``) as a ``ScoreFn``: it scores each
+    continuation's own last token only (the closing brace alone, not ``"}."`` and the like)."""
+
+    def score_fn(prefixes, continuations, last_alternatives=None):
+        return score(prefixes, continuations)
+
+    return score_fn
 
 
 def score_group(
@@ -37,7 +60,9 @@ def score_group(
     s_j.solution_ids`` and the continuations are the reference and every distinct answer (equal
     strings scored once), each as ``continuation_ids(s_j, x)``: tail + x + closing brace. A
     continuation's log probability is the sum of its token logprobs (temperature 1, no length
-    normalisation). One ``score_fn`` call carries all pairs, those of a prefix next to each other.
+    normalisation), the closing brace counted as any token that starts with it when it stands
+    alone (``closing_alternatives``). One ``score_fn`` call carries all pairs, those of a prefix
+    next to each other.
 
     Returns ``ref_logp`` [J] (float64), ``answer_logp`` [J, U] (float64), ``answer_of_sample``
     [G] (long; -1 for a response without an answer) and the U distinct answers in order of first
@@ -52,13 +77,15 @@ def score_group(
     )
     candidates = [reference] + [a for a in distinct if a != reference]
     solutions = list(splits[:m])
-    prefixes, continuations = [], []
+    prefixes, continuations, alternatives = [], [], []
     for split in solutions:
         prefix = list(prompt_ids) + list(split.solution_ids)
         for x in candidates:
+            cont = continuation_ids(split, x, tokenizer)
             prefixes.append(prefix)
-            continuations.append(continuation_ids(split, x, tokenizer))
-    token_logps = score_fn(prefixes, continuations)
+            continuations.append(cont)
+            alternatives.append(closing_alternatives(split, cont, tokenizer))
+    token_logps = score_fn(prefixes, continuations, alternatives)
     if len(token_logps) != len(prefixes):
         raise ValueError(f"score_fn returned {len(token_logps)} results for {len(prefixes)} pairs")
     sums = torch.tensor([sum(lp) for lp in token_logps], dtype=torch.float64)
@@ -157,7 +184,11 @@ def hf_prefix_scorer(
         return (mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
 
     @torch.no_grad()
-    def score(prefixes: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
+    def score(
+        prefixes: list[list[int]],
+        continuations: list[list[int]],
+        last_alternatives: Alternatives | None = None,
+    ) -> list[list[float]]:
         device = _model_device(model)
         distinct: dict[tuple[int, ...], int] = {}
         for prefix in prefixes:
@@ -217,11 +248,14 @@ def hf_prefix_scorer(
                 before = torch.where(offset[r, col] > 0, width + col - 1, width - 1)
                 logp = head(hidden[r, before])
                 scores = logp[torch.arange(len(r), device=device), cont_ids[r, col]].tolist()
-                k = 0
+                k, last_rows = 0, {}
                 for pair_ids in pairs:
                     for i in pair_ids:
                         out[i] = scores[k : k + len(continuations[i])]
                         k += len(continuations[i])
+                        if last_alternatives is not None and last_alternatives[i] is not None:
+                            last_rows[i] = k - 1
+                _sum_last_alternatives(out, logp, last_rows, last_alternatives)
         if calls[0] != planned:
             raise RuntimeError(f"hf_prefix_scorer: planned {planned} forwards, made {calls[0]}")
         while calls[0] < total:  # this rank scored fewer batches than another
@@ -230,6 +264,24 @@ def hf_prefix_scorer(
         return out
 
     return score
+
+
+def _sum_last_alternatives(
+    out: list[list[float]],
+    logp: torch.Tensor,
+    last_rows: dict[int, int],
+    alternatives: Alternatives | None,
+) -> None:
+    """For pair i, put logsumexp of ``logp[last_rows[i], alternatives[i]]`` as its last value."""
+    by_set: dict[tuple[int, ...], list[int]] = {}
+    for i in last_rows:
+        by_set.setdefault(tuple(alternatives[i]), []).append(i)
+    for alts, pairs in by_set.items():
+        rows = torch.tensor([last_rows[i] for i in pairs], device=logp.device)
+        cols = torch.tensor(alts, device=logp.device)
+        values = torch.logsumexp(logp[rows][:, cols], dim=-1).tolist()
+        for i, v in zip(pairs, values, strict=True):
+            out[i][-1] = v
 
 
 def _max_over_ranks(n: int, device: torch.device) -> int:
@@ -292,7 +344,11 @@ def naive_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
 
     @torch.no_grad()
-    def score(prefixes: list[list[int]], continuations: list[list[int]]) -> list[list[float]]:
+    def score(
+        prefixes: list[list[int]],
+        continuations: list[list[int]],
+        last_alternatives: Alternatives | None = None,
+    ) -> list[list[float]]:
         device = _model_device(model)
         out: list[list[float]] = [[] for _ in prefixes]
         pairs = [i for i, c in enumerate(continuations) if c]
@@ -308,6 +364,8 @@ def naive_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
                 logp = torch.log_softmax(lm_head(hidden[b, positions]).float(), -1)  # [Lc, V]
                 targets = ids[b, positions + 1]
                 out[i] = logp[torch.arange(n_cont, device=device), targets].tolist()
+                if last_alternatives is not None and last_alternatives[i] is not None:
+                    _sum_last_alternatives(out, logp, {i: n_cont - 1}, last_alternatives)
         return out
 
     return score

@@ -28,7 +28,7 @@ from cer.config import CERConfig, check_assets
 from cer.evaluate import evaluate_problems, load_problems, make_engine
 from cer.group_reward import Group, group_rewards
 from cer.rollout import sample_groups
-from cer.scorer import ScoreFn, hf_prefix_scorer
+from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
 from common.config import dump_config
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rollout.engine import SamplingConfig
@@ -66,7 +66,7 @@ def make_score_fn(
     if frozen is not None:
         return hf_prefix_scorer(frozen, cfg.reward.scorer_batch_size)
     if cfg.reward.scorer == "engine":
-        return engine.score
+        return ignoring_alternatives(engine.score)
     zero3 = world > 1 and cfg.train.zero_stage == 3
     return hf_prefix_scorer(model, cfg.reward.scorer_batch_size, sync_ranks=zero3)
 

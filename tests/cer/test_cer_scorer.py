@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen3ForCausalLM
+from tokenizers import AddedToken, Tokenizer, decoders, models
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from cer.answer import solution_split
+from cer.answer import (
+    closing_alternatives,
+    continuation_ids,
+    solution_split,
+    tokens_starting_with,
+)
 from cer.reward import cer_from_logprobs
 from cer.scorer import hf_prefix_scorer, naive_scorer, score_group, shared_trunks
 
@@ -134,9 +140,10 @@ def test_score_group(tiny_qwen3, char_tokenizer):
     ]
     calls = []
 
-    def score_fn(prefixes, continuations):
+    def score_fn(prefixes, continuations, last_alternatives=None):
         calls.append(len(prefixes))
-        return hf_prefix_scorer(model)(prefixes, continuations)
+        assert last_alternatives == [None] * len(prefixes)  # "}" merged with the answer here
+        return hf_prefix_scorer(model)(prefixes, continuations, last_alternatives)
 
     ref_logp, answer_logp, of_sample, distinct = score_group(score_fn, prompt, splits, "12", tok)
     assert distinct == ["12", "1"]
@@ -212,3 +219,58 @@ def test_zero3_ranks_scoring_different_groups(tmp_path):
     output = run.stdout[-10000:] + run.stderr[-10000:]
     assert run.returncode == 0, output
     assert "rank 0: ok (36 pairs)" in output and "rank 1: ok (12 pairs)" in output, output
+
+
+def test_tokens_starting_with(char_tokenizer):
+    tok = char_tokenizer
+    got = tokens_starting_with(tok, "}")
+    assert got == tuple(i for i in range(len(tok)) if tok.decode([i]).startswith("}"))
+    assert tok.convert_tokens_to_ids("}") in got
+    assert tokens_starting_with(tok, "<|im_end|>") == ()  # special tokens are never answers
+
+
+@pytest.fixture(scope="module")
+def brace_dot():
+    """A tokenizer where "}" stands alone but "}." is a token too, and a random Qwen3 over it."""
+    chars = sorted(set("so the answer is \\boxed{7}.$"))
+    vocab = {c: i for i, c in enumerate(["<pad>", "<|im_end|>", *chars, "}.", "}$"])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("}", "."), ("}", "$")]))
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens([AddedToken("<|im_end|>", special=True)])
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<pad>"
+    )
+    torch.manual_seed(3)
+    config = Qwen3Config(vocab_size=len(vocab), hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=16)  # fmt: skip
+    return tok, Qwen3ForCausalLM(config).eval()
+
+
+def test_a_lone_closing_brace_counts_every_token_that_starts_with_it(brace_dot):
+    tok, model = brace_dot
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    assert tok.convert_ids_to_tokens(enc("{7}.")) == ["{", "7", "}."]
+    split = solution_split(enc("so the answer is \\boxed{7}.") + [tok.eos_token_id], tok)
+    assert (split.answer, split.closing) == ("7", "}")
+    cont = continuation_ids(split, "7", tok)
+    assert tok.convert_ids_to_tokens(cont) == ["7", "}"]
+    alts = closing_alternatives(split, cont, tok)
+    assert sorted(tok.convert_ids_to_tokens(list(alts))) == ["}", "}$", "}."]
+    prefix = split.solution_ids
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prefix + cont])).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    first = logp[len(prefix) - 1, cont[0]].item()
+    closing = torch.logsumexp(logp[len(prefix), list(alts)], 0).item()
+    assert closing > logp[len(prefix), cont[1]].item()  # more than the lone brace
+    for make in (hf_prefix_scorer, naive_scorer):
+        (got,) = make(model)([prefix], [cont], [alts])
+        assert got == pytest.approx([first, closing], abs=1e-5)
+        (plain,) = make(model)([prefix], [cont])
+        assert plain == pytest.approx(plain_logprobs(model, prefix, cont), abs=1e-5)
+    # the group scorer passes them on: pi("7" | s) includes "}." and "}$"
+    ref, *_ = score_group(hf_prefix_scorer(model), [], [split], "7", tok)
+    assert ref.item() == pytest.approx(first + closing, abs=1e-5)
+    # a continuation that does not end with the lone closing token is scored as encoded
+    assert closing_alternatives(split, enc("7"), tok) is None

@@ -40,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--scorer-batch-size", type=int, default=16, help="tiny.yaml's value")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     examples, prompts = load_problems(f"{args.task}/train.jsonl", tok, 256)
     engine = HFEngine(model, tok)
     params = SamplingConfig(n=args.g, max_tokens=args.max_tokens)
-    scorer = hf_prefix_scorer(model)
+    scorer = hf_prefix_scorer(model, args.scorer_batch_size)
     times: dict[str, list[float]] = {"generate": [], "exact": [], "cer": [], "update": []}
     for r in range(args.repeats):
         sl = slice(r * args.b, (r + 1) * args.b)

@@ -67,6 +67,8 @@ class Trajectory:
     def to_json(self, tokenizer=None) -> dict:
         """A readable dict for run-directory samples (with the decoded text when given a tokenizer)."""
         d = asdict(self)
+        for step in d["steps"]:  # asdict keeps the Doc named tuples, which JSON writes as lists
+            step["docs"] = [doc._asdict() for doc in step["docs"]]
         if tokenizer is not None:
             d["prompt_text"] = tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
             d["response_text"] = tokenizer.decode(self.response_ids, skip_special_tokens=False)

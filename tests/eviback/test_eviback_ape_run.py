@@ -7,6 +7,7 @@ import re
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import uvicorn
@@ -85,17 +86,19 @@ def rows() -> list[BenchmarkRow]:
     return out
 
 
-def test_ape_selects_writes_policy_and_report(teacher_url, tmp_path):
-    url, seen = teacher_url
+def ape_setup(url: str, tmp_path, *extra: str) -> tuple[Path, EviBackConfig]:
+    """The benchmark written into tmp_path/ape and a config judging with the canned teacher."""
     out = tmp_path / "ape"
     out.mkdir()
     write_benchmark(out / "benchmark.jsonl", rows())
-    cfg = load_config(
-        EviBackConfig,
-        DEFAULT_CONFIG,
-        [f"assets.teacher_endpoint={url}", "assets.teacher_model=canned", f"ape.out={out}",
-         "ape.candidates_a=4", "ape.candidates_b=2", "ape.gated_from_top=2", "ape.repeats=2"],
-    )  # fmt: skip
+    overrides = [f"assets.teacher_endpoint={url}", "assets.teacher_model=canned",
+                 f"ape.out={out}", "ape.candidates_a=4", "ape.candidates_b=2", *extra]  # fmt: skip
+    return out, load_config(EviBackConfig, DEFAULT_CONFIG, overrides)
+
+
+def test_ape_selects_writes_policy_and_report(teacher_url, tmp_path):
+    url, seen = teacher_url
+    out, cfg = ape_setup(url, tmp_path, "ape.gated_from_top=2", "ape.repeats=2")
     from eviback.ape_run import run_ape
 
     result = run_ape(cfg)
@@ -121,15 +124,9 @@ def test_controller_parse_rules():
 
 def test_ape_with_a_controller_keeps_its_valid_names_and_fills_from_the_grid(teacher_url, tmp_path):
     url, seen = teacher_url
-    out = tmp_path / "ape"
-    out.mkdir()
-    write_benchmark(out / "benchmark.jsonl", rows())
-    cfg = load_config(
-        EviBackConfig,
-        DEFAULT_CONFIG,
-        [f"assets.teacher_endpoint={url}", "assets.teacher_model=canned", f"ape.out={out}",
-         f"assets.controller_endpoint={url}", "assets.controller_model=canned-controller",
-         "ape.candidates_a=4", "ape.candidates_b=2", "ape.gated_from_top=1", "ape.repeats=1"],
+    out, cfg = ape_setup(
+        url, tmp_path, f"assets.controller_endpoint={url}",
+        "assets.controller_model=canned-controller", "ape.gated_from_top=1", "ape.repeats=1",
     )  # fmt: skip
     from eviback.ape_run import controller_candidates, run_ape
     from eviback.assets import llm_client

@@ -183,18 +183,23 @@ def threaded_server() -> Iterator[Callable[..., str]]:
     servers = []
 
     def start(retriever, limits=None) -> str:
-        port = free_port()
+        # The socket is bound here and handed over: no window in which the port is free.
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
         app = create_app(retriever, 1, limits)
-        srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
-        threading.Thread(target=srv.run, daemon=True).start()
-        servers.append(srv)
-        url = f"http://127.0.0.1:{port}"
+        srv = uvicorn.Server(uvicorn.Config(app, log_level="error"))
+        thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        servers.append((srv, thread, sock))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         wait_healthy(url, timeout=20)
         return url
 
     yield start
-    for srv in servers:
+    for srv, thread, sock in servers:
         srv.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
 
 
 def test_client_retries_5xx_then_succeeds(threaded_server):

@@ -2,9 +2,10 @@
 
     python benchmarks/bench_cer_step.py --model runs/cer/tiny/warmup/model --task runs/cer/tiny/task
 
-Samples one tiny step (B x G, HF engine), then times alternately, ``--repeats`` times: the
-reward with ``exact`` (which also computes ``rule``, the accuracy), the reward with ``cer``, and
-the rest of a step (generation, the clipped update on a copy of the model). Prints medians and
+Samples one tiny step (B x G, HF engine keeping its caches, as the trainer does), then times
+alternately, ``--repeats`` times: the reward with ``exact`` (which also computes ``rule``, the
+accuracy), the reward with ``cer``, and the rest of a step (generation, the clipped update on a
+copy of the model). math-verify's parse caches are emptied before each reward. Prints medians and
 the overhead ``(t_cer - t_exact) / t_step(exact)``.
 """
 
@@ -16,6 +17,16 @@ import statistics
 import time
 
 import torch
+
+
+def clear_verifier_caches() -> None:
+    """Empty math-verify's parse caches: whichever reward ran second would find the answers
+    already parsed (the rule verifier runs with every reward type: it is the accuracy)."""
+    import math_verify.parser
+
+    for value in vars(math_verify.parser).values():
+        if callable(getattr(value, "cache_clear", None)):
+            value.cache_clear()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -38,16 +49,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--b", type=int, default=8)
     p.add_argument("--g", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=6, help="even: each reward first as often")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--scorer-batch-size", type=int, default=16, help="tiny.yaml's value")
+    p.add_argument(
+        "--no-kv-reuse", action="store_true", help="score without the generation's caches"
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     examples, prompts = load_problems(f"{args.task}/train.jsonl", tok, 256)
-    engine = HFEngine(model, tok)
+    engine = HFEngine(model, tok, keep_kv=not args.no_kv_reuse)  # as the trainer samples
     params = SamplingConfig(n=args.g, max_tokens=args.max_tokens)
     scorer = hf_prefix_scorer(model, args.scorer_batch_size)
     times: dict[str, list[float]] = {"generate": [], "exact": [], "cer": [], "update": []}
@@ -57,6 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         groups = sample_groups(engine, tok, examples[sl], prompts[sl], params)
         times["generate"].append(time.perf_counter() - t0)
         for kind in ("exact", "cer") if r % 2 else ("cer", "exact"):
+            clear_verifier_caches()  # each reward parses the answers afresh, as in a step
             t0 = time.perf_counter()
             rewards, _ = group_rewards([kind], groups, scorer, tok)
             times[kind].append(time.perf_counter() - t0)

@@ -16,8 +16,9 @@ import torch
 from cer.answer import AnswerSplit
 from cer.data import MathExample
 from cer.reward import cer_from_logprobs, combine_rule_cer, verifree_reward
-from cer.scorer import ScoreFn, score_group
+from cer.scorer import ScoreFn, group_pairs
 from cer.verifiers import exact_verifier, letter_verifier, rule_verifier
+from common.rollout.engine import GeneratedKV
 from common.rollout.trajectory import Trajectory
 
 SCORED_TYPES = ("cer", "rule+cer", "verifree")
@@ -31,6 +32,8 @@ class Group:
     prompt_ids: list[int]
     trajs: list[Trajectory]
     splits: list[AnswerSplit]
+    # each sample's generation cache when the engine kept it (HFEngine(keep_kv=True)), else None
+    kvs: list[GeneratedKV | None] | None = None
 
 
 def is_correct(answer: str | None, example: MathExample) -> bool:
@@ -52,33 +55,19 @@ def score_groups(
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]]:
     """``score_group`` for every group with a single ``score_fn`` call carrying all pairs (the
     prefix scorer shares each prompt and solution across them; one request for an engine)."""
-    requests: list[tuple[list[list[int]], list[list[int]]]] = []
-
-    def record(prefixes, continuations, last_alternatives=None) -> list[list[float]]:
-        requests.append((prefixes, continuations, last_alternatives))
-        return [[0.0] * len(c) for c in continuations]
-
-    for g in groups:
-        score_group(record, g.prompt_ids, g.splits, g.example.answer, tokenizer, m)
+    pairs = [
+        group_pairs(g.prompt_ids, g.splits, g.example.answer, tokenizer, m, g.kvs) for g in groups
+    ]
     flat = score_fn(
-        [p for ps, _, _ in requests for p in ps],
-        [c for _, cs, _ in requests for c in cs],
-        [a for _, _, alts in requests for a in alts],
+        [x for p in pairs for x in p.prefixes],
+        [x for p in pairs for x in p.continuations],
+        [x for p in pairs for x in p.alternatives],
+        [x for p in pairs for x in p.generated],
     )
     out, pos = [], 0
-    for g, (prefixes, _, _) in zip(groups, requests, strict=True):
-        chunk = flat[pos : pos + len(prefixes)]
-        pos += len(prefixes)
-        out.append(
-            score_group(
-                lambda p, c, a=None, chunk=chunk: chunk,
-                g.prompt_ids,
-                g.splits,
-                g.example.answer,
-                tokenizer,
-                m,
-            )
-        )
+    for p in pairs:
+        out.append(p.matrices(flat[pos : pos + len(p.prefixes)]))
+        pos += len(p.prefixes)
     return out
 
 

@@ -45,5 +45,6 @@ def sample_groups(
             t.answer, t.done = split.answer, True
             trajs.append(t)
             splits.append(split)
-        groups.append(Group(ex, list(prompt), trajs, splits))
+        kvs = [c.kv for c in comps]
+        groups.append(Group(ex, list(prompt), trajs, splits, kvs if any(kvs) else None))
     return groups

@@ -18,21 +18,26 @@ import torch
 from transformers import DynamicCache
 
 from cer.answer import AnswerSplit, closing_alternatives, continuation_ids
+from common.rollout.engine import GeneratedKV
 
 T = TypeVar("T")
 Alternatives = Sequence[Sequence[int] | None]
+Generated = tuple[GeneratedKV, int]  # a generation's cache, and how many response tokens count
 
 
 class ScoreFn(Protocol):
     """Per-token log probabilities of each continuation after its prefix. With
     ``last_alternatives[i]`` given, continuation i's last value is the log of the summed
-    probability of those tokens (which include its own last token) instead of that token's."""
+    probability of those tokens (which include its own last token) instead of that token's.
+    ``generated[i]`` (optional, a scorer may ignore it): the sampling engine's cache for pair
+    i's prefix, which is its prompt and the first n tokens of that sampled response."""
 
     def __call__(
         self,
         prefixes: list[list[int]],
         continuations: list[list[int]],
         last_alternatives: Alternatives | None = None,
+        generated: Sequence[Generated | None] | None = None,
     ) -> list[list[float]]: ...
 
 
@@ -40,34 +45,48 @@ def ignoring_alternatives(score: Callable[[list[list[int]], list[list[int]]], li
     """A two-argument scorer (an engine's ``score``) as a ``ScoreFn``: it scores each
     continuation's own last token only (the closing brace alone, not ``"}."`` and the like)."""
 
-    def score_fn(prefixes, continuations, last_alternatives=None):
+    def score_fn(prefixes, continuations, last_alternatives=None, generated=None):
         return score(prefixes, continuations)
 
     return score_fn
 
 
-def score_group(
-    score_fn: ScoreFn,
+@dataclass
+class GroupPairs:
+    """The (prefix, continuation) pairs of one group, and how their scores become matrices."""
+
+    prefixes: list[list[int]]
+    continuations: list[list[int]]
+    alternatives: list[tuple[int, ...] | None]
+    generated: list[Generated | None]
+    solutions: int
+    candidates: list[str]  # the reference first, then the other distinct answers
+    distinct: list[str]
+    answer_of_sample: torch.Tensor
+
+    def matrices(
+        self, token_logps: list[list[float]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+        """``ref_logp`` [J], ``answer_logp`` [J, U], ``answer_of_sample`` [G], the U answers."""
+        if len(token_logps) != len(self.prefixes):
+            raise ValueError(
+                f"score_fn returned {len(token_logps)} results for {len(self.prefixes)} pairs"
+            )
+        sums = torch.tensor([sum(lp) for lp in token_logps], dtype=torch.float64)
+        sums = sums.view(self.solutions, len(self.candidates))  # [J, 1 + other answers]
+        columns = [self.candidates.index(a) for a in self.distinct]
+        return sums[:, 0], sums[:, columns], self.answer_of_sample, self.distinct
+
+
+def group_pairs(
     prompt_ids: Sequence[int],
     splits: Sequence[AnswerSplit],
     reference: str,
     tokenizer: Any,
     m: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
-    """Score one group (one prompt, its G responses split by ``cer.answer.solution_split``).
-
-    For each of the first ``m`` solutions s_j (all when None) the prefix is ``prompt_ids +
-    s_j.solution_ids`` and the continuations are the reference and every distinct answer (equal
-    strings scored once), each as ``continuation_ids(s_j, x)``: tail + x + closing brace. A
-    continuation's log probability is the sum of its token logprobs (temperature 1, no length
-    normalisation), the closing brace counted as any token that starts with it when it stands
-    alone (``closing_alternatives``). One ``score_fn`` call carries all pairs, those of a prefix
-    next to each other.
-
-    Returns ``ref_logp`` [J] (float64), ``answer_logp`` [J, U] (float64), ``answer_of_sample``
-    [G] (long; -1 for a response without an answer) and the U distinct answers in order of first
-    appearance: the inputs of ``cer.reward.cer_from_logprobs``.
-    """
+    kvs: Sequence[GeneratedKV | None] | None = None,
+) -> GroupPairs:
+    """The pairs ``score_group`` scores (see there)."""
     distinct: list[str] = []
     for split in splits:
         if split.answer is not None and split.answer not in distinct:
@@ -77,21 +96,51 @@ def score_group(
     )
     candidates = [reference] + [a for a in distinct if a != reference]
     solutions = list(splits[:m])
-    prefixes, continuations, alternatives = [], [], []
-    for split in solutions:
+    pairs = GroupPairs([], [], [], [], len(solutions), candidates, distinct, answer_of_sample)
+    # Solutions mostly share their tail ("" or "{"): encode each continuation text once.
+    encoded: dict[tuple[str, str], tuple[list[int], tuple[int, ...] | None]] = {}
+    for j, split in enumerate(solutions):
         prefix = list(prompt_ids) + list(split.solution_ids)
+        kv, n = (kvs[j] if kvs is not None else None), len(split.solution_ids)
         for x in candidates:
-            cont = continuation_ids(split, x, tokenizer)
-            prefixes.append(prefix)
-            continuations.append(cont)
-            alternatives.append(closing_alternatives(split, cont, tokenizer))
-    token_logps = score_fn(prefixes, continuations, alternatives)
-    if len(token_logps) != len(prefixes):
-        raise ValueError(f"score_fn returned {len(token_logps)} results for {len(prefixes)} pairs")
-    sums = torch.tensor([sum(lp) for lp in token_logps], dtype=torch.float64)
-    sums = sums.view(len(solutions), len(candidates))  # [J, 1 + answers other than reference]
-    columns = [candidates.index(a) for a in distinct]
-    return sums[:, 0], sums[:, columns], answer_of_sample, distinct
+            key = (split.continuation_text(x), split.closing)
+            if key not in encoded:
+                cont = continuation_ids(split, x, tokenizer)
+                encoded[key] = cont, closing_alternatives(split, cont, tokenizer)
+            cont, alternatives = encoded[key]
+            pairs.prefixes.append(prefix)
+            pairs.continuations.append(list(cont))
+            pairs.alternatives.append(alternatives)
+            pairs.generated.append((kv, n) if kv is not None and kv.usable_for(n) else None)
+    return pairs
+
+
+def score_group(
+    score_fn: ScoreFn,
+    prompt_ids: Sequence[int],
+    splits: Sequence[AnswerSplit],
+    reference: str,
+    tokenizer: Any,
+    m: int | None = None,
+    kvs: Sequence[GeneratedKV | None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
+    """Score one group (one prompt, its G responses split by ``cer.answer.solution_split``).
+
+    For each of the first ``m`` solutions s_j (all when None) the prefix is ``prompt_ids +
+    s_j.solution_ids`` and the continuations are the reference and every distinct answer (equal
+    strings scored once), each as ``continuation_ids(s_j, x)``: tail + x + closing brace. A
+    continuation's log probability is the sum of its token logprobs (temperature 1, no length
+    normalisation), the closing brace counted as any token that starts with it when it stands
+    alone (``closing_alternatives``). One ``score_fn`` call carries all pairs, those of a prefix
+    next to each other. ``kvs[j]`` (optional): sample j's generation cache, passed on as
+    ``generated`` so that a scorer can start after the solution instead of re-reading it.
+
+    Returns ``ref_logp`` [J] (float64), ``answer_logp`` [J, U] (float64), ``answer_of_sample``
+    [G] (long; -1 for a response without an answer) and the U distinct answers in order of first
+    appearance: the inputs of ``cer.reward.cer_from_logprobs``.
+    """
+    p = group_pairs(prompt_ids, splits, reference, tokenizer, m, kvs)
+    return p.matrices(score_fn(p.prefixes, p.continuations, p.alternatives, p.generated))
 
 
 def _model_device(model: torch.nn.Module) -> torch.device:
@@ -183,11 +232,12 @@ def hf_prefix_scorer(
     def positions_of(mask: torch.Tensor, width: int) -> torch.Tensor:
         return (mask.cumsum(-1) - 1).clamp(min=0)[:, -width:]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def score(
         prefixes: list[list[int]],
         continuations: list[list[int]],
         last_alternatives: Alternatives | None = None,
+        generated: Sequence[Generated | None] | None = None,
     ) -> list[list[float]]:
         device = _model_device(model)
         distinct: dict[tuple[int, ...], int] = {}
@@ -197,11 +247,59 @@ def hf_prefix_scorer(
             distinct.setdefault(tuple(prefix), len(distinct))
         keys = list(distinct)
         pairs_of: list[list[int]] = [[] for _ in keys]
+        gen_of: dict[int, Generated] = {}
         for i, (prefix, cont) in enumerate(zip(prefixes, continuations, strict=True)):
             if cont:
                 pairs_of[distinct[tuple(prefix)]].append(i)
+                if generated is not None and generated[i] is not None and not sync_ranks:
+                    gen_of[distinct[tuple(prefix)]] = generated[i]
         out: list[list[float]] = [[] for _ in prefixes]
-        trunks = [t for t in shared_trunks(keys) if any(pairs_of[m] for m in t.members)]
+
+        def collect(pairs: list[list[int]], logp: torch.Tensor, targets: torch.Tensor) -> None:
+            """Rows of ``logp`` are the continuation tokens of ``pairs``, in order."""
+            scores = logp[torch.arange(len(targets), device=device), targets].tolist()
+            k, last_rows = 0, {}
+            for pair_ids in pairs:
+                for i in pair_ids:
+                    out[i] = scores[k : k + len(continuations[i])]
+                    k += len(continuations[i])
+                    if last_alternatives is not None and last_alternatives[i] is not None:
+                        last_rows[i] = k - 1
+            _sum_last_alternatives(out, logp, last_rows, last_alternatives)
+
+        width = {m: sum(len(continuations[i]) for i in pairs_of[m]) for m in gen_of}
+        cached = sorted((m for m in gen_of if pairs_of[m]), key=width.__getitem__)
+        # Rows of alike width together, and fewer of the widest: a forward of at most
+        # batch_size rows and about batch_size rows of the median width in tokens.
+        budget = batch_size * width[cached[len(cached) // 2]] if cached else 0
+        for member_batch in _budget_chunks(cached, width, batch_size, budget):
+            # Rows that continue a sampled response from the generation's own cache: no
+            # prompt or solution forward at all, only the packed continuations.
+            kvs = [gen_of[m] for m in member_batch]
+            past, mask = _generated_past(kvs, device)
+            first = torch.stack([torch.log_softmax(kv.logits[kv.row, n], -1) for kv, n in kvs])
+            pairs = [pairs_of[m] for m in member_batch]
+            packed = _packed_continuations([[continuations[i] for i in p] for p in pairs])
+            cont_ids, segment, offset = (t.to(device) for t in packed)
+            no_suffix = mask[:, :0]
+            hidden, _ = forward(
+                cont_ids,
+                _scoring_mask(mask, no_suffix, segment, model.dtype),
+                mask.sum(-1, keepdim=True) + offset,
+                past,
+            )
+            r, col = torch.nonzero(segment >= 0, as_tuple=True)
+            starts = offset[r, col] == 0
+            logp = torch.empty(len(r), first.shape[-1], device=device)
+            logp[starts] = first[r[starts]].to(logp.dtype)
+            logp[~starts] = head(hidden[r[~starts], col[~starts] - 1])
+            collect(pairs, logp, cont_ids[r, col])
+        rest = [m for m in range(len(keys)) if m not in gen_of]
+        trunks = [
+            _Trunk(t.length, [rest[k] for k in t.members])
+            for t in shared_trunks([keys[m] for m in rest])
+            if any(pairs_of[rest[k]] for k in t.members)
+        ]
         batches = _chunks(trunks, batch_size)
         planned = sum(
             any(t.length for t in tb)
@@ -247,15 +345,7 @@ def hf_prefix_scorer(
                 r, col = torch.nonzero(segment >= 0, as_tuple=True)
                 before = torch.where(offset[r, col] > 0, width + col - 1, width - 1)
                 logp = head(hidden[r, before])
-                scores = logp[torch.arange(len(r), device=device), cont_ids[r, col]].tolist()
-                k, last_rows = 0, {}
-                for pair_ids in pairs:
-                    for i in pair_ids:
-                        out[i] = scores[k : k + len(continuations[i])]
-                        k += len(continuations[i])
-                        if last_alternatives is not None and last_alternatives[i] is not None:
-                            last_rows[i] = k - 1
-                _sum_last_alternatives(out, logp, last_rows, last_alternatives)
+                collect(pairs, logp, cont_ids[r, col])
         if calls[0] != planned:
             raise RuntimeError(f"hf_prefix_scorer: planned {planned} forwards, made {calls[0]}")
         while calls[0] < total:  # this rank scored fewer batches than another
@@ -293,6 +383,30 @@ def _max_over_ranks(n: int, device: torch.device) -> int:
     t = torch.tensor([n], dtype=torch.long, device=device)  # on the GPU for NCCL
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
+
+
+def _generated_past(
+    kvs: Sequence[Generated], device: torch.device
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """The cache rows of generated prefixes (prompt + first n response tokens), right-aligned
+    into one batch [M, heads, W, head_dim] per layer, and their mask [M, W]."""
+    widths = [kv.prompt_mask.shape[0] + n for kv, n in kvs]
+    width = max(widths)
+    mask = torch.zeros(len(kvs), width, dtype=torch.long, device=device)
+    layers = []
+    for layer in range(len(kvs[0][0].layers)):
+        k0, v0 = kvs[0][0].layers[layer]
+        keys = k0.new_zeros(len(kvs), k0.shape[1], width, k0.shape[3])
+        values = v0.new_zeros(len(kvs), v0.shape[1], width, v0.shape[3])
+        for r, ((kv, _), w) in enumerate(zip(kvs, widths, strict=True)):
+            k, v = kv.layers[layer]
+            keys[r, :, width - w :] = k[kv.row, :, :w]
+            values[r, :, width - w :] = v[kv.row, :, :w]
+        layers.append((keys, values))
+    for r, ((kv, n), w) in enumerate(zip(kvs, widths, strict=True)):
+        mask[r, width - w : width - n] = kv.prompt_mask.to(device)
+        mask[r, width - n :] = 1
+    return layers, mask
 
 
 def _packed_continuations(
@@ -343,11 +457,12 @@ def naive_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
     predicted."""
     decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def score(
         prefixes: list[list[int]],
         continuations: list[list[int]],
         last_alternatives: Alternatives | None = None,
+        generated: Sequence[Generated | None] | None = None,
     ) -> list[list[float]]:
         device = _model_device(model)
         out: list[list[float]] = [[] for _ in prefixes]
@@ -385,6 +500,20 @@ def _left_padded(
 def _right_padded(seqs: list[list[int]], device: torch.device) -> torch.Tensor:
     width = max(len(s) for s in seqs)
     return torch.tensor([s + [0] * (width - len(s)) for s in seqs], device=device)
+
+
+def _budget_chunks(
+    items: list[int], width: dict[int, int], rows: int, tokens: int
+) -> list[list[int]]:
+    """Consecutive chunks of ``items`` (sorted by width) of at most ``rows`` items each, and of
+    at most ``tokens`` padded tokens (items x widest width) unless one item alone is wider."""
+    chunks: list[list[int]] = []
+    for item in items:
+        if chunks and len(chunks[-1]) < rows and (len(chunks[-1]) + 1) * width[item] <= tokens:
+            chunks[-1].append(item)
+        else:
+            chunks.append([item])
+    return chunks
 
 
 def _chunks(items: list[T], size: int) -> list[list[T]]:

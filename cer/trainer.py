@@ -31,6 +31,7 @@ from cer.rollout import sample_groups
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
 from common.config import dump_config
 from common.rl import group_normalized_advantages, rloo_advantages
+from common.rollout import HFEngine
 from common.rollout.engine import SamplingConfig
 from common.search_grpo import all_ranks_mean, policy_update
 from common.train import (
@@ -107,6 +108,14 @@ def train_cer(cfg: CERConfig) -> dict:
         cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
     )
     score_fn = make_score_fn(cfg, engine, train.model, frozen, world)
+    # HF engine on the training model: the scorer reads the samples' generation caches instead
+    # of forwarding prompt and solution again (same model, same weights until the update).
+    reuse_kv = (
+        isinstance(engine, HFEngine)
+        and frozen is None
+        and cfg.reward.scorer == "prefix"
+        and not (world > 1 and cfg.train.zero_stage == 3)
+    )
     a = cfg.assets
     train_set, train_prompts = load_problems(
         a.train, tokenizer, cfg.max_prompt_tokens, a.train_format, a.train_filter
@@ -148,6 +157,8 @@ def train_cer(cfg: CERConfig) -> dict:
         )
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
+        if reuse_kv:  # the scorer continues from the samples' own caches
+            engine.keep_kv = True
         groups = sample_groups(
             engine,
             tokenizer,
@@ -156,6 +167,8 @@ def train_cer(cfg: CERConfig) -> dict:
             params,
             group_prefix=f"s{step}r{train.rank}:",
         )
+        if reuse_kv:
+            engine.keep_kv = False
         timings["generate"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         rewards, cer_stats = group_rewards(

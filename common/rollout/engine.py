@@ -35,6 +35,28 @@ class Completion:
     logprobs: list[float]
     text: str
     finish_reason: str  # "stop" (stop string, stop id or eos) or "length"
+    # HFEngine(keep_kv=True) only: the generation's KV cache and logits for this row
+    kv: GeneratedKV | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, eq=False)
+class GeneratedKV:
+    """What one ``model.generate`` batch computed for one of its rows, for reuse by a scorer.
+
+    ``layers``: the batch's (key, value) per layer, [b, heads, W + T - 1, head_dim], W the
+    left-padded prompt width, T the generated length; ``prompt_mask``: this row's [W] mask;
+    ``logits``: the batch's raw logits [b, T, vocab], step t the distribution of token t.
+    Token t of the response sits in column W + t.
+    """
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    row: int
+    prompt_mask: torch.Tensor
+    logits: torch.Tensor
+
+    def usable_for(self, n_response_tokens: int) -> bool:
+        """Whether the first ``n`` response tokens' cache and the next step's logits exist."""
+        return 0 <= n_response_tokens < self.logits.shape[1]
 
 
 class GenerationEngine(Protocol):

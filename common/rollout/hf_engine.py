@@ -6,16 +6,19 @@ from collections.abc import Iterable
 
 import torch
 
-from common.rollout.engine import Completion, SamplingConfig, stop_length
+from common.rollout.engine import Completion, GeneratedKV, SamplingConfig, stop_length
 
 
 class HFEngine:
     """Generates with the training model itself; pushing weights is a no-op copy when it is shared."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 64) -> None:
+    def __init__(self, model, tokenizer, batch_size: int = 64, keep_kv: bool = False) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        # keep_kv: each Completion carries its batch's cache and logits (``GeneratedKV``), so
+        # that a scorer of the same model can continue from the sampled tokens (CER).
+        self.keep_kv = keep_kv
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         eos = model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -69,7 +72,12 @@ class HFEngine:
             # logprobs of the sampled ids under the raw (untempered) distribution, as vLLM reports
             logits = torch.stack(out.logits, dim=1).float()  # [b, t, V]
             lps = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-            for row, row_lp in zip(new.tolist(), lps.tolist(), strict=True):
+            layers = (
+                [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+                if self.keep_kv
+                else None
+            )
+            for b, (row, row_lp) in enumerate(zip(new.tolist(), lps.tolist(), strict=True)):
                 n, stopped = stop_length(row, self._piece, params.stop, stop_ids)
                 toks = row[:n]
                 comps.append(
@@ -78,6 +86,7 @@ class HFEngine:
                         row_lp[:n],
                         self.tokenizer.decode(toks, skip_special_tokens=False),
                         "stop" if stopped else "length",
+                        kv=None if layers is None else GeneratedKV(layers, b, mask[b], logits),
                     )
                 )
         self.model.train(was_training)

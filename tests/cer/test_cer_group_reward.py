@@ -44,9 +44,9 @@ def test_scored_rewards_equal_per_group_scoring(groups, char_tokenizer, tiny_qwe
     calls = []
     scorer = hf_prefix_scorer(tiny_qwen3)
 
-    def score_fn(prefixes, continuations, last_alternatives=None):
+    def score_fn(prefixes, continuations, last_alternatives=None, generated=None):
         calls.append(len(prefixes))
-        return scorer(prefixes, continuations, last_alternatives)
+        return scorer(prefixes, continuations, last_alternatives, generated)
 
     rewards, stats = group_rewards(
         ["cer", "rule+cer", "verifree"], groups, score_fn, char_tokenizer

@@ -18,8 +18,13 @@ from cer.answer import (
     solution_split,
     tokens_starting_with,
 )
+from cer.data import MathExample
+from cer.group_reward import Group, score_groups
 from cer.reward import cer_from_logprobs
+from cer.rollout import sample_groups
 from cer.scorer import hf_prefix_scorer, naive_scorer, score_group, shared_trunks
+from common.rollout import HFEngine
+from common.rollout.engine import SamplingConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,13 +60,14 @@ def test_scorers_equal_a_plain_forward(tiny_qwen3, pairs, make):
         assert g == pytest.approx(plain_logprobs(tiny_qwen3, p, c), abs=1e-5)
 
 
-def forward_shapes(model, scorer, prefixes, conts) -> list[tuple[int, int]]:
+def forward_shapes(model, scorer, *args) -> tuple[list[tuple[int, int]], object]:
+    """The decoder's input shapes during ``scorer(*args)``, and what it returned."""
     shapes = []
     hook = model.get_decoder().register_forward_hook(
         lambda m, a, kw, out: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True
     )
     try:
-        got = scorer(prefixes, conts)
+        got = scorer(*args)
     finally:
         hook.remove()
     return shapes, got
@@ -140,9 +146,10 @@ def test_score_group(tiny_qwen3, char_tokenizer):
     ]
     calls = []
 
-    def score_fn(prefixes, continuations, last_alternatives=None):
+    def score_fn(prefixes, continuations, last_alternatives=None, generated=None):
         calls.append(len(prefixes))
         assert last_alternatives == [None] * len(prefixes)  # "}" merged with the answer here
+        assert generated == [None] * len(prefixes)  # no generation cache given
         return hf_prefix_scorer(model)(prefixes, continuations, last_alternatives)
 
     ref_logp, answer_logp, of_sample, distinct = score_group(score_fn, prompt, splits, "12", tok)
@@ -274,3 +281,33 @@ def test_a_lone_closing_brace_counts_every_token_that_starts_with_it(brace_dot):
     assert ref.item() == pytest.approx(first + closing, abs=1e-5)
     # a continuation that does not end with the lone closing token is scored as encoded
     assert closing_alternatives(split, enc("7"), tok) is None
+
+
+def test_scoring_after_the_generation_cache_equals_scoring_from_scratch(
+    char_tokenizer, model_that_writes_12
+):
+    """HFEngine(keep_kv=True) leaves each sample's cache; the scorer then forwards only the
+    answers after each solution, with the same values as forwarding prompt and solution again."""
+    tok, model = char_tokenizer, model_that_writes_12
+    engine = HFEngine(model, tok, keep_kv=True)
+    examples = [MathExample("a", "What is 5 + 7?", "12"), MathExample("b", "Half of 2?", "1")]
+    prompts = [tok.encode(ex.problem, add_special_tokens=False) for ex in examples]
+    params = SamplingConfig(n=4, temperature=1.0, max_tokens=40, seed=0)
+    groups = sample_groups(engine, tok, examples, prompts, params)
+    usable = [
+        kv.usable_for(len(s.solution_ids))
+        for g in groups
+        for kv, s in zip(g.kvs, g.splits, strict=True)
+    ]
+    assert sum(usable) >= 6  # most samples reuse their cache (a cut-off one cannot)
+    scorer = hf_prefix_scorer(model, batch_size=3)
+    shapes, with_kv = forward_shapes(model, score_groups, scorer, groups, tok, None)
+    plain = [Group(g.example, g.prompt_ids, g.trajs, g.splits) for g in groups]  # no kvs
+    without = score_groups(scorer, plain, tok, None)
+    for a, b in zip(with_kv, without, strict=True):
+        assert torch.allclose(a[0], b[0], atol=1e-5) and torch.allclose(a[1], b[1], atol=1e-5)
+        assert torch.equal(a[2], b[2]) and a[3] == b[3]
+    # the reused rows went through the model as their answers only: no prompt-wide forward
+    # beyond those of the samples that could not reuse theirs
+    plain_shapes, _ = forward_shapes(model, score_groups, scorer, plain, tok, None)
+    assert sum(b * w for b, w in shapes) < sum(b * w for b, w in plain_shapes)

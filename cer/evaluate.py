@@ -19,12 +19,13 @@ from typing import Any
 
 import torch
 
-from cer.config import CERConfig, EngineConfig, check_assets
+from cer.config import CERConfig, check_assets
 from cer.data import MathExample, load_math_examples, webinstruct_paper_filter
 from cer.group_reward import is_correct, is_exact
 from cer.prompt import prompt_ids
 from cer.rollout import sample_groups
 from common.rollout.engine import GenerationEngine, SamplingConfig
+from common.search_grpo import build_engine
 from common.train import find_latest_checkpoint
 
 log = logging.getLogger(__name__)
@@ -55,26 +56,6 @@ def load_problems(
     if not kept:
         raise ValueError(f"{path}: no problem left (filter {filt!r}, max {max_prompt_tokens})")
     return kept, prompts
-
-
-def make_engine(
-    cfg: EngineConfig, model_path: str, model: torch.nn.Module | None, tokenizer: Any, seed: int
-) -> GenerationEngine:
-    """HF ``generate`` on ``model`` (shared with the trainer), or a colocated vLLM engine."""
-    if cfg.backend == "hf":
-        from common.rollout import HFEngine
-
-        return HFEngine(model, tokenizer)
-    from common.rollout.vllm_engine import VLLMEngine
-
-    return VLLMEngine(
-        model_path,
-        max_model_len=cfg.max_model_len,
-        kv_cache_bytes=cfg.kv_cache_mib * 2**20,
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
-        enable_sleep_mode=cfg.sleep_during_update,
-        seed=seed,
-    )
 
 
 def evaluate_problems(
@@ -134,7 +115,7 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
     if cfg.engine.backend == "hf":
         device = "cuda" if torch.cuda.is_available() else "cpu"
         hf_model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto").to(device).eval()
-    engine = make_engine(cfg.engine, model_path, hf_model, tokenizer, cfg.seed)
+    engine = build_engine(cfg.engine, model_path, hf_model, tokenizer, cfg.seed)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.eval.out or Path(cfg.run_dir) / "eval")
     out.mkdir(parents=True, exist_ok=True)

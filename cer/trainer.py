@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from cer.config import CERConfig, check_assets
-from cer.evaluate import evaluate_problems, load_problems, make_engine
+from cer.evaluate import evaluate_problems, load_problems
 from cer.group_reward import Group, group_rewards
 from cer.rollout import sample_groups
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
@@ -33,7 +33,7 @@ from common.config import dump_config
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rollout import HFEngine
 from common.rollout.engine import SamplingConfig
-from common.search_grpo import all_ranks_mean, policy_update
+from common.search_grpo import all_ranks_mean, build_engine, policy_update
 from common.train import (
     MetricsLogger,
     TrainEngine,
@@ -104,7 +104,7 @@ def train_cer(cfg: CERConfig) -> dict:
         dump_config(cfg, run_dir / "config.yaml")
         write_env_json(run_dir)
         (run_dir / "samples").mkdir(exist_ok=True)
-    engine = make_engine(
+    engine = build_engine(
         cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
     )
     score_fn = make_score_fn(cfg, engine, train.model, frozen, world)

@@ -137,9 +137,15 @@ class GRPOConfig:
                 )
 
 
-def build_engine(cfg: EngineConfig, model_path: str, train: TrainEngine, tokenizer, seed: int):
+def build_engine(
+    cfg: EngineConfig, model_path: str, model: torch.nn.Module | None, tokenizer, seed: int
+):
+    """HF ``generate`` on ``model`` (e.g. the trainer's own), or a colocated vLLM engine that
+    loads ``model_path``."""
     if cfg.backend == "hf":
-        return HFEngine(train.model, tokenizer)
+        if model is None:
+            raise ValueError("engine.backend=hf generates with a loaded model; none was given")
+        return HFEngine(model, tokenizer)
     from common.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(
@@ -270,7 +276,9 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         dump_config(cfg, run_dir / "config.yaml")
         write_env_json(run_dir)
         (run_dir / "samples").mkdir(exist_ok=True)
-    engine = build_engine(cfg.engine, cfg.path("model"), train, tokenizer, cfg.seed + train.rank)
+    engine = build_engine(
+        cfg.engine, cfg.path("model"), train.model, tokenizer, cfg.seed + train.rank
+    )
     retriever = (
         HTTPRetriever(cfg.retrieval_url)
         if cfg.retrieval_url

@@ -47,17 +47,16 @@ def rollout_benchmark(cfg: EviBackConfig) -> list[BenchmarkRow]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.rollout import HFEngine, run_agent
+    from common.rollout import run_agent
     from common.search_grpo import build_engine
 
     a = cfg.assets
     examples = load_questions(a.train_files, {}, cfg.seed)[: cfg.ape.questions]
     tokenizer = AutoTokenizer.from_pretrained(a.model)
+    model = None
     if cfg.engine.backend == "hf":
         model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-        engine = HFEngine(model, tokenizer)
-    else:
-        engine = build_engine(cfg.engine, a.model, None, tokenizer, cfg.seed)
+    engine = build_engine(cfg.engine, a.model, model, tokenizer, cfg.seed)
     trajs = run_agent(
         engine, tokenizer, build_retriever(a), examples, cfg.ape.rollouts, cfg.agent, "ape:"
     )

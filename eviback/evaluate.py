@@ -182,7 +182,6 @@ def run_eval(cfg: EviBackConfig) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.rollout import HFEngine
     from common.search_grpo import build_engine
     from common.train import find_latest_checkpoint
     from common.train.distributed import init_distributed
@@ -196,11 +195,10 @@ def run_eval(cfg: EviBackConfig) -> dict:
     examples = load_questions(cfg.assets.eval_files, cfg.assets.eval_quotas, cfg.seed)
     rank, world, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = None
     if cfg.engine.backend == "hf":
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        engine = HFEngine(model, tokenizer)
-    else:
-        engine = build_engine(cfg.engine, model_path, None, tokenizer, cfg.seed)
+    engine = build_engine(cfg.engine, model_path, model, tokenizer, cfg.seed)
     greedy = AgentConfig(**{**vars(cfg.agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
     retriever = build_retriever(cfg.assets)
     trajs = run_agent(engine, tokenizer, retriever, examples[rank::world], 1, greedy, "eval:")

@@ -229,7 +229,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         (run_dir / "samples").mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / "config.yaml")
         write_env_json(run_dir)
-    engine = build_engine(cfg.engine, a.model, train, tokenizer, cfg.seed + train.rank)
+    engine = build_engine(cfg.engine, a.model, train.model, tokenizer, cfg.seed + train.rank)
     retriever = build_retriever(a)
     teacher = build_teacher(a, cfg.teacher, run_dir / "teacher_cache")
     by_id = {ex.id: ex for ex in train_set}

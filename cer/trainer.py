@@ -33,13 +33,12 @@ from common.config import dump_config
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rollout import HFEngine
 from common.rollout.engine import SamplingConfig
-from common.search_grpo import all_ranks_mean, build_engine, policy_update
+from common.search_grpo import all_ranks_mean, build_engine, end_of_step, policy_update
 from common.train import (
     MetricsLogger,
     TrainEngine,
     iter_named_weights,
     progress,
-    save_checkpoint,
     write_env_json,
 )
 from common.train.distributed import init_distributed
@@ -223,17 +222,7 @@ def train_cer(cfg: CERConfig) -> dict:
                 adv,
                 tokenizer,
             )
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            run_eval(step)
-        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-            save_checkpoint(
-                train,
-                run_dir,
-                step,
-                {"step": step, "seed": cfg.seed},
-                keep_last=cfg.keep_checkpoints,
-                tokenizer=tokenizer,
-            )
+        end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
     if logger:
         logger.close()
         plot_curve(evals, run_dir / "dev_curve.png", cfg.reward.type)

@@ -13,9 +13,10 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -238,6 +239,25 @@ def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
     return {k: (t[i] / t[-1]).item() for i, k in enumerate(keys)}
 
 
+def end_of_step(
+    step: int, cfg: Any, train: TrainEngine, run_dir: Path, tokenizer, run_eval: Callable
+) -> None:
+    """The RL loops' schedule after step ``step``: ``run_eval(step)`` every ``cfg.eval_every``
+    steps and at the last one; a checkpoint every ``cfg.save_every`` steps (0: none) and at the
+    last one, keeping ``cfg.keep_checkpoints``."""
+    if step % cfg.eval_every == 0 or step == cfg.steps:
+        run_eval(step)
+    if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+        save_checkpoint(
+            train,
+            run_dir,
+            step,
+            {"step": step, "seed": cfg.seed},
+            keep_last=cfg.keep_checkpoints,
+            tokenizer=tokenizer,
+        )
+
+
 def evaluate(
     engine,
     tokenizer,
@@ -362,17 +382,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
                 rewards,
                 tokenizer,
             )
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            run_eval(step)
-        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-            save_checkpoint(
-                train,
-                run_dir,
-                step,
-                {"step": step, "seed": cfg.seed},
-                keep_last=cfg.keep_checkpoints,
-                tokenizer=tokenizer,
-            )
+        end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
     if logger:
         logger.close()
         plot_curve(evals, run_dir / "dev_curve.png")

@@ -24,13 +24,19 @@ from common.config import dump_config
 from common.data import QAExample
 from common.metrics import exact_match
 from common.rollout import Trajectory, run_agent
-from common.search_grpo import build_engine, evaluate, plot_curve, policy_update, rollout_metrics
+from common.search_grpo import (
+    build_engine,
+    end_of_step,
+    evaluate,
+    plot_curve,
+    policy_update,
+    rollout_metrics,
+)
 from common.train import (
     MetricsLogger,
     TrainEngine,
     iter_named_weights,
     progress,
-    save_checkpoint,
     write_env_json,
 )
 from eviback.assets import build_retriever, build_teacher, load_questions
@@ -303,17 +309,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
                 cfg.samples_per_step,
                 tokenizer,
             )
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            run_eval(step)
-        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-            save_checkpoint(
-                train,
-                run_dir,
-                step,
-                {"step": step, "seed": cfg.seed},
-                keep_last=cfg.keep_checkpoints,
-                tokenizer=tokenizer,
-            )
+        end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
     if overlap:
         overlap.close()
     if logger:

@@ -7,7 +7,6 @@ solution tokens only (common.warmstart's SFT loop).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -16,11 +15,10 @@ from cer.config import CERConfig, check_assets
 from cer.data import load_math_examples
 from cer.prompt import prompt_ids
 from cer.rollout import END_OF_TURN
-from common.config import dump_config
 from common.rollout.agent import encode_text
 from common.rollout.trajectory import Trajectory
 from common.train import TrainEngine
-from common.warmstart import warm_start
+from common.warmstart import save_warm_start, warm_start
 
 
 def solution_trajectories(path: str, tokenizer) -> list[Trajectory]:
@@ -54,12 +52,7 @@ def run_warmup(cfg: CERConfig) -> Path:
     w.train.seed = cfg.seed
     engine = TrainEngine(model, w.train)
     history = warm_start(engine, trajs, tokenizer.pad_token_id, w.steps, w.batch_size, cfg.seed)
-    out = Path(w.out)
+    saved = save_warm_start(engine, tokenizer, cfg, Path(w.out), history)
     if engine.is_main:
-        (out / "model").mkdir(parents=True, exist_ok=True)
-        engine.model.save_pretrained(out / "model")
-        tokenizer.save_pretrained(out / "model")
-        dump_config(cfg, out / "config.yaml")
-        (out / "sft_loss.json").write_text(json.dumps(history))
         print(f"[cer warmup] {len(trajs)} solutions, {w.steps} steps; loss {history[-1:]}")
-    return out / "model"
+    return saved

@@ -13,6 +13,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -149,7 +150,14 @@ def run_warm_start(cfg: WarmStartConfig) -> Path:
     cfg.train.seed = cfg.seed
     engine = TrainEngine(model, cfg.train)
     history = warm_start(engine, trajs, tokenizer.pad_token_id, cfg.steps, cfg.batch_size, cfg.seed)
-    out = Path(cfg.out)
+    return save_warm_start(engine, tokenizer, cfg, Path(cfg.out), history)
+
+
+def save_warm_start(
+    engine: TrainEngine, tokenizer, cfg: Any, out: Path, history: list[dict]
+) -> Path:
+    """Write ``out/model`` (HF folder with the tokenizer), ``out/config.yaml`` and
+    ``out/sft_loss.json`` on the main rank; returns ``out/model``."""
     if engine.is_main:
         (out / "model").mkdir(parents=True, exist_ok=True)
         engine.model.save_pretrained(out / "model")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cer.answer import last_boxed
-from common.data import DataError, read_json_rows
+from common.data import DataError, hub_rows, read_json_rows
 
 FORMATS = ("math", "answer", "webinstruct", "mmlu_pro", "supergpqa")
 LETTERS = string.ascii_uppercase[:10]  # A-J: MMLU-Pro has up to 10 options
@@ -63,7 +63,7 @@ def load_math_examples(path: str | Path, format: str = "auto", source: str | Non
         raise DataError(f"unknown format {format!r}; known: auto, {', '.join(FORMATS)}")
     match = _HF_PATH.fullmatch(str(path))
     if match:
-        rows, where = _hub_rows(match["id"], match["config"], match["split"]), str(path)
+        rows, where = hub_rows(match["id"], match["config"], match["split"]), str(path)
         source = match["id"].rsplit("/", 1)[-1] if source is None else source
     elif str(path).startswith("hf://"):
         raise DataError(f"hub path {str(path)!r} is not of the form hf://owner/name[:config]@split")
@@ -244,18 +244,3 @@ def _file_rows(path: Path) -> list[tuple[str, Any]]:
             raise DataError(f"cannot read parquet file {path}: {e}") from None
         return [(f"row {i + 1}", row) for i, row in enumerate(table.to_pylist())]
     return read_json_rows(path)
-
-
-def _hub_rows(dataset_id: str, config: str | None, split: str) -> list[tuple[str, Any]]:
-    import datasets  # heavy; only the hub path needs it
-
-    where = f"hf://{dataset_id}{f':{config}' if config else ''}@{split}"
-    try:
-        rows = datasets.load_dataset(dataset_id, config, split=split)
-    except Exception as e:  # the hub raises many types (offline, not found, bad split): one message
-        raise DataError(
-            f"cannot load {where} from the Hugging Face hub: {type(e).__name__}: {e}\n"
-            "Without network (or with HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set) only datasets "
-            "already in the local cache load; download it first or point to a local file."
-        ) from None
-    return [(f"row {i + 1}", row) for i, row in enumerate(rows)]

@@ -70,6 +70,17 @@ def load_hf_qa(
     source: str | None = None,
 ) -> list[QAExample]:
     """Load a split of a Hugging Face hub dataset whose rows are in one of ``FORMATS``."""
+    where = f"hf://{dataset_id}{f':{config}' if config else ''}@{split}"
+    labelled = hub_rows(dataset_id, config, split)
+    if not labelled:
+        raise DataError(f"{where}: the split is empty")
+    return _parse_rows(
+        labelled, where, format, _default_source(where) if source is None else source
+    )
+
+
+def hub_rows(dataset_id: str, config: str | None, split: str) -> list[tuple[str, Any]]:
+    """The rows of a hub dataset split as ``("row N", row)``; a clear error when it cannot load."""
     import datasets  # heavy; only the hub path needs it
 
     where = f"hf://{dataset_id}{f':{config}' if config else ''}@{split}"
@@ -81,12 +92,7 @@ def load_hf_qa(
             "Without network (or with HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set) only datasets "
             "already in the local cache load; download it first or point to a local file."
         ) from None
-    labelled = [(f"row {i + 1}", row) for i, row in enumerate(rows)]
-    if not labelled:
-        raise DataError(f"{where}: the split is empty")
-    return _parse_rows(
-        labelled, where, format, _default_source(where) if source is None else source
-    )
+    return [(f"row {i + 1}", row) for i, row in enumerate(rows)]
 
 
 def load_qa_mix(paths: Sequence[str | Path], format: str = "auto") -> list[QAExample]:

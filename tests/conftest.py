@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -27,3 +34,40 @@ def tiny_world(tmp_path_factory):
     from common.tinyworld import build_world
 
     return build_world(tmp_path_factory.mktemp("tinyworld") / "world", seed=0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def free_port() -> Callable[[], int]:
+    """A function that returns a loopback port free at the time of the call."""
+    return _free_port
+
+
+@pytest.fixture(scope="session")
+def launch_two_ranks() -> Callable[..., subprocess.CompletedProcess]:
+    """A function that runs ``args`` (a script and its arguments, or ``-m module ...``) as two CPU
+    ranks, the CPU stand-in for two GPUs: under the DeepSpeed launcher, or ``torchrun``; from the
+    project root, output captured. ``one_thread``: OMP_NUM_THREADS=1 in each rank."""
+
+    def launch(
+        args: list[str], *, torchrun: bool = False, one_thread: bool = True, timeout: int = 600
+    ) -> subprocess.CompletedProcess:
+        port = str(_free_port())
+        if torchrun:
+            launcher = ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
+        else:
+            launcher = ["deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", port]
+        env = os.environ | {"CUDA_VISIBLE_DEVICES": ""}
+        if one_thread:
+            env["OMP_NUM_THREADS"] = "1"
+        command = [sys.executable, "-m", *launcher, *args]
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+        )
+
+    return launch

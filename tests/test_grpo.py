@@ -3,22 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "common" / "configs" / "grpo_tiny.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def small_run(world: Path, run_dir: Path, backend: str) -> list[str]:
@@ -40,15 +30,12 @@ def small_run(world: Path, run_dir: Path, backend: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_deepspeed_ranks_with_vllm_end_with_identical_weights(tiny_world, tmp_path):
+def test_two_deepspeed_ranks_with_vllm_end_with_identical_weights(
+    tiny_world, tmp_path, launch_two_ranks
+):
     script = ROOT / "tests" / "scripts" / "grpo_two_ranks.py"
-    command = [
-        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-        "--master_port", str(free_port()), str(script), "--config", str(CONFIG),
-        *small_run(tiny_world, tmp_path / "run", "vllm"),
-    ]  # fmt: skip
-    env = os.environ | {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    args = [str(script), "--config", str(CONFIG), *small_run(tiny_world, tmp_path / "run", "vllm")]
+    run = launch_two_ranks(args, timeout=900)
     output = run.stdout[-15000:] + run.stderr[-15000:]
     assert run.returncode == 0, output
     assert "rank 0: ok" in output and "rank 1: ok" in output, output

@@ -24,12 +24,6 @@ DATA = Path(__file__).parent / "data" / "retrieval"
 JSON = {"content-type": "application/json"}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_healthy(url: str, proc: subprocess.Popen | None = None, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -61,7 +55,7 @@ def corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server(corpus, tmp_path_factory) -> Iterator[str]:
+def server(corpus, tmp_path_factory, free_port) -> Iterator[str]:
     """`python -m common.retrieval index` then `serve --index`, as a user runs them."""
     index = tmp_path_factory.mktemp("index") / "bm25"
     cli = [sys.executable, "-m", "common.retrieval"]
@@ -157,7 +151,7 @@ def test_client_reports_rejected_request(server):
         client.search(["a"], 1000)
 
 
-def test_unreachable_server_fails_fast_naming_url():
+def test_unreachable_server_fails_fast_naming_url(free_port):
     url = f"http://127.0.0.1:{free_port()}"
     start = time.monotonic()
     with pytest.raises(RetrievalError, match=f"{url}/retrieve failed 2 times"):

@@ -6,10 +6,6 @@ import copy
 import dataclasses
 import importlib.util
 import math
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -330,12 +326,6 @@ def test_export_of_unknown_adapter_is_an_error():
 # --- two DeepSpeed ranks -----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def replay_single_process(batches: list, lora: bool) -> tuple[TrainEngine, list[dict]]:
     """The plain path on all ranks' micro-batches: grad_accum = ranks x micro-batches per rank."""
     config = dataclasses.replace(ds_two_ranks.train_config(2), grad_accum=len(batches[0]))
@@ -350,14 +340,11 @@ def replay_single_process(batches: list, lora: bool) -> tuple[TrainEngine, list[
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("zero_stage", "lora"), [(2, False), (3, True)])
-def test_two_deepspeed_ranks_match_the_single_process_path(tmp_path, zero_stage, lora):
-    command = [
-        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-        "--master_port", str(free_port()), str(SCRIPT),
-        "--zero-stage", str(zero_stage), "--out", str(tmp_path),
-    ] + (["--lora"] if lora else [])  # fmt: skip
-    env = os.environ | {"CUDA_VISIBLE_DEVICES": ""}  # the CPU stand-in for two GPUs
-    run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+def test_two_deepspeed_ranks_match_the_single_process_path(
+    tmp_path, zero_stage, lora, launch_two_ranks
+):
+    args = [str(SCRIPT), "--zero-stage", str(zero_stage), "--out", str(tmp_path)]
+    run = launch_two_ranks(args + (["--lora"] if lora else []), one_thread=False)
     output = run.stdout[-20000:] + run.stderr[-20000:]
     assert run.returncode == 0, output
     assert "rank 0: ok" in output and "rank 1: ok" in output, output

@@ -1,10 +1,6 @@
 from __future__ import annotations
 
 import math
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,12 +23,6 @@ from common.rollout import HFEngine
 from common.rollout.engine import SamplingConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def plain_logprobs(model, prefix: list[int], continuation: list[int]) -> list[float]:
@@ -214,15 +204,10 @@ def test_closing_brace_rule(char_tokenizer, model_that_writes_12):
 
 
 @pytest.mark.slow
-def test_zero3_ranks_scoring_different_groups(tmp_path):
+def test_zero3_ranks_scoring_different_groups(launch_two_ranks):
     """Each forward of a ZeRO-3 model gathers its parameters across ranks: ranks scoring
     different numbers of groups must still make the same number of forwards."""
-    command = [
-        sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2",
-        "--master_port", str(free_port()), str(ROOT / "tests" / "scripts" / "cer_score_two_ranks.py"),
-    ]  # fmt: skip
-    env = os.environ | {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    run = launch_two_ranks([str(ROOT / "tests" / "scripts" / "cer_score_two_ranks.py")])
     output = run.stdout[-10000:] + run.stderr[-10000:]
     assert run.returncode == 0, output
     assert "rank 0: ok (36 pairs)" in output and "rank 1: ok (12 pairs)" in output, output

@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -16,13 +11,6 @@ from eviback.cli import DEFAULT_CONFIG
 from eviback.config import EviBackConfig
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +45,9 @@ def step_rows(run_dir) -> list[dict]:
     return [r for r in rows if "reward" in r]
 
 
-def test_eviback_and_baseline_train_then_eval_with_bootstrap(tiny_world, warm, tmp_path):
+def test_eviback_and_baseline_train_then_eval_with_bootstrap(
+    tiny_world, warm, tmp_path, launch_two_ranks
+):
     from eviback.evaluate import run_eval
     from eviback.trainer import train_eviback
 
@@ -107,14 +97,10 @@ def test_eviback_and_baseline_train_then_eval_with_bootstrap(tiny_world, warm, t
     # The same evaluation on two ranks (each its own engine on every other question): rank 0
     # writes the gathered results, in question order, equal to the one-process run's.
     sharded = tmp_path / "sharded"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_port", str(free_port()), "-m", "eviback", "eval", "--config", DEFAULT_CONFIG,
-        *overrides(tiny_world, warm, sharded),
-        f"eval.model={runs['baseline'] / 'checkpoints' / 'step_2'}",
-    ]  # fmt: skip
-    env = os.environ | {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    args = ["-m", "eviback", "eval", "--config", DEFAULT_CONFIG,
+            *overrides(tiny_world, warm, sharded),
+            f"eval.model={runs['baseline'] / 'checkpoints' / 'step_2'}"]  # fmt: skip
+    run = launch_two_ranks(args, torchrun=True)
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     one = (runs["baseline"] / "eval" / "per_question.jsonl").read_text()
     assert (sharded / "eval" / "per_question.jsonl").read_text() == one

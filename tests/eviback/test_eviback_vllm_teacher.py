@@ -7,7 +7,6 @@ server must become counted failures; nothing may raise.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +22,8 @@ from eviback.teacher import TeacherItem, TeacherPolicy, TwoStageTeacher
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def vllm_server(tiny_world):
+def vllm_server(tiny_world, free_port):
     port = free_port()
     command = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",

@@ -33,11 +33,10 @@ from common.config import dump_config
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rollout import HFEngine
 from common.rollout.engine import SamplingConfig
-from common.search_grpo import all_ranks_mean, build_engine, end_of_step, policy_update
+from common.search_grpo import all_ranks_mean, build_engine, end_of_step, update_and_push
 from common.train import (
     MetricsLogger,
     TrainEngine,
-    iter_named_weights,
     progress,
     write_env_json,
 )
@@ -183,17 +182,9 @@ def train_cer(cfg: CERConfig) -> dict:
         shown_rewards, shown_stats = group_rewards(
             ALL_TYPES, shown, score_fn, tokenizer, cfg.reward.m
         )
-        if cfg.engine.sleep_during_update and cfg.engine.backend == "vllm":
-            engine.sleep()
-        t0 = time.perf_counter()
-        upd = policy_update(train, trajs, adv, cfg.loss, tokenizer.pad_token_id)
-        timings["update"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        if cfg.engine.backend == "vllm":
-            if cfg.engine.sleep_during_update:
-                engine.wake_up()
-            engine.push_weights(iter_named_weights(train))
-        timings["push"] = time.perf_counter() - t0
+        upd = update_and_push(
+            train, engine, trajs, adv, cfg.loss, cfg.engine, tokenizer.pad_token_id, timings
+        )
         timings["step"] = time.perf_counter() - t_step
         per_group = reward.view(-1, cfg.group_size)
         metrics = {

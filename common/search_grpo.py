@@ -239,6 +239,34 @@ def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
     return {k: (t[i] / t[-1]).item() for i, k in enumerate(keys)}
 
 
+def update_and_push(
+    train: TrainEngine,
+    engine,
+    trajs: list[Trajectory],
+    advantages: torch.Tensor,
+    loss: LossConfig,
+    engine_cfg: EngineConfig,
+    pad_id: int,
+    timings: dict[str, float],
+) -> dict[str, float]:
+    """``policy_update``, then the new weights into a vLLM engine (asleep during the update when
+    ``engine_cfg.sleep_during_update``; an HF engine shares the model). Adds ``update`` and
+    ``push`` seconds to ``timings``; returns the update's statistics."""
+    vllm = engine_cfg.backend == "vllm"
+    if vllm and engine_cfg.sleep_during_update:
+        engine.sleep()
+    t0 = time.perf_counter()
+    stats = policy_update(train, trajs, advantages, loss, pad_id)
+    timings["update"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if vllm:
+        if engine_cfg.sleep_during_update:
+            engine.wake_up()
+        engine.push_weights(iter_named_weights(train))
+    timings["push"] = time.perf_counter() - t0
+    return stats
+
+
 def end_of_step(
     step: int, cfg: Any, train: TrainEngine, run_dir: Path, tokenizer, run_eval: Callable
 ) -> None:
@@ -351,17 +379,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         )
         rewards = em_rewards(trajs)
         adv = group_normalized_advantages(rewards, [t.group_id for t in trajs])
-        if cfg.engine.sleep_during_update and cfg.engine.backend == "vllm":
-            engine.sleep()
-        t0 = time.perf_counter()
-        upd = policy_update(train, trajs, adv, cfg.loss, pad_id)
-        timings["update"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        if cfg.engine.backend == "vllm":
-            if cfg.engine.sleep_during_update:
-                engine.wake_up()
-            engine.push_weights(iter_named_weights(train))
-        timings["push"] = time.perf_counter() - t0
+        upd = update_and_push(train, engine, trajs, adv, cfg.loss, cfg.engine, pad_id, timings)
         timings["step"] = time.perf_counter() - t_step
         groups = rewards.view(-1, cfg.n)
         metrics = {

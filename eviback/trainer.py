@@ -29,13 +29,12 @@ from common.search_grpo import (
     end_of_step,
     evaluate,
     plot_curve,
-    policy_update,
     rollout_metrics,
+    update_and_push,
 )
 from common.train import (
     MetricsLogger,
     TrainEngine,
-    iter_named_weights,
     progress,
     write_env_json,
 )
@@ -282,15 +281,9 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             b = teacher_backoff(trajs, by_id, teacher, cfg.teacher)
         timings["teacher"] = time.perf_counter() - t0
         adv = scaled_group_advantages(b.rewards, [t.group_id for t in trajs], b.scales)
-        if cfg.engine.sleep_during_update and cfg.engine.backend == "vllm":
-            engine.sleep()
-        t0 = time.perf_counter()
-        upd = policy_update(train, trajs, adv, cfg.loss, tokenizer.pad_token_id)
-        timings["update"] = time.perf_counter() - t0
-        if cfg.engine.backend == "vllm":
-            if cfg.engine.sleep_during_update:
-                engine.wake_up()
-            engine.push_weights(iter_named_weights(train))
+        upd = update_and_push(
+            train, engine, trajs, adv, cfg.loss, cfg.engine, tokenizer.pad_token_id, timings
+        )
         timings["step"] = time.perf_counter() - t_step
         metrics = {
             **rollout_metrics(trajs),

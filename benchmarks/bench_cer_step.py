@@ -38,9 +38,9 @@ def main(argv: list[str] | None = None) -> None:
     from cer.rollout import sample_groups
     from cer.scorer import hf_prefix_scorer
     from common.rl import rloo_advantages
+    from common.rl_loop import policy_update
     from common.rollout import HFEngine
     from common.rollout.engine import SamplingConfig
-    from common.search_grpo import policy_update
     from common.train import TrainConfig, TrainEngine
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

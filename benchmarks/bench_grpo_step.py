@@ -43,9 +43,9 @@ from rl_bench_common import (
 from common.config import load_config
 from common.data import load_qa
 from common.rl import group_normalized_advantages
+from common.rl_loop import LossConfig, policy_update
 from common.rollout import SamplingConfig, Trajectory, build_prompt_ids, get_protocol
 from common.search_grpo import GRPOConfig as OurGRPOConfig
-from common.search_grpo import LossConfig, policy_update
 from common.train import TrainConfig, TrainEngine, iter_named_weights
 
 TINY_CONFIG = ROOT / "common/configs/grpo_tiny.yaml"

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from common.search_grpo import EngineConfig
-from common.search_grpo import LossConfig as GRPOLossConfig
+from common.rl_loop import EngineConfig
+from common.rl_loop import LossConfig as GRPOLossConfig
 from common.train import TrainConfig
 
 REWARD_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")

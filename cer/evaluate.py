@@ -24,8 +24,8 @@ from cer.data import MathExample, load_math_examples, webinstruct_paper_filter
 from cer.group_reward import is_correct, is_exact
 from cer.prompt import prompt_ids
 from cer.rollout import sample_groups
+from common.rl_loop import build_engine
 from common.rollout.engine import GenerationEngine, SamplingConfig
-from common.search_grpo import build_engine
 from common.train import find_latest_checkpoint
 
 log = logging.getLogger(__name__)

@@ -31,9 +31,9 @@ from cer.rollout import sample_groups
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
 from common.config import dump_config
 from common.rl import group_normalized_advantages, rloo_advantages
+from common.rl_loop import all_ranks_mean, build_engine, end_of_step, update_and_push
 from common.rollout import HFEngine
 from common.rollout.engine import SamplingConfig
-from common.search_grpo import all_ranks_mean, build_engine, end_of_step, update_and_push
 from common.train import (
     MetricsLogger,
     TrainEngine,

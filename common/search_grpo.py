@@ -3,39 +3,40 @@
     questions -> agent rollouts (vLLM) -> EM reward -> group advantages -> clipped update
               -> weights pushed into the engine -> next rollouts
 
-The method packages build their own loops from the same pieces. Run it with
+It is one thin loop over ``common.rl_loop``, as the method trainers are. Run it with
 ``python -m common.search_grpo --config common/configs/grpo_tiny.yaml [key=value ...]``.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 import torch
 
 from common.config import dump_config, load_config
-from common.data import QAExample, load_qa
-from common.metrics import exact_match, f1_score
+from common.data import load_qa
 from common.retrieval.bm25 import BM25Retriever
 from common.retrieval.client import HTTPRetriever
-from common.rl import (
-    aggregate_loss,
-    broadcast_to_tokens,
-    clipped_surrogate,
-    forward_logprobs,
-    group_normalized_advantages,
-    kl_k3,
-    masked_mean,
+from common.rl import group_normalized_advantages
+from common.rl_loop import (
+    EngineConfig,
+    LossConfig,
+    all_ranks_mean,
+    build_engine,
+    em_rewards,
+    end_of_step,
+    evaluate,
+    logged_evals,
+    plot_curve,
+    rollout_metrics,
+    update_and_push,
+    write_samples,
 )
-from common.rollout import AgentConfig, HFEngine, Trajectory, run_agent
-from common.rollout.batch import collate
+from common.rollout import AgentConfig, run_agent
 from common.train import (
     MetricsLogger,
     TrainConfig,
@@ -44,41 +45,8 @@ from common.train import (
     iter_named_weights,
     load_checkpoint,
     progress,
-    read_metrics,
-    save_checkpoint,
     write_env_json,
 )
-
-
-@dataclass
-class EngineConfig:
-    """The rollout engine."""
-
-    backend: Literal["vllm", "hf"] = field(default="vllm", metadata={"help": "vllm | hf"})
-    max_model_len: int = field(default=1024, metadata={"help": "engine context length"})
-    kv_cache_mib: int = field(default=128, metadata={"help": "KV cache size on CPU (MiB)"})
-    gpu_memory_utilization: float = field(default=0.4, metadata={"help": "GPU share for vLLM"})
-    sleep_during_update: bool = field(
-        default=False, metadata={"help": "free vLLM's GPU memory during the update (GPU only)"}
-    )
-
-
-@dataclass
-class LossConfig:
-    """The clipped policy loss."""
-
-    eps_low: float = field(default=0.2, metadata={"help": "lower clip range"})
-    eps_high: float = field(default=0.2, metadata={"help": "upper clip range (DAPO: 0.28)"})
-    aggregation: str = field(
-        default="seq_mean_token_mean",
-        metadata={
-            "help": "seq_mean_token_mean | token_mean | seq_mean_token_sum | seq_mean_token_sum_norm"
-        },
-    )
-    kl_coef: float = field(
-        default=0.0, metadata={"help": "k3 KL penalty weight (0 = no reference)"}
-    )
-    micro_batch_size: int = field(default=16, metadata={"help": "trajectories per backward"})
 
 
 @dataclass
@@ -138,170 +106,6 @@ class GRPOConfig:
                 )
 
 
-def build_engine(
-    cfg: EngineConfig, model_path: str, model: torch.nn.Module | None, tokenizer, seed: int
-):
-    """HF ``generate`` on ``model`` (e.g. the trainer's own), or a colocated vLLM engine that
-    loads ``model_path``."""
-    if cfg.backend == "hf":
-        if model is None:
-            raise ValueError("engine.backend=hf generates with a loaded model; none was given")
-        return HFEngine(model, tokenizer)
-    from common.rollout.vllm_engine import VLLMEngine
-
-    return VLLMEngine(
-        model_path,
-        max_model_len=cfg.max_model_len,
-        kv_cache_bytes=cfg.kv_cache_mib * 2**20,
-        gpu_memory_utilization=cfg.gpu_memory_utilization,
-        enable_sleep_mode=cfg.sleep_during_update,
-        seed=seed,
-    )
-
-
-def em_rewards(trajs: list[Trajectory]) -> torch.Tensor:
-    """Binary exact match of each rollout's final answer (0 without one)."""
-    return torch.tensor([exact_match(t.answer, t.golden_answers) for t in trajs])
-
-
-def policy_update(
-    train: TrainEngine,
-    trajs: list[Trajectory],
-    advantages: torch.Tensor,
-    cfg: LossConfig,
-    pad_id: int,
-) -> dict[str, float]:
-    """One optimizer step of the clipped surrogate over all ``trajs`` (on-policy: ratio starts at 1).
-
-    The batch is cut into ``grad_accum`` equal micro-batches; each one's loss is the chosen
-    aggregation, and the engine averages them.
-    """
-    mbs = cfg.micro_batch_size
-    stats: dict[str, float] = {}
-    for start in range(0, len(trajs), mbs):
-        batch = collate(trajs[start : start + mbs], pad_id).to(train.device)
-        adv = broadcast_to_tokens(advantages[start : start + mbs].to(train.device), batch.loss_mask)
-        logp = forward_logprobs(train, batch.input_ids, batch.attention_mask)  # [b, T-1]
-        per_tok, clip = clipped_surrogate(
-            logp, logp.detach(), adv, batch.loss_mask, cfg.eps_low, cfg.eps_high
-        )
-        loss = aggregate_loss(
-            per_tok,
-            batch.loss_mask,
-            cfg.aggregation,
-            constant=batch.loss_mask.shape[1]
-            if cfg.aggregation == "seq_mean_token_sum_norm"
-            else None,
-        )
-        if cfg.kl_coef > 0:
-            with torch.no_grad():
-                ref_logits = train.reference.logits(batch.input_ids, batch.attention_mask)
-                ref_logp = (
-                    torch.log_softmax(ref_logits[:, :-1].float(), -1)
-                    .gather(-1, batch.input_ids[:, 1:, None])
-                    .squeeze(-1)
-                )
-            kl = masked_mean(kl_k3(logp, ref_logp), batch.loss_mask)
-            loss = loss + cfg.kl_coef * kl
-            stats["kl"] = stats.get("kl", 0.0) + kl.item()
-        train.backward(loss)
-        info = train.step()
-        stats["loss"] = stats.get("loss", 0.0) + loss.item()
-        stats["clip_frac"] = stats.get("clip_frac", 0.0) + float(clip["clip_frac"])
-    chunks = -(-len(trajs) // mbs)
-    out = {k: v / chunks for k, v in stats.items()}
-    out["grad_norm"] = float(info["grad_norm"]) if info["grad_norm"] is not None else float("nan")
-    return out
-
-
-def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    n = max(len(trajs), 1)
-    searches = sum(t.num_searches for t in trajs)
-    return {
-        "em": sum(exact_match(t.answer, t.golden_answers) for t in trajs) / n,
-        "f1": sum(f1_score(t.answer, t.golden_answers) for t in trajs) / n,
-        "valid_answer_rate": sum(t.answer is not None for t in trajs) / n,
-        "mean_searches": searches / n,
-        "duplicate_query_rate": sum(t.num_duplicate_queries for t in trajs) / max(searches, 1),
-        "forced_termination_rate": sum(t.forced_terminated for t in trajs) / n,
-        "invalid_turns": sum(t.num_invalid for t in trajs) / n,
-        "response_tokens": sum(len(t.response_ids) for t in trajs) / n,
-    }
-
-
-def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
-    """Each metric averaged over ranks, rank r weighted by its ``weight`` (e.g. its sample count)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return metrics
-    keys = sorted(metrics)
-    t = torch.tensor([metrics[k] * weight for k in keys] + [weight], dtype=torch.float64)
-    torch.distributed.all_reduce(t)
-    return {k: (t[i] / t[-1]).item() for i, k in enumerate(keys)}
-
-
-def update_and_push(
-    train: TrainEngine,
-    engine,
-    trajs: list[Trajectory],
-    advantages: torch.Tensor,
-    loss: LossConfig,
-    engine_cfg: EngineConfig,
-    pad_id: int,
-    timings: dict[str, float],
-) -> dict[str, float]:
-    """``policy_update``, then the new weights into a vLLM engine (asleep during the update when
-    ``engine_cfg.sleep_during_update``; an HF engine shares the model). Adds ``update`` and
-    ``push`` seconds to ``timings``; returns the update's statistics."""
-    vllm = engine_cfg.backend == "vllm"
-    if vllm and engine_cfg.sleep_during_update:
-        engine.sleep()
-    t0 = time.perf_counter()
-    stats = policy_update(train, trajs, advantages, loss, pad_id)
-    timings["update"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    if vllm:
-        if engine_cfg.sleep_during_update:
-            engine.wake_up()
-        engine.push_weights(iter_named_weights(train))
-    timings["push"] = time.perf_counter() - t0
-    return stats
-
-
-def end_of_step(
-    step: int, cfg: Any, train: TrainEngine, run_dir: Path, tokenizer, run_eval: Callable
-) -> None:
-    """The RL loops' schedule after step ``step``: ``run_eval(step)`` every ``cfg.eval_every``
-    steps and at the last one; a checkpoint every ``cfg.save_every`` steps (0: none) and at the
-    last one, keeping ``cfg.keep_checkpoints``."""
-    if step % cfg.eval_every == 0 or step == cfg.steps:
-        run_eval(step)
-    if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-        save_checkpoint(
-            train,
-            run_dir,
-            step,
-            {"step": step, "seed": cfg.seed},
-            keep_last=cfg.keep_checkpoints,
-            tokenizer=tokenizer,
-        )
-
-
-def evaluate(
-    engine,
-    tokenizer,
-    retriever,
-    examples: list[QAExample],
-    agent: AgentConfig,
-    rank: int = 0,
-    world: int = 1,
-) -> dict[str, float]:
-    """Greedy single-sample EM/F1 and behaviour metrics on this rank's shard, averaged over ranks."""
-    shard = examples[rank::world]
-    greedy = AgentConfig(**{**vars(agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
-    trajs = run_agent(engine, tokenizer, retriever, shard, 1, greedy, group_prefix="eval:")
-    return all_ranks_mean(rollout_metrics(trajs), len(shard))
-
-
 def train_grpo(cfg: GRPOConfig) -> dict:
     """Run the loop; returns the first and last evaluation."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -355,7 +159,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         start = load_checkpoint(train, latest)["step"] + 1
         if cfg.engine.backend == "vllm":
             engine.push_weights(iter_named_weights(train))
-        evals.extend(_logged_evals(run_dir / "metrics.jsonl", before=start))
+        evals.extend(logged_evals(run_dir / "metrics.jsonl", before=start))
         if train.is_main:
             print(f"[grpo] resumed from {latest} at step {start}", flush=True)
     else:
@@ -394,7 +198,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         metrics = all_ranks_mean(metrics, len(trajs))
         if logger:
             logger.log(step, metrics)
-            _write_samples(
+            write_samples(
                 run_dir / "samples" / f"step_{step:05d}.json",
                 trajs[: cfg.samples_per_step],
                 rewards,
@@ -413,45 +217,6 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         "run_dir": str(run_dir),
         "model": train.model,
     }
-
-
-def _logged_evals(path: Path, before: int) -> list[dict]:
-    """Evaluations an earlier, interrupted run logged before step ``before``."""
-    if not path.exists():
-        return []
-    rows = [r for r in read_metrics(path) if "dev/em" in r and r["step"] < before]
-    return [
-        {"step": r["step"], **{k[4:]: v for k, v in r.items() if k.startswith("dev/")}}
-        for r in rows
-    ]
-
-
-def _write_samples(path: Path, trajs: list[Trajectory], rewards: torch.Tensor, tokenizer) -> None:
-    rows = [{"reward": rewards[i].item(), **t.to_json(tokenizer)} for i, t in enumerate(trajs)]
-    for row in rows:  # ids are in the trajectory record; the sample file is for reading
-        for key in ("prompt_ids", "response_ids", "loss_mask", "sampling_logprobs"):
-            row.pop(key)
-    path.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
-
-
-def plot_curve(evals: list[dict], path: Path) -> Path:
-    """Dev EM and F1 against RL step, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    steps = [e["step"] for e in evals]
-    ax.plot(steps, [e["em"] for e in evals], marker="o", label="dev EM")
-    ax.plot(steps, [e["f1"] for e in evals], marker="s", label="dev F1")
-    ax.set_xlabel("GRPO step")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 def main(argv: list[str] | None = None) -> None:

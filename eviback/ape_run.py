@@ -47,8 +47,8 @@ def rollout_benchmark(cfg: EviBackConfig) -> list[BenchmarkRow]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from common.rl_loop import build_engine
     from common.rollout import run_agent
-    from common.search_grpo import build_engine
 
     a = cfg.assets
     examples = load_questions(a.train_files, {}, cfg.seed)[: cfg.ape.questions]

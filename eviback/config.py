@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Literal
 
 from common.retrieval.index_folder import is_index_folder
+from common.rl_loop import EngineConfig, LossConfig
 from common.rollout import AgentConfig
-from common.search_grpo import EngineConfig, LossConfig
 from common.train import TrainConfig
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

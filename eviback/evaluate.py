@@ -182,7 +182,7 @@ def run_eval(cfg: EviBackConfig) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.search_grpo import build_engine
+    from common.rl_loop import build_engine
     from common.train import find_latest_checkpoint
     from common.train.distributed import init_distributed
 

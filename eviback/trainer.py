@@ -5,7 +5,7 @@
     groups -> clipped update -> weights pushed -> next rollouts
 
 ``teacher.enabled=false`` leaves every reward at EM with scale 1: the Search-R1 GRPO baseline,
-same loop. The pieces that do not change between methods come from ``common.search_grpo``.
+same loop. The pieces that do not change between methods come from ``common.rl_loop``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import torch
 from common.config import dump_config
 from common.data import QAExample
 from common.metrics import exact_match
-from common.rollout import Trajectory, run_agent
-from common.search_grpo import (
+from common.rl_loop import (
     build_engine,
     end_of_step,
     evaluate,
@@ -32,6 +31,7 @@ from common.search_grpo import (
     rollout_metrics,
     update_and_push,
 )
+from common.rollout import Trajectory, run_agent
 from common.train import (
     MetricsLogger,
     TrainEngine,

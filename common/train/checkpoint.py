@@ -135,6 +135,11 @@ def _write_hf_weights(
 ) -> None:
     """HF model (full, or LoRA merged with merge_adapter) and LoRA adapters; gathers are collective."""
     model = engine.model
+    if hasattr(model, "write_checkpoint_files"):  # a composite model writes its own (ARCO's)
+        model.write_checkpoint_files(folder, engine.is_main)
+        if tokenizer is not None and engine.is_main:
+            tokenizer.save_pretrained(folder)
+        return
     lora = is_lora_model(model)
     if lora and merge_adapter is not None and merge_adapter not in model.peft_config:
         raise ValueError(

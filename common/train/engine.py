@@ -21,7 +21,8 @@ from common.train.lora import enable_adapter_grads, is_lora_model
 from common.train.reference import ReferenceModel
 
 
-def _adamw(params: list[torch.Tensor], config: TrainConfig) -> torch.optim.AdamW:
+def _adamw(params: list, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW over a list of tensors, or of parameter groups (dicts with their own ``lr``...)."""
     return torch.optim.AdamW(
         params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
     )
@@ -40,12 +41,15 @@ class _PlainBackend:
     """World size 1: torch AdamW; with bf16 weights it steps fp32 master copies, as DeepSpeed does."""
 
     def __init__(
-        self, model: nn.Module, params: list[nn.Parameter], config: TrainConfig, bf16: bool
+        self, model: nn.Module, groups: list[dict[str, Any]], config: TrainConfig, bf16: bool
     ):
         self.model = model
-        self.params = params
-        self.masters = [p.detach().float().clone() for p in params] if bf16 else None
-        self.optimizer = _adamw(self.masters or params, config)
+        self.params = [p for g in groups for p in g["params"]]
+        self.masters = [p.detach().float().clone() for p in self.params] if bf16 else None
+        if self.masters is not None:  # the same groups over the fp32 copies
+            it = iter(self.masters)
+            groups = [{**g, "params": [next(it) for _ in g["params"]]} for g in groups]
+        self.optimizer = _adamw(groups, config)
         self.scheduler = _scheduler(self.optimizer, config)
         self.config = config
 
@@ -109,7 +113,7 @@ class _DeepSpeedBackend:
     """World size > 1: DeepSpeed ZeRO with the same AdamW and schedule as the plain path."""
 
     def __init__(
-        self, model: nn.Module, params: list[nn.Parameter], config: TrainConfig, bf16: bool
+        self, model: nn.Module, groups: list[dict[str, Any]], config: TrainConfig, bf16: bool
     ):
         import deepspeed
 
@@ -123,7 +127,7 @@ class _DeepSpeedBackend:
         }
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model,
-            model_parameters=params,
+            model_parameters=groups,
             optimizer=lambda ps: _adamw(list(ps), config),
             lr_scheduler=lambda optimizer: _scheduler(optimizer, config),
             config=ds_config,
@@ -170,7 +174,17 @@ class TrainEngine:
     module (a PeftModel for LoRA) for generation, scoring under no_grad, and adapter switching.
     """
 
-    def __init__(self, model: nn.Module, config: TrainConfig, *, reference: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainConfig,
+        *,
+        reference: bool = False,
+        param_groups: list[dict[str, Any]] | None = None,
+    ):
+        """``param_groups`` (optional): AdamW parameter groups, each ``{"name", "params", "lr",
+        ...}``, covering exactly the trainable parameters (e.g. ARCO's policy adapter, rubric
+        adapter and scoring head at their own rates); default: one group at ``config.lr``."""
         self.config = config
         self.rank, self.world_size, local_rank = init_distributed()
         cuda = torch.cuda.is_available()
@@ -189,8 +203,14 @@ class TrainEngine:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("TrainEngine: the model has no parameter with requires_grad=True")
+        groups = param_groups or [{"name": "all", "params": params}]
+        grouped = [p for g in groups for p in g["params"]]
+        if len(grouped) != len(params) or {id(p) for p in grouped} != {id(p) for p in params}:
+            raise ValueError(
+                "TrainEngine: param_groups must hold each trainable parameter exactly once"
+            )
         backend = _DeepSpeedBackend if self.world_size > 1 else _PlainBackend
-        self._backend = backend(model, params, config, self.bf16)
+        self._backend = backend(model, groups, config, self.bf16)
         self._model = model
         self._in_engine_forward = False
         model.register_forward_pre_hook(self._refuse_outside_forward)
@@ -213,6 +233,24 @@ class TrainEngine:
     def lr(self) -> float:
         """The learning rate the next optimizer step uses."""
         return self.optimizer.param_groups[0]["lr"]
+
+    def set_group_lr(self, name: str, lr: float) -> None:
+        """Set the base learning rate of parameter group ``name`` (the schedule scales it)."""
+        groups = self.optimizer.param_groups
+        index = [i for i, g in enumerate(groups) if g.get("name") == name]
+        if not index:
+            raise ValueError(
+                f"set_group_lr: no group {name!r}; have {[g.get('name') for g in groups]}"
+            )
+        scheduler = self._backend.scheduler
+        factor = (
+            groups[index[0]]["lr"] / scheduler.base_lrs[index[0]]
+            if scheduler.base_lrs[index[0]]
+            else 1.0
+        )
+        scheduler.base_lrs[index[0]] = lr
+        groups[index[0]]["initial_lr"] = lr
+        groups[index[0]]["lr"] = lr * factor
 
     @property
     def pending_micro_batches(self) -> int:

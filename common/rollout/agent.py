@@ -3,20 +3,23 @@
 Each turn: generate for every live trajectory at once, parse the actions, send all of the turn's
 queries to the retriever in one call, insert the observations as token ids, repeat; after
 ``max_turns`` turns one last turn is generated with searching disabled to force an answer.
+A retriever with ``search_for`` (``PerQuestionRetriever``) ranks only each question's own
+paragraphs: the turn's queries go to it in one call per question.
 """
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from common.data import QAExample
 from common.metrics import normalize_answer
-from common.retrieval.base import Retriever
-from common.rollout.engine import GenerationEngine, SamplingConfig
+from common.retrieval.base import Doc, Retriever
+from common.rollout.engine import Completion, GenerationEngine, SamplingConfig
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step, Trajectory
 
@@ -33,6 +36,9 @@ class AgentConfig:
     topk: int = field(default=3, metadata={"help": "documents shown per search"})
     max_turn_tokens: int = field(default=500, metadata={"help": "new tokens per turn"})
     max_obs_tokens: int = field(default=500, metadata={"help": "tokens per observation"})
+    obs_titles: bool = field(
+        default=True, metadata={"help": "show document titles in observations (ARCO: false)"}
+    )
     max_context: int = field(default=4096, metadata={"help": "prompt + response token limit"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus mass"})
@@ -149,15 +155,16 @@ def run_agent(
                 seed=None if seed is None else seed + turn,
             )
             t0 = time.perf_counter()
-            outs = engine.generate([trajs[i].input_ids for i in batch], params, adapter=adapter)
+            prompts = [trajs[i].input_ids for i in batch]
+            comps = _generate_turns(engine, tokenizer, protocol, prompts, params, adapter)
             timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
-            for i, out in zip(batch, outs, strict=True):
-                q = _take_turn(trajs[i], out[0], protocol, tokenizer, invalid_ids, cfg)
+            for i, comp in zip(batch, comps, strict=True):
+                q = _take_turn(trajs[i], comp, protocol, tokenizer, invalid_ids, cfg)
                 if q is not None:
                     queries.append((i, q))
         if queries:
             t0 = time.perf_counter()
-            results = retriever.search([q for _, q in queries], cfg.topk)
+            results = _search(retriever, examples, [(i // n, q) for i, q in queries], cfg.topk)
             timings["retrieval"] = timings.get("retrieval", 0.0) + time.perf_counter() - t0
             for (i, q), docs in zip(queries, results, strict=True):
                 t = trajs[i]
@@ -166,9 +173,67 @@ def run_agent(
                 t.num_duplicate_queries += key in seen_queries[i]
                 seen_queries[i].add(key)
                 t.steps[-1].docs = list(docs)
-                t.append(observation_ids(tokenizer, protocol, docs, cfg.max_obs_tokens), False)
+                obs = observation_ids(tokenizer, protocol, docs, cfg.max_obs_tokens, cfg.obs_titles)
+                t.append(obs, False)
     report_finished(last=True)
     return trajs
+
+
+def _generate_turns(
+    engine, tokenizer, protocol, prompts: list[list[int]], params: SamplingConfig, adapter
+) -> list[Completion]:
+    """One completion per prompt. A completion the protocol calls unfinished (ReAct: stopped on
+    a ``]`` inside the action's argument) is resumed where it stopped, within the turn's token
+    limit; the parts join into one sampled turn."""
+    comps = [out[0] for out in engine.generate(prompts, params, adapter=adapter)]
+    while True:
+        todo = [
+            j
+            for j, c in enumerate(comps)
+            if c.finish_reason == "stop"
+            and len(c.token_ids) < params.max_tokens
+            and protocol.unfinished(c.text)
+        ]
+        if not _any_alive_globally(bool(todo)):
+            return comps
+        # one call for all (collective under data-parallel vLLM); each row is cut to its room
+        room = max((params.max_tokens - len(comps[j].token_ids) for j in todo), default=1)
+        more = engine.generate(
+            [prompts[j] + comps[j].token_ids for j in todo],
+            replace(params, max_tokens=room),
+            adapter=adapter,
+        )
+        for j, (extra,) in zip(todo, more, strict=True):
+            ids = comps[j].token_ids + extra.token_ids
+            over = len(ids) > params.max_tokens
+            ids = ids[: params.max_tokens]
+            comps[j] = Completion(
+                ids,
+                (comps[j].logprobs + extra.logprobs)[: len(ids)],
+                tokenizer.decode(ids, skip_special_tokens=False),
+                "length" if over else extra.finish_reason,
+            )
+
+
+def _search(
+    retriever, examples: Sequence[QAExample], queries: list[tuple[int, str]], k: int
+) -> list[list[Doc]]:
+    """Top-k docs per (example position, query). A retriever with ``search_for`` gets each
+    example's queries in one call, with its ``metadata["paragraphs"]`` when present, else its id."""
+    if not hasattr(retriever, "search_for"):
+        return retriever.search([q for _, q in queries], k)
+    groups: dict[int, list[int]] = defaultdict(list)
+    for j, (pos, _) in enumerate(queries):
+        groups[pos].append(j)
+    out: list[list[Doc]] = [[] for _ in queries]
+    for pos, js in groups.items():
+        ex = examples[pos]
+        results = retriever.search_for(
+            ex.metadata.get("paragraphs", ex.id), [queries[j][1] for j in js], k
+        )
+        for j, docs in zip(js, results, strict=True):
+            out[j] = docs
+    return out
 
 
 def _take_turn(t: Trajectory, comp, protocol, tokenizer, invalid_ids, cfg) -> str | None:
@@ -203,9 +268,9 @@ def _take_turn(t: Trajectory, comp, protocol, tokenizer, invalid_ids, cfg) -> st
     return None
 
 
-def observation_ids(tokenizer, protocol, docs, max_tokens: int) -> list[int]:
+def observation_ids(tokenizer, protocol, docs, max_tokens: int, titles: bool = True) -> list[int]:
     """Observation ids with the body cut to ``max_tokens`` minus the frame."""
-    head, body, tail = protocol.observation(docs)
+    head, body, tail = protocol.observation(docs, titles)
     head_ids, tail_ids = encode_text(tokenizer, head), encode_text(tokenizer, tail)
     room = max(max_tokens - len(head_ids) - len(tail_ids), 0)
     return head_ids + encode_text(tokenizer, body)[:room] + tail_ids

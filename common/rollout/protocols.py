@@ -2,6 +2,8 @@
 
 ``search_r1``: ``<think>…</think>``, ``<search> q </search>``, ``<information>…</information>``
 (inserted), ``<answer> a </answer>``. ``react``: ``Search[q]`` / ``Finish[a]``, one action a turn.
+``unfinished(text)``: whether a turn that stopped on a stop string must be resumed (ReAct: the
+``]`` closed a bracket inside the action's argument, not the action).
 """
 
 from __future__ import annotations
@@ -66,9 +68,16 @@ class SearchR1Protocol:
             return Action("search", query=searches[-1].strip())
         return Action("invalid")
 
-    def observation(self, docs: list[Doc]) -> tuple[str, str, str]:
+    def unfinished(self, text: str) -> bool:
+        return False
+
+    def observation(self, docs: list[Doc], titles: bool = True) -> tuple[str, str, str]:
         """(head, body, tail): the body is what gets truncated to the observation budget."""
-        return "\n\n<information>", format_docs(docs), "</information>\n\n"
+        if titles:
+            body = format_docs(docs)
+        else:
+            body = "".join(f"Doc {i} {d.text}\n" for i, d in enumerate(docs, 1))
+        return "\n\n<information>", body, "</information>\n\n"
 
     def invalid_message(self) -> str:
         return (
@@ -82,11 +91,20 @@ class SearchR1Protocol:
 
 
 class ReActProtocol:
+    """``Search[q]`` / ``Finish[a]``; the argument keeps its own brackets and parentheses.
+
+    An action's argument runs to the ``]`` that balances its ``[``, so ``Search[Foo (film)]`` and
+    ``Search[a [b] c]`` search ``Foo (film)`` and ``a [b] c``. Generation stops at every ``]``
+    (vLLM stop strings are plain substrings, so "the balancing ``]``" cannot be a stop string);
+    a turn that stopped on a ``]`` inside an open action is ``unfinished`` and the agent loop
+    resumes it. Stopping at ``]`` keeps a turn from running on past its action.
+    """
+
     name = "react"
     stop = ["]"]
     answer_stop = ["]"]
 
-    _action = re.compile(r"(Search|Finish)\[([^\]]*)\]")
+    _opener = re.compile(r"(Search|Finish)\[")
 
     def user_prompt(self, question: str) -> str:
         return REACT_INSTRUCTION.format(question=question.strip())
@@ -97,18 +115,37 @@ class ReActProtocol:
     def format_answer(self, answer: str) -> str:
         return f"Finish[{answer}]"
 
-    def parse(self, text: str) -> Action:
-        """The first action in the turn (ReAct allows one per turn)."""
-        m = self._action.search(text)
-        if m is None or not m.group(2).strip():
-            return Action("invalid")
-        arg = m.group(2).strip()
-        return (
-            Action("search", query=arg) if m.group(1) == "Search" else Action("answer", answer=arg)
-        )
+    def _first_action(self, text: str) -> tuple[str, str | None] | None:
+        """(verb, argument) of the turn's first action; argument None while its bracket is open."""
+        m = self._opener.search(text)
+        if m is None:
+            return None
+        depth = 1
+        for j in range(m.end(), len(text)):
+            depth += (text[j] == "[") - (text[j] == "]")
+            if depth == 0:
+                return m.group(1), text[m.end() : j]
+        return m.group(1), None
 
-    def observation(self, docs: list[Doc]) -> tuple[str, str, str]:
-        body = " ".join(f"[{i}] {d.title}: {d.text}" for i, d in enumerate(docs, 1))
+    def parse(self, text: str) -> Action:
+        """The first action in the turn (ReAct allows one per turn); unclosed or empty: invalid."""
+        found = self._first_action(text)
+        if found is None or found[1] is None or not found[1].strip():
+            return Action("invalid")
+        verb, arg = found[0], found[1].strip()
+        return Action("search", query=arg) if verb == "Search" else Action("answer", answer=arg)
+
+    def unfinished(self, text: str) -> bool:
+        """Stopped on a ``]`` that closed a bracket inside the action's argument."""
+        found = self._first_action(text)
+        return text.endswith("]") and found is not None and found[1] is None
+
+    def observation(self, docs: list[Doc], titles: bool = True) -> tuple[str, str, str]:
+        """Without titles, the documents' texts alone, one a line (ARCO's distractor setting)."""
+        if titles:
+            body = " ".join(f"[{i}] {d.title}: {d.text}" for i, d in enumerate(docs, 1))
+        else:
+            body = "\n".join(d.text for d in docs)
         return "\nObservation: ", body, "\nThought:"
 
     def invalid_message(self) -> str:

@@ -1,0 +1,1 @@
+"""ARCO: a rubric model sharing the policy's backbone, co-evolving with it (specs/arco.md)."""

@@ -1,0 +1,104 @@
+"""ARCO's losses on tensors: the rubric model's decomposition loss and class weights, the exact
+token KL, the policy's per-step loss and the rubric model's warmup SFT loss (specs/arco.md).
+
+Each returns per-row values (or a scalar where said); reductions over the batch are the
+trainer's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+KL_DIRECTIONS = ("forward", "reverse")
+
+
+def class_weights(outcomes: torch.Tensor) -> torch.Tensor:
+    """w_tau = n / (2 max(n_pos, 1)) where R > 0.5, else n / (2 max(n_neg, 1)).
+
+    n = B, n_pos = #(R > 0.5), n_neg = B - n_pos: each class carries half of the batch's
+    weight. Shapes: outcomes [B] -> weights [B] (float).
+    """
+    dtype = outcomes.dtype if outcomes.is_floating_point() else torch.float32
+    pos = outcomes > 0.5  # [B]
+    n = outcomes.shape[0]
+    n_pos = int(pos.sum())
+    w_pos = n / (2 * max(n_pos, 1))
+    w_neg = n / (2 * max(n - n_pos, 1))
+    return torch.where(pos, w_pos, w_neg).to(dtype=dtype)
+
+
+def decomposition_loss(
+    step_scores: torch.Tensor,
+    step_mask: torch.Tensor,
+    outcomes: torch.Tensor,
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """Per trajectory: w_tau * (sum_t s_t - R(tau))^2, the sum over real steps only.
+
+    Shapes: step_scores [B, S] (s_t, padded), step_mask [B, S] (1 for real steps), outcomes [B],
+    weights [B] -> [B].
+    """
+    total = torch.where(step_mask.bool(), step_scores, 0.0).sum(dim=-1)  # [B]
+    return weights * (total - outcomes) ** 2
+
+
+def token_kl(
+    logits: torch.Tensor, ref_logits: torch.Tensor, direction: str = "forward"
+) -> torch.Tensor:
+    """Exact KL over the vocabulary at each position, in float32.
+
+        forward (the paper's):    KL(pi || pi_ref) = sum_v p log(p / q)
+        reverse (the release's):  KL(pi_ref || pi) = sum_v q log(q / p)
+
+    with p = softmax(logits), q = softmax(ref_logits). Shapes: [N, T, V] x2 -> [N, T].
+    """
+    if direction not in KL_DIRECTIONS:
+        raise ValueError(f"token_kl: direction must be one of {KL_DIRECTIONS}; got {direction!r}")
+    logp = F.log_softmax(logits.float(), dim=-1)  # [N, T, V]
+    logq = F.log_softmax(ref_logits.float(), dim=-1)  # [N, T, V]
+    if direction == "reverse":
+        logp, logq = logq, logp
+    return (logp.exp() * (logp - logq)).sum(dim=-1)  # [N, T]
+
+
+def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """mean_t values[n, t] over positions with mask[n, t] = 1; 0 for a row without any.
+
+    Shapes: values [N, T], mask [N, T] -> [N].
+    """
+    m = mask.bool()  # [N, T]
+    total = torch.where(m, values, 0.0).sum(dim=-1)  # [N]
+    return total / m.sum(dim=-1).clamp(min=1)
+
+
+def policy_step_loss(
+    logp: torch.Tensor, token_advantages: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """-sum_t A_t log pi(token_t) over masked tokens, per row; the gradient flows through logp only.
+
+    A_t is the step's advantage broadcast to that step's tokens. Shapes: logp [B, T],
+    token_advantages [B, T], mask [B, T] -> [B].
+    """
+    weighted = token_advantages.detach() * logp  # [B, T]
+    return -torch.where(mask.bool(), weighted, 0.0).sum(dim=-1)
+
+
+def rubric_sft_loss(
+    token_logp: torch.Tensor,
+    token_mask: torch.Tensor,
+    pred_scores: torch.Tensor,
+    target_scores: torch.Tensor,
+    score_weight: float = 10.0,
+) -> torch.Tensor:
+    """Warmup loss of the rubric model, a scalar:
+
+        L = -(1 / #mask) sum_{b,t masked} log mu(token_{b,t}) + score_weight * mean (d - d*)^2
+
+    the cross-entropy a token mean over all masked tokens of the batch (criteria JSON + EOS),
+    the MSE a mean over all B*K scores. Shapes: token_logp [B, T], token_mask [B, T],
+    pred_scores [B, K], target_scores [B, K] -> [].
+    """
+    m = token_mask.bool()  # [B, T]
+    ce = -torch.where(m, token_logp, 0.0).sum() / m.sum().clamp(min=1)
+    return ce + score_weight * F.mse_loss(pred_scores, target_scores)

@@ -43,12 +43,6 @@ class EnvironmentConfig:
     topk: int = field(
         default=3, metadata={"help": "open setting: documents per search (distractor: 1)"}
     )
-    corpus: str = field(
-        default="", metadata={"help": "open setting: corpus jsonl or index folder, in process"}
-    )
-    retrieval_url: str = field(
-        default="", metadata={"help": "open setting: Search-R1 retrieval server URL (wins)"}
-    )
 
     def __post_init__(self) -> None:
         if self.setting not in SETTINGS:
@@ -59,9 +53,13 @@ class EnvironmentConfig:
             raise ValueError(f"env.protocol {self.protocol!r}: choose one of {sorted(PROTOCOLS)}")
 
 
-def build_environment(cfg: EnvironmentConfig, agent: AgentConfig) -> tuple[Retriever, AgentConfig]:
+def build_environment(
+    cfg: EnvironmentConfig, agent: AgentConfig, corpus: str = "", retrieval_url: str = ""
+) -> tuple[Retriever, AgentConfig]:
     """The retriever and ``agent`` with the setting's protocol, budget and observations.
 
+    Open: ``retrieval_url`` (a Search-R1 server) when given, else ``corpus`` (a corpus jsonl or
+    an index folder) in process; both come from the run's ``assets``.
     Distractor: per-question BM25, top 1, ReAct, the paragraph's text without its title; the
     questions must carry ``metadata["paragraphs"]`` (``common.data.load_qa`` keeps them for
     HotpotQA, 2WikiMultiHopQA and MuSiQue files).
@@ -73,18 +71,19 @@ def build_environment(cfg: EnvironmentConfig, agent: AgentConfig) -> tuple[Retri
 
         env_agent = replace(budget, protocol="react", topk=1, obs_titles=False)
         return PerQuestionRetriever(), env_agent
-    return _corpus_retriever(cfg), replace(budget, protocol=cfg.protocol, topk=cfg.topk)
+    retriever = _corpus_retriever(corpus, retrieval_url)
+    return retriever, replace(budget, protocol=cfg.protocol, topk=cfg.topk)
 
 
-def _corpus_retriever(cfg: EnvironmentConfig) -> Retriever:
-    if cfg.retrieval_url:
-        return HTTPRetriever(cfg.retrieval_url)
-    if not cfg.corpus:
-        raise ValueError("env.setting=open needs env.corpus or env.retrieval_url")
+def _corpus_retriever(corpus: str, retrieval_url: str) -> Retriever:
+    if retrieval_url:
+        return HTTPRetriever(retrieval_url)
+    if not corpus:
+        raise ValueError("env.setting=open needs assets.corpus or assets.retrieval_url")
     from common.retrieval.index_folder import is_index_folder, load_index
 
-    if is_index_folder(cfg.corpus):
-        return load_index(cfg.corpus)
+    if is_index_folder(corpus):
+        return load_index(corpus)
     from common.retrieval.bm25 import BM25Retriever
 
-    return BM25Retriever.from_corpus(cfg.corpus)
+    return BM25Retriever.from_corpus(corpus)

@@ -50,17 +50,16 @@ def test_distractor_setting_builds_per_question_react_top1_without_titles():
 
 def test_open_setting_uses_a_corpus_retriever_and_the_configured_protocol():
     corpus = str(DATA / "retrieval" / "wiki18_sample_corpus.jsonl")
-    cfg = EnvironmentConfig(setting="open", protocol="search_r1", topk=2, corpus=corpus)
-    retriever, agent = build_environment(cfg, BASE)
+    cfg = EnvironmentConfig(setting="open", protocol="search_r1", topk=2)
+    retriever, agent = build_environment(cfg, BASE, corpus=corpus)
     assert isinstance(retriever, BM25Retriever) and len(retriever) == 10
     assert (agent.protocol, agent.topk, agent.obs_titles, agent.max_turns) == (
         "search_r1", 2, True, 3,
     )  # fmt: skip
-    cfg = EnvironmentConfig(retrieval_url="http://127.0.0.1:8000", corpus=corpus)
-    retriever, _ = build_environment(cfg, BASE)
+    retriever, _ = build_environment(cfg, BASE, corpus, retrieval_url="http://127.0.0.1:8000")
     assert isinstance(retriever, HTTPRetriever)
     assert retriever.url == "http://127.0.0.1:8000/retrieve"
-    with pytest.raises(ValueError, match="needs env.corpus or env.retrieval_url"):
+    with pytest.raises(ValueError, match="needs assets.corpus or assets.retrieval_url"):
         build_environment(EnvironmentConfig(), BASE)
 
 

@@ -1,0 +1,443 @@
+"""ARCO's warmup teacher: teacher trajectories, hindsight annotation, and the tiny world's oracle.
+
+1. A cheap teacher LLM plays the policy in the ReAct format (``teacher_rollouts``).
+2. A strong LLM annotates each finished trajectory in hindsight: for every step K criteria and K
+   scores in [-1, 1] with sum_t mean_k score_{t,k} = R (``annotate``); ``arco.projection`` then
+   makes the scores meet the constraint exactly.
+
+Both are any OpenAI-compatible endpoint behind ``common.llm_client.LLMClient``. In the tiny world
+the project is its own annotator: ``oracle_annotation`` knows which searches found a supporting
+document and whether the answer is right.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from arco.projection import project_scores
+from arco.rubric_prompt import strip_thinking
+from arco.steps import AgentStep, Episode
+from common.data import QAExample
+from common.llm_client import LLMClient
+from common.metrics import exact_match
+
+Messages = list[dict[str, str]]
+Search = Callable[[QAExample, str], tuple[str, tuple[str, ...]]]
+
+INVALID_OBSERVATION = "Invalid action. Use Search[query] or Finish[answer]."
+FAILURES = ("unparseable", "wrong_step_count", "wrong_k", "request_failed")
+
+# --- 1. the teacher plays the policy ----------------------------------------------------------
+
+POLICY_SYSTEM = (
+    "You are a search agent answering a multi-hop question. Take one action per turn, "
+    "optionally after a short thought:\n"
+    "Thought: <your reasoning>\n"
+    "Action: Search[query]   (returns one document)\n"
+    "or\n"
+    "Action: Finish[answer]  (ends the episode; give a short exact answer)\n"
+    "Every turn, an invalid one too, uses one unit of the search budget; once none remains you "
+    "must finish with an answer."
+)
+
+_ACTION = re.compile(r"\b(search|finish)\[", re.IGNORECASE)
+
+
+def _read_action(text: str) -> tuple[str, str | None, str]:
+    """(kind, argument, the text up to the end of the action). The action is the first
+    ``Search[`` or ``Finish[``; the last ``]`` on its line closes it."""
+    text = strip_thinking(text).strip()
+    m = _ACTION.search(text)
+    if m is None:
+        return "invalid", None, text
+    line_end = text.find("\n", m.end())
+    line = text[m.end() : len(text) if line_end < 0 else line_end]
+    close = line.rfind("]")
+    arg = line[:close].strip() if close >= 0 else ""
+    if not arg:
+        return "invalid", None, text
+    kind = "search" if m.group(1).lower() == "search" else "answer"
+    return kind, arg, text[: m.end() + close + 1]
+
+
+def parse_teacher_action(text: str) -> tuple[str, str | None]:
+    """("search", query) | ("answer", answer) | ("invalid", None) from a ReAct turn.
+
+    Brackets and parentheses inside the argument are kept: ``Search[Foo (film)]`` gives
+    "Foo (film)", ``Search[a [b] c]`` gives "a [b] c". An empty argument is invalid.
+    """
+    kind, arg, _ = _read_action(text)
+    return kind, arg
+
+
+def teacher_policy_messages(
+    question: str, steps_so_far: Sequence[AgentStep], searches_left: int
+) -> Messages:
+    """The [system, user] messages asking the teacher for its next ReAct action."""
+    history = []
+    for step in steps_so_far:
+        history.append(step.action)
+        if step.observation:
+            history.append(f"Observation: {step.observation}")
+    request = (
+        "No searches remain: answer now with Finish[answer]."
+        if searches_left <= 0
+        else "Your next action:"
+    )
+    user = (
+        f"Question: {question.strip()}\n\n"
+        f"Trajectory so far:\n{chr(10).join(history) or '(none)'}\n\n"
+        f"Searches remaining: {max(searches_left, 0)}\n{request}"
+    )
+    return [{"role": "system", "content": POLICY_SYSTEM}, {"role": "user", "content": user}]
+
+
+@dataclass
+class _Rollout:
+    example: QAExample
+    sample: int
+    steps: list[AgentStep] = field(default_factory=list)
+    answer: str | None = None
+    done: bool = False
+    failed: bool = False
+
+
+def teacher_rollouts(
+    client: LLMClient,
+    examples: Sequence[QAExample],
+    search: Search,
+    samples: int,
+    max_searches: int = 3,
+    cache_tag: str = "",
+) -> tuple[list[Episode], dict[str, int]]:
+    """``samples`` teacher episodes per example; ``search(example, query)`` gives (observation,
+    doc ids).
+
+    Each turn costs one unit of budget, an invalid one too (it gets ``INVALID_OBSERVATION``);
+    after ``max_searches`` turns comes a forced-finish turn, where anything but an answer ends the
+    episode with R = 0. R = exact match of the answer. A turn's live episodes of one sample index
+    go out in one ``chat_many`` whose cache tag carries that index, so samples of a question
+    differ and a rerun replays them. A failed request drops its episode (counted, never raised).
+    Episodes come back in example order, then sample order.
+    """
+    rollouts = [_Rollout(ex, s) for ex in examples for s in range(samples)]
+    counts = dict.fromkeys(
+        ("finished", "correct", "request_failed", "invalid_steps", "forced_searches"), 0
+    )
+    for turn in range(max_searches + 1):
+        forced = turn == max_searches
+        searches_left = 0 if forced else max_searches - turn
+        for s in range(samples):
+            live = [r for r in rollouts if r.sample == s and not r.done]
+            if not live:
+                continue
+            batch = [
+                teacher_policy_messages(r.example.question, r.steps, searches_left) for r in live
+            ]
+            results = client.chat_many(batch, cache_tag=f"{cache_tag}|sample={s}")
+            for r, result in zip(live, results, strict=True):
+                if result.error is not None or result.text is None:
+                    r.done = r.failed = True
+                    counts["request_failed"] += 1
+                    continue
+                kind, arg, action = _read_action(result.text)
+                observation, doc_ids = "", ()
+                if kind == "answer":
+                    r.answer, r.done = arg, True
+                elif forced:
+                    r.done = True
+                    counts["forced_searches"] += kind == "search"
+                elif kind == "search":
+                    observation, doc_ids = search(r.example, arg)
+                else:
+                    observation = INVALID_OBSERVATION
+                counts["invalid_steps"] += kind == "invalid"
+                r.steps.append(
+                    AgentStep(kind, action, observation, searches_left, forced, tuple(doc_ids))
+                )
+    episodes = []
+    for r in rollouts:
+        if r.failed:
+            continue
+        ex = r.example
+        reward = float(exact_match(r.answer, ex.golden_answers)) if r.answer else 0.0
+        metadata = {**ex.metadata, "sample": r.sample}
+        episodes.append(
+            Episode(
+                ex.id, ex.question, list(ex.golden_answers), r.steps, r.answer, reward, metadata
+            )
+        )
+        counts["correct"] += reward > 0.5
+    counts["finished"] = len(episodes)
+    return episodes, counts
+
+
+# --- 2. hindsight annotation ------------------------------------------------------------------
+
+
+@dataclass
+class StepAnnotation:
+    criteria: list[str]
+    scores: list[float]
+
+
+@dataclass
+class AnnotationResult:
+    """One entry per episode (None: dropped), counts by outcome ("ok" or a ``FAILURES`` reason),
+    and the client's usage totals after the call."""
+
+    annotations: list[list[StepAnnotation] | None]
+    counts: dict[str, int]
+    usage: dict = field(default_factory=dict)
+
+
+ANNOTATION_SYSTEM = (
+    "You annotate a finished trajectory of a search agent in hindsight. The agent answers a "
+    "multi-hop question with one action per turn: Search[query] returns a document, "
+    "Finish[answer] ends the episode. Every turn, an invalid one too, uses one unit of the search "
+    "budget; once none remains the agent must finish (a forced-finish turn), and a search there "
+    "ends the episode with reward 0. The final reward R is 1 when the answer is exactly right, "
+    "else 0.\n\n"
+    "For every step write {k} short criteria, each a phrase naming what a good action at that "
+    "point should achieve (query targeting, planning, evidence gathering, answer readiness, "
+    "avoiding redundant searches), and score the step's action against each criterion in "
+    "[-1, 1]:\n"
+    "+0.7 to +1: rare, decisive for the outcome\n"
+    "+0.2 to +0.6: helpful\n"
+    "0: neutral\n"
+    "-0.2 to -0.6: wasteful\n"
+    "-0.7 to -1: causes a wrong answer or a budget violation\n"
+    "Constraint: the step means must add up to the reward, sum_t mean_k score[t][k] = R.\n\n"
+    "Reply with JSON only, one object per step in order, each with exactly {k} criteria and "
+    "{k} scores: {example}"
+)
+
+
+def annotation_messages(episode: Episode, k: int) -> Messages:
+    """The [system, user] messages asking a strong LLM for the hindsight annotation of
+    ``episode``: K criteria and K scores per step with sum_t mean_k score_{t,k} = R."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    example = json.dumps([{"step": 1, "criteria": ["..."] * k, "scores": [0.0] * k}])
+    yes_no = ("no", "yes")
+    lines = [f"Question: {episode.question.strip()}", ""]
+    for t, step in enumerate(episode.steps, 1):
+        lines.append(
+            f"Step {t} | searches remaining: {step.searches_left} | "
+            f"forced finish: {yes_no[step.forced]} | invalid: {yes_no[step.kind == 'invalid']}"
+        )
+        lines.append(f"Action: {step.action}")
+        lines.append(f"Observation: {step.observation or '(none)'}")
+    n, reward = len(episode.steps), f"{episode.reward:g}"
+    lines += [
+        "",
+        f"Final answer: {episode.answer if episode.answer is not None else '(none)'}",
+        f"Final reward R = {reward}",
+        "",
+        f"Write {k} criteria and {k} scores for each of the {n} steps (step 1 to {n}); the "
+        f"{n} step means must add up to R = {reward}.",
+    ]
+    return [
+        {"role": "system", "content": ANNOTATION_SYSTEM.format(k=k, example=example)},
+        {"role": "user", "content": "\n".join(lines)},
+    ]
+
+
+def _first_list_of_objects(text: str) -> list | None:
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"\[", text):
+        try:
+            obj, _ = decoder.raw_decode(text, m.start())
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(obj, list) and obj and all(isinstance(o, dict) for o in obj):
+            return obj
+    return None
+
+
+def _finite(x: object) -> bool:
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int beyond float range
+        return False
+
+
+def parse_annotation(text: str, n_steps: int, k: int) -> tuple[list[StepAnnotation] | None, str]:
+    """(annotations sorted by step, "ok") or (None, reason). Never raises.
+
+    Think blocks are dropped; the first JSON list of objects counts, whatever surrounds it (code
+    fences, prose). Reasons: "unparseable" (no such list, or an object without an integer
+    "step", "criteria" or "scores"), "wrong_step_count" (steps not exactly 0..n-1 or 1..n),
+    "wrong_k" (not exactly k non-empty string criteria and k finite numeric scores).
+    """
+    if not isinstance(text, str):
+        return None, "unparseable"
+    items = _first_list_of_objects(strip_thinking(text))
+    if items is None:
+        return None, "unparseable"
+    for item in items:
+        step = item.get("step")
+        if isinstance(step, bool) or not isinstance(step, int):
+            return None, "unparseable"
+        if "criteria" not in item or "scores" not in item:
+            return None, "unparseable"
+    steps = sorted(item["step"] for item in items)
+    if steps not in (list(range(n_steps)), list(range(1, n_steps + 1))):
+        return None, "wrong_step_count"
+    annotations = []
+    for item in sorted(items, key=lambda o: o["step"]):
+        criteria, scores = item["criteria"], item["scores"]
+        if not (isinstance(criteria, list) and isinstance(scores, list)):
+            return None, "wrong_k"
+        if len(criteria) != k or not all(isinstance(c, str) and c.strip() for c in criteria):
+            return None, "wrong_k"
+        if len(scores) != k or not all(_finite(x) for x in scores):
+            return None, "wrong_k"
+        annotations.append(
+            StepAnnotation([c.strip() for c in criteria], [float(x) for x in scores])
+        )
+    return annotations, "ok"
+
+
+def annotate(client: LLMClient, episodes: Sequence[Episode], k: int) -> AnnotationResult:
+    """Hindsight annotations of ``episodes``, all prompts in one ``chat_many`` (sampling as the
+    client is set). Failed requests and unusable answers are dropped (None) and counted."""
+    results = client.chat_many([annotation_messages(e, k) for e in episodes])
+    counts = dict.fromkeys(("ok", *FAILURES), 0)
+    annotations: list[list[StepAnnotation] | None] = []
+    for episode, result in zip(episodes, results, strict=True):
+        if result.error is not None or result.text is None:
+            parsed, reason = None, "request_failed"
+        else:
+            parsed, reason = parse_annotation(result.text, len(episode.steps), k)
+        counts[reason] += 1
+        annotations.append(parsed)
+    return AnnotationResult(annotations, counts, client.stats.as_dict())
+
+
+# --- the tiny world's oracle ------------------------------------------------------------------
+
+# Per outcome of a step: K_max = 5 (criterion, raw score) pairs, most telling first.
+ORACLE_RUBRICS: dict[str, tuple[tuple[str, float], ...]] = {
+    "useful_search": (
+        ("query names the entity the next hop needs", 0.7),
+        ("search retrieves a supporting document", 0.8),
+        ("search gathers evidence not yet retrieved", 0.6),
+        ("search follows the plan toward the answer", 0.5),
+        ("query is short and specific", 0.4),
+    ),
+    "redundant_search": (
+        ("avoid repeating an earlier search", -0.6),
+        ("search gathers evidence not yet retrieved", -0.5),
+        ("use the evidence already retrieved", -0.4),
+        ("spend the search budget on the missing hop", -0.4),
+        ("query adds a new entity or relation", -0.3),
+    ),
+    "missed_search": (
+        ("query names the entity the next hop needs", -0.3),
+        ("search retrieves a supporting document", -0.4),
+        ("query matches how the document names the entity", -0.3),
+        ("search follows the plan toward the answer", -0.2),
+        ("query is short and specific", -0.1),
+    ),
+    "forced_search": (
+        ("finish with an answer once no searches remain", -1.0),
+        ("follow the forced-finish instruction", -0.9),
+        ("give an answer before the episode ends", -0.9),
+        ("respect the search budget", -0.8),
+        ("commit to the best answer the evidence allows", -0.7),
+    ),
+    "invalid": (
+        ("take a valid action: Search[query] or Finish[answer]", -0.7),
+        ("follow the required action format", -0.6),
+        ("spend the turn on evidence or an answer", -0.5),
+        ("avoid wasting a unit of the budget", -0.5),
+        ("take exactly one action per turn", -0.3),
+    ),
+    "grounded_right_answer": (
+        ("final answer is correct", 0.9),
+        ("answer is supported by the retrieved documents", 0.8),
+        ("finish once the evidence is complete", 0.7),
+        ("answer resolves every hop of the question", 0.6),
+        ("answer is a short exact span", 0.5),
+    ),
+    "guessed_right_answer": (
+        ("final answer is correct", 0.7),
+        ("answer is supported by the retrieved documents", -0.2),
+        ("finish once the evidence is complete", -0.1),
+        ("answer resolves every hop of the question", 0.3),
+        ("answer is a short exact span", 0.5),
+    ),
+    "premature_wrong_answer": (
+        ("final answer is correct", -0.9),
+        ("finish once the evidence is complete", -0.8),
+        ("answer is supported by the retrieved documents", -0.7),
+        ("search for the missing hop before answering", -0.6),
+        ("answer is a short exact span", -0.2),
+    ),
+    "misread_wrong_answer": (
+        ("final answer is correct", -0.9),
+        ("answer matches the retrieved evidence", -0.8),
+        ("read the answer off the supporting document", -0.7),
+        ("finish once the evidence is complete", 0.3),
+        ("answer is a short exact span", -0.2),
+    ),
+}
+MAX_ORACLE_K = 5
+
+
+def oracle_outcomes(episode: Episode, supporting_ids: Sequence[str]) -> list[str]:
+    """Each step's ``ORACLE_RUBRICS`` key. A search is useful when it returns a supporting
+    document not found before, redundant when it returns only documents seen before or only
+    supporting ones found before, missed otherwise; an answer is grounded when every supporting
+    document was found before it."""
+    support, found, seen = set(supporting_ids), set(), set()
+    right = episode.reward > 0.5
+    outcomes = []
+    for step in episode.steps:
+        ids = set(step.doc_ids)
+        if step.kind == "search" and step.forced:
+            outcome = "forced_search"
+        elif step.kind == "search":
+            if (ids & support) - found:
+                outcome = "useful_search"
+            elif ids and (ids <= seen or ids & support):
+                outcome = "redundant_search"
+            else:
+                outcome = "missed_search"
+            found |= ids & support
+            seen |= ids
+        elif step.kind == "answer":
+            grounded = support <= found
+            outcome = {
+                (True, True): "grounded_right_answer",
+                (True, False): "guessed_right_answer",
+                (False, False): "premature_wrong_answer",
+                (False, True): "misread_wrong_answer",
+            }[right, grounded]
+        else:
+            outcome = "invalid"
+        outcomes.append(outcome)
+    return outcomes
+
+
+def oracle_annotation(
+    episode: Episode, k: int, supporting_ids: Sequence[str]
+) -> list[StepAnnotation]:
+    """The tiny world's hindsight annotation: per step the first k (criterion, score) pairs of its
+    outcome's rubric (``oracle_outcomes``), the scores projected so that
+    sum_t mean_k score_{t,k} = R exactly (``project_scores``). Deterministic."""
+    if not 1 <= k <= MAX_ORACLE_K:
+        raise ValueError(f"k must be in 1..{MAX_ORACLE_K}, got {k}")
+    rubrics = [ORACLE_RUBRICS[o][:k] for o in oracle_outcomes(episode, supporting_ids)]
+    scores = project_scores([[s for _, s in r] for r in rubrics], episode.reward)  # [n, k]
+    return [
+        StepAnnotation([c for c, _ in r], [float(x) for x in row])
+        for r, row in zip(rubrics, scores, strict=True)
+    ]

@@ -1,0 +1,5 @@
+import sys
+
+from arco.cli import main
+
+sys.exit(main())

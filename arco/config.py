@@ -1,0 +1,281 @@
+"""ARCO's run config: assets, environment, the shared backbone's adapters, the rubric, warmup and
+co-evolution RL (specs/arco.md). Every number of a paper setting lives in ``arco/configs/*.yaml``.
+
+Every external input (base model, QA files, corpus or retrieval server, teacher endpoints) sits in
+``assets``; ``check_assets`` fails on a missing one before any model loads, saying how to get it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from arco.environment import EnvironmentConfig
+from arco.rubric_prompt import DEFAULT_TASK, PREFIX_MODES, REQUEST_TEMPLATE, SYSTEM_TEMPLATE
+from common.rl_loop import EngineConfig
+from common.rollout import AgentConfig
+from common.train import TrainConfig
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+HOW_TO_GET = {
+    "model": "the tiny warm start: `make warmstart` (tiny world + supervised agent); a paper "
+    "backbone: a hub id such as Qwen/Qwen3-4B-Instruct-2507, downloaded first "
+    "(`huggingface-cli download Qwen/Qwen3-4B-Instruct-2507`)",
+    "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; "
+    "HotpotQA distractor JSON: hotpot_train_v1.1.json / hotpot_dev_distractor_v1.json from the "
+    "HotpotQA site (or the hub dataset hotpotqa/hotpot_qa, config distractor); 2WikiMultiHopQA "
+    "and MuSiQue: their release files (dev.json, musique_ans_v1.0_dev.jsonl)",
+    "corpus": "a corpus jsonl or index folder (`python -m common.retrieval index ...`), or "
+    "assets.retrieval_url pointing at a Search-R1 retrieval server",
+    "warmup": "run `python -m arco warmup --config <same config>` first (it writes warmup_dir)",
+    "teacher": "an OpenAI-compatible endpoint (vLLM server, OpenAI): set "
+    "assets.teacher_endpoint / teacher_model (and annotator_*) and the key's environment variable",
+}
+
+
+@dataclass
+class AssetsConfig:
+    """Every external input of a run, in one place."""
+
+    model: str = field(
+        default="runs/warmstart/tiny/model", metadata={"help": "backbone: HF folder or hub id"}
+    )
+    train_file: str = field(default="", metadata={"help": "training QA file"})
+    dev_file: str = field(
+        default="", metadata={"help": "QA file evaluated during training (the reported split)"}
+    )
+    eval_files: dict[str, str] = field(
+        default_factory=dict, metadata={"help": "benchmark name -> QA file for `arco eval`"}
+    )
+    corpus: str = field(
+        default="", metadata={"help": "open setting: corpus jsonl (BM25 in process)"}
+    )
+    retrieval_url: str = field(
+        default="", metadata={"help": "open setting: Search-R1 retrieval server URL"}
+    )
+    teacher_endpoint: str = field(
+        default="", metadata={"help": "warmup (llm teacher): base URL of the policy-playing LLM"}
+    )
+    teacher_model: str = field(default="", metadata={"help": "its model name (gpt-4o-mini)"})
+    annotator_endpoint: str = field(
+        default="", metadata={"help": "warmup (llm teacher): base URL of the hindsight annotator"}
+    )
+    annotator_model: str = field(default="", metadata={"help": "its model name"})
+    api_key_env: str = field(
+        default="OPENAI_API_KEY", metadata={"help": "environment variable holding the API key"}
+    )
+
+
+@dataclass
+class LoraSpec:
+    """The LoRA adapters of π and μ (same settings for both)."""
+
+    r: int = field(default=8, metadata={"help": "rank (release: 8 for the 4B model)"})
+    lora_alpha: int = field(default=32, metadata={"help": "alpha (scale alpha / r)"})
+    lora_dropout: float = field(default=0.05, metadata={"help": "dropout on the LoRA input"})
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "v_proj"],
+        metadata={"help": "modules adapted (release: q_proj, v_proj)"},
+    )
+
+    def as_peft(self) -> dict:
+        return {
+            "r": self.r,
+            "lora_alpha": self.lora_alpha,
+            "lora_dropout": self.lora_dropout,
+            "target_modules": list(self.target_modules),
+        }
+
+
+@dataclass
+class RubricConfig:
+    """μ's criteria: how many, from which prefix, how long."""
+
+    k: int = field(default=3, metadata={"help": "criteria per step (K)"})
+    prefix: str = field(
+        default="before",
+        metadata={
+            "help": "state in the rubric prompt: before the action (paper), after it (release "
+            "RL bug), none (w/o-Prefix ablation)"
+        },
+    )
+    max_new_tokens: int = field(default=128, metadata={"help": "criteria tokens, greedy"})
+    max_obs_chars: int = field(
+        default=0, metadata={"help": "observations cut to this many characters (0: whole)"}
+    )
+    task: str = field(default=DEFAULT_TASK, metadata={"help": "task text in μ's system prompt"})
+    system: str = field(
+        default=SYSTEM_TEMPLATE, metadata={"help": "μ's system prompt, with {task}"}
+    )
+    request: str = field(
+        default=REQUEST_TEMPLATE,
+        metadata={"help": "the request closing μ's user prompt, with {k} and {example}"},
+    )
+
+    def templates(self) -> dict[str, str]:
+        return {"task": self.task, "system": self.system, "request": self.request}
+
+    def __post_init__(self) -> None:
+        if self.prefix not in PREFIX_MODES:
+            raise ValueError(f"rubric.prefix={self.prefix!r}; choose one of {PREFIX_MODES}")
+        if not 1 <= self.k <= 8:
+            raise ValueError(f"rubric.k={self.k}; must be in 1..8")
+
+
+@dataclass
+class WarmupConfig:
+    """Supervised warmup: teacher trajectories, hindsight annotation, projection, π and μ SFT."""
+
+    teacher: str = field(
+        default="oracle",
+        metadata={"help": "oracle (tiny world: the world annotates) | llm (OpenAI-compatible)"},
+    )
+    questions: int = field(default=1000, metadata={"help": "training questions played"})
+    samples: int = field(default=3, metadata={"help": "teacher trajectories per question"})
+    temperature: float = field(default=1.0, metadata={"help": "the playing teacher's"})
+    select_questions: int = field(
+        default=100,
+        metadata={"help": "held-out training questions that choose π's epoch (never dev)"},
+    )
+    decomposition_tol: float = field(
+        default=0.05, metadata={"help": "μ SFT keeps trajectories with |Σ_t mean_k − R| < tol"}
+    )
+    pi_epochs: int = field(default=6, metadata={"help": "π SFT epochs"})
+    pi_lr: float = field(default=1e-5, metadata={"help": "π SFT learning rate"})
+    pi_batch: int = field(default=64, metadata={"help": "π SFT trajectories per step"})
+    mu_epochs: int = field(default=10, metadata={"help": "μ SFT epochs"})
+    mu_lr: float = field(default=5e-5, metadata={"help": "μ SFT adapter learning rate"})
+    head_lr: float = field(default=1e-3, metadata={"help": "μ SFT head learning rate"})
+    mu_batch: int = field(default=32, metadata={"help": "μ SFT steps (rubric prompts) per step"})
+    score_weight: float = field(default=10.0, metadata={"help": "weight of the score MSE"})
+    warmup_ratio: float = field(default=0.03, metadata={"help": "share of steps warming up"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clip"})
+    teacher_concurrency: int = field(default=16, metadata={"help": "LLM requests in flight"})
+    teacher_timeout_s: float = field(default=60.0, metadata={"help": "per request"})
+
+    def __post_init__(self) -> None:
+        if self.teacher not in ("oracle", "llm"):
+            raise ValueError(f"warmup.teacher={self.teacher!r}; choose oracle or llm")
+        for name in ("questions", "samples", "pi_epochs", "mu_epochs", "pi_batch", "mu_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"warmup.{name}={getattr(self, name)}; must be >= 1")
+
+
+@dataclass
+class RLConfig:
+    """Co-evolution RL: a sparse phase, then a dense phase; π and μ updated on every batch."""
+
+    sparse_steps: int = field(default=90, metadata={"help": "steps of the sparse phase"})
+    dense_steps: int = field(default=150, metadata={"help": "steps of the dense phase"})
+    sparse_questions: int = field(default=16, metadata={"help": "questions per sparse batch"})
+    sparse_n: int = field(default=4, metadata={"help": "rollouts per question (sparse)"})
+    dense_questions: int = field(
+        default=64, metadata={"help": "questions per dense batch (1 each)"}
+    )
+    c: float = field(default=0.5, metadata={"help": "dense advantage scale c"})
+    pi_kl_coef: float = field(default=0.05, metadata={"help": "KL(π‖π_ref) weight, dense phase"})
+    mu_kl_coef: float = field(default=0.05, metadata={"help": "β: KL(μ‖μ_ref) weight"})
+    kl_direction: str = field(
+        default="forward",
+        metadata={"help": "forward = KL(current‖ref) (paper); reverse = KL(ref‖current) (release)"},
+    )
+    invalid_bucket: bool = field(
+        default=True,
+        metadata={
+            "help": "invalid steps get their own baseline bucket (false: release's terminal)"
+        },
+    )
+    pi_lr_sparse: float = field(default=1e-5, metadata={"help": "π lr, sparse phase"})
+    pi_lr_dense: float = field(default=3e-6, metadata={"help": "π lr, dense phase"})
+    mu_lr: float = field(default=1e-5, metadata={"help": "μ adapter lr (0: frozen μ)"})
+    head_lr: float = field(default=5e-4, metadata={"help": "μ head lr (0 with mu_lr: frozen μ)"})
+    micro_batch_size: int = field(default=16, metadata={"help": "trajectories per backward"})
+    score_batch_size: int = field(default=32, metadata={"help": "rubric sequences per forward"})
+
+    def __post_init__(self) -> None:
+        if self.kl_direction not in ("forward", "reverse"):
+            raise ValueError(f"rl.kl_direction={self.kl_direction!r}; choose forward or reverse")
+        for name in ("sparse_questions", "sparse_n", "dense_questions", "micro_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rl.{name}={getattr(self, name)}; must be >= 1")
+        for name in ("sparse_steps", "dense_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"rl.{name}={getattr(self, name)}; must be >= 0")
+
+
+@dataclass
+class ArcoConfig:
+    """One ARCO run: warmup writes ``warmup_dir``; RL trains from it into ``run_dir``."""
+
+    assets: AssetsConfig = field(default_factory=AssetsConfig)
+    warmup_dir: str = field(
+        default="runs/arco/tiny/warmup", metadata={"help": "warmup output (adapters + head)"}
+    )
+    run_dir: str = field(default="runs/arco/tiny", metadata={"help": "RL output folder"})
+    seed: int = field(default=0, metadata={"help": "data order and sampling seed"})
+    eval_every: int = field(default=10, metadata={"help": "dev evaluation every k RL steps"})
+    eval_questions: int = field(default=200, metadata={"help": "dev questions evaluated"})
+    save_every: int = field(default=0, metadata={"help": "checkpoint every k steps (0: end only)"})
+    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept"})
+    resume: bool = field(default=True, metadata={"help": "continue from the latest checkpoint"})
+    samples_per_step: int = field(default=4, metadata={"help": "trajectories in samples/"})
+    env: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    rubric: RubricConfig = field(default_factory=RubricConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.eval_every < 1 or self.eval_questions < 1 or self.keep_checkpoints < 1:
+            raise ValueError("eval_every, eval_questions and keep_checkpoints must be >= 1")
+        if self.train.zero_stage == 3:
+            raise ValueError(
+                "train.zero_stage=3: ARCO trains LoRA adapters and a small head on a frozen base; "
+                "use ZeRO-2 (the default)"
+            )
+
+    @property
+    def steps(self) -> int:
+        return self.rl.sparse_steps + self.rl.dense_steps
+
+    def check_assets(self, needs: tuple[str, ...]) -> None:
+        """Fail before any model loads when a needed input is missing, saying how to get it."""
+        a = self.assets
+        problems = []
+        if "model" in needs and not (Path(a.model).exists() or _HUB_ID.fullmatch(a.model)):
+            problems.append(f"assets.model: {a.model!r} not found; {HOW_TO_GET['model']}")
+        for key in [k for k in ("train_file", "dev_file") if k in needs]:
+            path = getattr(a, key)
+            if not path or not Path(path).exists():
+                problems.append(f"assets.{key}: {path!r} not found; {HOW_TO_GET['qa']}")
+        if "eval" in needs:
+            if not a.eval_files:
+                problems.append(f"assets.eval_files is empty; {HOW_TO_GET['qa']}")
+            for name, path in a.eval_files.items():
+                if not Path(path).exists():
+                    problems.append(f"assets.eval_files.{name}: {path!r} not found")
+        open_corpus = "retrieval" in needs and self.env.setting == "open" and not a.retrieval_url
+        if open_corpus and not (a.corpus and Path(a.corpus).exists()):
+            problems.append(f"assets.corpus: {a.corpus!r} not found; {HOW_TO_GET['corpus']}")
+        if "warmup" in needs and not (Path(self.warmup_dir) / "arco.json").is_file():
+            problems.append(
+                f"warmup_dir: {self.warmup_dir!r} has no arco.json; {HOW_TO_GET['warmup']}"
+            )
+        if "teacher" in needs and self.warmup.teacher == "llm":
+            for key in (
+                "teacher_endpoint",
+                "teacher_model",
+                "annotator_endpoint",
+                "annotator_model",
+            ):
+                if not getattr(a, key):
+                    problems.append(f"assets.{key} is empty; {HOW_TO_GET['teacher']}")
+        if problems:
+            raise FileNotFoundError("missing assets:\n  " + "\n  ".join(problems))

@@ -1,0 +1,66 @@
+"""``arco eval``: greedy EM/F1 of a run's latest checkpoint (its policy, merged into a plain HF
+model by the checkpoint) on each benchmark of ``assets.eval_files`` (default: the dev file).
+
+Writes ``run_dir/eval/results.json`` and ``results.md``. Under the launcher each rank evaluates
+its shard of the questions and the metrics are averaged over ranks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from arco.config import ArcoConfig
+from arco.environment import build_environment
+from common.data import load_qa
+from common.rl_loop import build_engine, evaluate
+from common.train import find_latest_checkpoint
+from common.train.distributed import init_distributed
+
+
+def run_eval(cfg: ArcoConfig) -> dict:
+    from transformers import AutoTokenizer
+
+    cfg.check_assets(("retrieval",) + (("eval",) if cfg.assets.eval_files else ("dev_file",)))
+    run_dir = Path(cfg.run_dir)
+    ckpt = find_latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise FileNotFoundError(f"{run_dir}: no complete checkpoint; train first (`arco train`)")
+    benchmarks = cfg.assets.eval_files or {"dev": cfg.assets.dev_file}
+    data = {name: load_qa(path) for name, path in benchmarks.items()}
+    rank, world, _ = init_distributed()
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    engine = build_engine(cfg.engine, str(ckpt), None, tokenizer, cfg.seed + rank)
+    retriever, agent_cfg = build_environment(
+        cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
+    )
+    results = {}
+    for name, examples in data.items():
+        results[name] = {
+            "questions": len(examples),
+            **evaluate(engine, tokenizer, retriever, examples, agent_cfg, rank, world),
+        }
+    lines = [
+        f"ARCO policy of {ckpt}",
+        "",
+        "| benchmark | questions | EM | F1 | answered | searches |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in results.items():
+        lines.append(
+            f"| {name} | {m['questions']} | {m['em']:.3f} | {m['f1']:.3f} | "
+            f"{m['valid_answer_rate']:.2f} | {m['mean_searches']:.2f} |"
+        )
+    table = "\n".join(lines)
+    if rank == 0:
+        out = run_dir / "eval"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(
+            json.dumps({"checkpoint": str(ckpt), "results": results}, indent=1)
+        )
+        (out / "results.md").write_text(table + "\n")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    return {"checkpoint": str(ckpt), "results": results, "table": table}

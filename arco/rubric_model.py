@@ -1,0 +1,217 @@
+"""ARCO's model: one frozen base, LoRA adapters for the policy π and the rubric model μ, their
+frozen references, and μ's scoring head (specs/arco.md, "The model μ").
+
+    base (frozen, one copy) ─┬─ adapter "policy"      π      (trained)
+                             ├─ adapter "rubric"      μ      (trained) ──> mean-pooled last hidden
+                             ├─ adapter "policy_ref"  π_ref  (frozen copy after warmup)      │
+                             └─ adapter "rubric_ref"  μ_ref  (frozen copy after warmup)      v
+                                                                    head: H→512→128→K, tanh (fp32)
+
+π_ref and μ_ref are copies of the adapters, never of the base: a reference forward is the base
+under a frozen adapter. ``ArcoModel.forward(adapter, ...)`` runs one of the four; under
+``TrainEngine`` it is the engine's training forward (DeepSpeed sees the whole module).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from common.train.export import iter_named_weights
+from common.train.lora import build_lora_model
+
+TRAINED = ("policy", "rubric")
+REFERENCE = {"policy": "policy_ref", "rubric": "rubric_ref"}
+META_FILE = "arco.json"
+HEAD_FILE = "rubric_head/head.safetensors"  # in a subfolder: vLLM loads every top-level one
+
+
+class ScoreHead(nn.Module):
+    """d = tanh(W3 · GELU(W2 · GELU(W1 · h))), H → 512 → 128 → K, always in float32."""
+
+    def __init__(self, hidden_size: int, k: int):
+        super().__init__()
+        self.k = k
+        self.net = nn.Sequential(
+            nn.Linear(hidden_size, 512),
+            nn.GELU(),
+            nn.Linear(512, 128),
+            nn.GELU(),
+            nn.Linear(128, k),
+            nn.Tanh(),
+        ).float()
+
+    def forward(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.net(pooled.float())  # [B, H] -> [B, K] in [-1, 1]
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``hidden`` [B, T, H] over the positions where ``mask`` [B, T] is 1 -> [B, H]."""
+    m = mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+
+
+class ArcoModel(nn.Module):
+    """The peft model (base + four adapters) and the scoring head, as one module."""
+
+    def __init__(self, lm: nn.Module, head: ScoreHead, lora: Mapping[str, Any]):
+        super().__init__()
+        self.lm = lm
+        self.head = head
+        self.lora = dict(lora)
+        for name, p in self.lm.named_parameters():
+            p.requires_grad_(_trained_lora(name))
+        self._trainable = {n for n, p in self.named_parameters() if p.requires_grad}
+
+    @property
+    def k(self) -> int:
+        return self.head.k
+
+    def use(self, adapter: str) -> None:
+        """Route forwards through ``adapter``; the trainable set never changes (peft would
+        otherwise make the active adapter trainable and freeze the others)."""
+        self.lm.set_adapter(adapter)
+        for name, p in self.named_parameters():
+            p.requires_grad_(name in self._trainable)
+
+    def forward(
+        self,
+        adapter: str,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        pool_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [B, T, V] under ``adapter``, and with ``pool_mask`` [B, T] the head's scores
+        [B, K] on the mean-pooled last hidden layer over it."""
+        self.use(adapter)
+        out = self.lm(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=pool_mask is not None,
+        )
+        scores = None
+        if pool_mask is not None:
+            scores = self.head(mean_pool(out.hidden_states[-1], pool_mask))
+        return out.logits, scores
+
+    def groups(self, lrs: Mapping[str, float]) -> list[dict[str, Any]]:
+        """AdamW parameter groups: ``policy`` (π's adapter), ``rubric`` (μ's adapter) and
+        ``head``, at the rates in ``lrs``."""
+        named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        parts = {
+            "policy": [p for n, p in named if n.startswith("lm.") and ".policy." in n],
+            "rubric": [p for n, p in named if n.startswith("lm.") and ".rubric." in n],
+            "head": [p for n, p in named if n.startswith("head.")],
+        }
+        return [{"name": k, "params": v, "lr": lrs[k]} for k, v in parts.items()]
+
+    @torch.no_grad()
+    def sync_references(self) -> None:
+        """π_ref ← π and μ_ref ← μ (at the end of warmup, or when loading its output)."""
+        params = dict(self.lm.named_parameters())
+        for name, p in params.items():
+            for trained, ref in REFERENCE.items():
+                if f".{ref}." in name:
+                    p.copy_(params[name.replace(f".{ref}.", f".{trained}.")])
+
+    def write_checkpoint_files(self, folder: Path, is_main: bool) -> None:
+        """Adapters (peft folders), the head, and the policy merged into a plain HF model (for
+        evaluation with any engine); the base weights are the merged model's, nothing else."""
+        if not is_main:
+            return
+        save_arco(self, folder)
+        merged = dict(iter_named_weights(self.lm, merge_lora=True, adapter="policy"))
+        merged = {n: t.detach().to("cpu", copy=True) for n, t in merged.items()}
+        self.lm.get_base_model().save_pretrained(folder, state_dict=merged, safe_serialization=True)
+
+
+def _trained_lora(param_name: str) -> bool:
+    return "lora_" in param_name and any(f".{a}." in param_name for a in TRAINED)
+
+
+def build_arco_model(
+    base_path: str | Path,
+    lora: Mapping[str, Any],
+    k: int,
+    init_from: str | Path | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> ArcoModel:
+    """The base at ``base_path`` with the four adapters and a head for ``k`` scores.
+
+    ``init_from``: a folder written by ``save_arco`` (warmup output, checkpoint); its policy and
+    rubric adapters and head are loaded, its LoRA settings and K win over ``lora``/``k``, and the
+    references become copies of the loaded adapters. Without it: fresh adapters (B = 0, so π = μ
+    = base) and a fresh head.
+    """
+    from peft import load_peft_weights, set_peft_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    meta = read_meta(init_from) if init_from else {"lora": dict(lora), "k": k}
+    base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=dtype)
+    spec = meta["lora"]
+    lm = build_lora_model(base, {name: spec for name in (*TRAINED, *REFERENCE.values())})
+    head = ScoreHead(base.config.hidden_size, int(meta["k"]))
+    if init_from:
+        folder = Path(init_from)
+        for name in TRAINED:
+            state = load_peft_weights(str(folder / "adapters" / name), device="cpu")
+            result = set_peft_model_state_dict(lm, state, adapter_name=name)
+            missing = [m for m in result.missing_keys if f".{name}." in m and "lora_" in m]
+            if missing:
+                raise ValueError(f"{folder}: adapter {name!r} lacks {missing[:3]}...")
+        head.load_state_dict(load_file(str(folder / HEAD_FILE)))
+    model = ArcoModel(lm, head, spec)
+    model.sync_references()
+    model.use("policy")
+    return model
+
+
+def read_meta(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / META_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: not an ARCO model folder (write one with `python -m arco warmup`)"
+        )
+    return json.loads(path.read_text())
+
+
+def save_arco(model: ArcoModel, folder: str | Path) -> Path:
+    """``adapters/<name>/`` (peft format, all four), ``rubric_head/head.safetensors`` and
+    ``arco.json``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.lm.save_pretrained(
+        str(folder / "adapters"),
+        selected_adapters=[*TRAINED, *REFERENCE.values()],
+        safe_serialization=True,
+    )
+    (folder / HEAD_FILE).parent.mkdir(exist_ok=True)
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()},
+        str(folder / HEAD_FILE),
+    )
+    meta = {"lora": _plain(model.lora), "k": model.k}
+    (folder / META_FILE).write_text(json.dumps(meta, indent=1))
+    return folder
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_plain(v) for v in value]
+    return value
+
+
+def adapter_folder(model: ArcoModel, name: str, folder: str | Path) -> Path:
+    """One adapter alone as a peft folder (what a vLLM ``LoRARequest`` loads)."""
+    folder = Path(folder)
+    model.lm.save_pretrained(str(folder), selected_adapters=[name], safe_serialization=True)
+    sub = folder / name
+    return sub if sub.is_dir() else folder

@@ -1,0 +1,463 @@
+"""ARCO co-evolution RL (specs/arco.md, "Co-evolution RL"): π and μ on one backbone, both
+updated on every batch.
+
+    questions -> π rollouts (engine, adapter "policy") -> episodes (text view)
+      -> μ's criteria for every step, one engine call (adapter "rubric")
+      -> step scores d_t from the head (training model, no gradient), s_t = mean_k d_t
+      -> advantages: sparse phase A = R − group mean; dense phase A_t = c·(G_t − b_bucket)
+      -> one optimizer step on  L_π + L_μ  (π's and μ's adapters and the head, own rates)
+      -> both adapters pushed into the engine -> next batch
+
+    L_π = Σ_τ Σ_t [ −A_t Σ_tokens log π(a_t) + κ · tokenmean KL(π‖π_ref) ] / B     (κ: dense only)
+    L_μ = Σ_τ [ w_τ (Σ_t s_t − R(τ))² + β Σ_t tokenmean KL_t(μ‖μ_ref) ] / B
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from arco.advantages import dense_advantages, position_buckets, sparse_group_advantages
+from arco.config import ArcoConfig
+from arco.environment import build_environment
+from arco.losses import (
+    class_weights,
+    decomposition_loss,
+    masked_token_mean,
+    policy_step_loss,
+    token_kl,
+)
+from arco.rubric_model import ArcoModel, build_arco_model
+from arco.rubrics import (
+    RubricItem,
+    rubric_batch,
+    rubric_items,
+    score_items,
+    step_rewards,
+    write_criteria,
+)
+from arco.steps import episode_from_trajectory
+from common.config import dump_config
+from common.data import load_qa
+from common.metrics import exact_match
+from common.rl_loop import (
+    all_ranks_mean,
+    em_rewards,
+    end_of_step,
+    evaluate,
+    plot_curve,
+    rollout_metrics,
+)
+from common.rollout import HFEngine, Trajectory, run_agent
+from common.rollout.batch import collate
+from common.train import (
+    MetricsLogger,
+    TrainEngine,
+    find_latest_checkpoint,
+    load_checkpoint,
+    progress,
+    write_env_json,
+)
+
+
+def build_engine(cfg: ArcoConfig, model: ArcoModel, tokenizer, seed: int):
+    """The rollout engine with both adapters: vLLM serving LoRA (one base), or HF generate on
+    the training model itself."""
+    if cfg.engine.backend == "hf":
+        return HFEngine(model.lm, tokenizer)
+    from common.rollout.vllm_engine import VLLMEngine
+
+    return VLLMEngine(
+        cfg.assets.model,
+        max_model_len=cfg.engine.max_model_len,
+        kv_cache_bytes=cfg.engine.kv_cache_mib * 2**20,
+        gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+        enable_lora=True,
+        max_lora_rank=max(8, cfg.lora.r),
+        max_loras=2,
+        enable_sleep_mode=cfg.engine.sleep_during_update,
+        seed=seed,
+    )
+
+
+def push_adapters(engine, model: ArcoModel) -> None:
+    """Both adapters' current weights into a vLLM engine (an HF engine shares the model)."""
+    if hasattr(engine, "push_adapter"):
+        for name in ("policy", "rubric"):
+            engine.push_adapter(name, model.lm, name)
+
+
+def _per_token(traj: Trajectory, per_step: Sequence[float]) -> list[float]:
+    """A value per response token: step t's value on its sampled tokens, 0 elsewhere."""
+    out = [0.0] * len(traj.response_ids)
+    for s, v in zip(traj.steps, per_step, strict=True):
+        out[s.start : s.end] = [v] * (s.end - s.start)
+    return out
+
+
+def _place(
+    trajs: Sequence[Trajectory], rows: Sequence[Sequence[float]], width: int
+) -> torch.Tensor:
+    """Response-aligned rows into collate's label-aligned layout [B, width-1]."""
+    out = torch.zeros((len(trajs), width - 1))
+    for i, (t, row) in enumerate(zip(trajs, rows, strict=True)):
+        p = len(t.prompt_ids)
+        if row:
+            out[i, p - 1 : p - 1 + len(row)] = torch.tensor(row)
+    return out
+
+
+def _logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """log p(ids[:, t+1] | ids[:, :t+1]) -> [B, T-1]."""
+    return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def policy_loss(
+    train: TrainEngine,
+    trajs: Sequence[Trajectory],
+    step_adv: Sequence[Sequence[float]],
+    kl_coef: float,
+    direction: str,
+    pad_id: int,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Σ over ``trajs`` of −Σ_t A_t Σ_tokens log π(a_t) + κ Σ_t tokenmean_t KL(π‖π_ref)."""
+    batch = collate(trajs, pad_id).to(train.device)
+    width = batch.input_ids.shape[1]
+    adv = _place(trajs, [_per_token(t, a) for t, a in zip(trajs, step_adv, strict=True)], width)
+    logits, _ = train("policy", batch.input_ids, batch.attention_mask)
+    loss = policy_step_loss(_logp(logits, batch.input_ids), adv.to(train.device), batch.loss_mask)
+    stats = {"pi_kl": 0.0}
+    if kl_coef > 0:
+        with torch.no_grad():
+            ref_logits, _ = train.model("policy_ref", batch.input_ids, batch.attention_mask)
+        kl_tok = token_kl(logits[:, :-1], ref_logits[:, :-1], direction)  # [B, T-1]
+        step_of = _place(
+            trajs, [_per_token(t, range(1, len(t.steps) + 1)) for t in trajs], width
+        ).to(train.device)  # step number per label position, 0 = not sampled
+        kl = torch.zeros(len(trajs), device=train.device)
+        for s in range(1, int(step_of.max().item()) + 1):
+            kl = kl + masked_token_mean(kl_tok, (step_of == s).float())
+        loss = loss + kl_coef * kl
+        stats["pi_kl"] = kl.mean().item()
+    return loss.sum(), stats
+
+
+def rubric_loss(
+    train: TrainEngine,
+    items: Sequence[RubricItem],
+    outcomes: torch.Tensor,
+    weights: torch.Tensor,
+    n_trajs: int,
+    first_traj: int,
+    beta: float,
+    direction: str,
+    pad_id: int,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Σ over trajectories ``first_traj ..`` of w_τ (Σ_t s_t − R)² + β Σ_t tokenmean KL_t(μ‖μ_ref),
+    scores recomputed with gradient through the head and the rubric adapter."""
+    ids, attn, crit = rubric_batch(items, pad_id, train.device)
+    logits, scores = train("rubric", ids, attn, pool_mask=attn)
+    s = scores.mean(-1)  # [M] step rewards s_t
+    n_steps = max(it.step for it in items) + 1
+    step_scores = torch.zeros((n_trajs, n_steps), device=train.device)
+    step_mask = torch.zeros((n_trajs, n_steps), device=train.device)
+    rows = torch.tensor([it.traj - first_traj for it in items], device=train.device)
+    cols = torch.tensor([it.step for it in items], device=train.device)
+    step_scores = step_scores.index_put((rows, cols), s)
+    step_mask[rows, cols] = 1.0
+    decomp = decomposition_loss(step_scores, step_mask, outcomes, weights)  # [n_trajs]
+    loss = decomp.sum()
+    stats = {"mu_decomp_loss": decomp.mean().item(), "mu_kl": 0.0}
+    if beta > 0:
+        with torch.no_grad():
+            ref_logits, _ = train.model("rubric_ref", ids, attn)
+        kl = masked_token_mean(token_kl(logits[:, :-1], ref_logits[:, :-1], direction), crit)
+        loss = loss + beta * kl.sum()
+        stats["mu_kl"] = kl.sum().item() / n_trajs
+    return loss, stats
+
+
+def update(
+    train: TrainEngine,
+    trajs: Sequence[Trajectory],
+    items: Sequence[RubricItem],
+    step_adv: Sequence[Sequence[float]],
+    rewards: torch.Tensor,
+    cfg: ArcoConfig,
+    dense: bool,
+    pad_id: int,
+    timings: dict[str, float],
+) -> dict[str, float]:
+    """One optimizer step on L_π + L_μ over the batch, cut into micro-batches of trajectories
+    (the engine averages micro-batches, so each one's sum is divided by its size)."""
+    mbs = cfg.rl.micro_batch_size
+    weights = class_weights(rewards)
+    by_traj: dict[int, list[RubricItem]] = {}
+    for it in items:
+        by_traj.setdefault(it.traj, []).append(it)
+    stats: dict[str, float] = {}
+    info: dict = {}
+    for start in range(0, len(trajs), mbs):
+        chunk = range(start, min(start + mbs, len(trajs)))
+        t0 = time.perf_counter()
+        l_pi, s_pi = policy_loss(
+            train,
+            [trajs[i] for i in chunk],
+            [step_adv[i] for i in chunk],
+            cfg.rl.pi_kl_coef if dense else 0.0,
+            cfg.rl.kl_direction,
+            pad_id,
+        )
+        t1 = time.perf_counter()
+        mb_items = [it for i in chunk for it in by_traj.get(i, [])]
+        l_mu, s_mu = rubric_loss(
+            train,
+            mb_items,
+            rewards[start : chunk.stop].to(train.device),
+            weights[start : chunk.stop].to(train.device),
+            len(chunk),
+            start,
+            cfg.rl.mu_kl_coef,
+            cfg.rl.kl_direction,
+            pad_id,
+        )
+        t2 = time.perf_counter()
+        train.backward((l_pi + l_mu) / len(chunk))
+        info = train.step()
+        t3 = time.perf_counter()
+        # the backward's share is split by the two forwards' shares
+        fwd_pi, fwd_mu = t1 - t0, t2 - t1
+        share = fwd_pi / max(fwd_pi + fwd_mu, 1e-9)
+        timings["pi_update"] = timings.get("pi_update", 0.0) + fwd_pi + share * (t3 - t2)
+        timings["mu_update"] = timings.get("mu_update", 0.0) + fwd_mu + (1 - share) * (t3 - t2)
+        for k, v in {**s_pi, **s_mu, "loss_pi": l_pi.item(), "loss_mu": l_mu.item()}.items():
+            stats[k] = stats.get(k, 0.0) + v
+    chunks = -(-len(trajs) // mbs)
+    out = {k: v / chunks for k, v in stats.items()}
+    out["grad_norm"] = (
+        float(info["grad_norm"]) if info.get("grad_norm") is not None else float("nan")
+    )
+    return out
+
+
+def rubric_metrics(
+    items: Sequence[RubricItem],
+    kinds: Sequence[Sequence[str]],
+    rewards: torch.Tensor,
+    invalid_bucket: bool,
+) -> dict[str, float]:
+    """Criteria validity, decomposition error |Σ_t s_t − R|, step-score mean/std per bucket."""
+    n = len(kinds)
+    s = step_rewards(items, n)
+    err = [abs(sum(s[i]) - rewards[i].item()) for i in range(n)]
+    out = {
+        "criteria_valid_rate": sum(it.criteria is not None for it in items) / max(len(items), 1),
+        "decomposition_error": sum(err) / max(n, 1),
+        "steps_per_trajectory": len(items) / max(n, 1),
+    }
+    by_bucket: dict[str, list[float]] = {}
+    for i in range(n):
+        for b, v in zip(position_buckets(kinds[i], invalid_bucket), s[i], strict=True):
+            by_bucket.setdefault(b, []).append(v)
+    for b, vals in sorted(by_bucket.items()):
+        t = torch.tensor(vals)
+        out[f"step_score/{b}/mean"] = t.mean().item()
+        out[f"step_score/{b}/std"] = t.std(unbiased=False).item()
+    return out
+
+
+def write_samples(
+    path: Path,
+    episodes,
+    items: Sequence[RubricItem],
+    step_adv: Sequence[Sequence[float]],
+    k: int,
+) -> None:
+    """The first ``k`` trajectories, readable: each action with its criteria, scores, advantage."""
+    rows = []
+    for i, ep in enumerate(episodes[:k]):
+        mine = sorted((it for it in items if it.traj == i), key=lambda it: it.step)
+        rows.append(
+            {
+                "question": ep.question,
+                "golden_answers": ep.golden_answers,
+                "answer": ep.answer,
+                "reward": ep.reward,
+                "sum_step_scores": sum(it.step_reward for it in mine),
+                "steps": [
+                    {
+                        "kind": st.kind,
+                        "action": st.action,
+                        "observation": st.observation,
+                        "searches_left": st.searches_left,
+                        "criteria": it.criteria,
+                        "criteria_valid": it.criteria is not None,
+                        "scores": [round(x, 4) for x in it.scores],
+                        "step_score": round(it.step_reward, 4),
+                        "advantage": round(a, 4),
+                    }
+                    for st, it, a in zip(ep.steps, mine, step_adv[i], strict=True)
+                ],
+            }
+        )
+    path.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
+
+
+def data_cursor(step: int, rl, world: int, rank: int) -> int:
+    """Where step ``step``'s questions start in the shuffled training order: a function of the
+    step alone (so a resumed run draws the same questions), sparse batches first."""
+    sparse = min(step - 1, rl.sparse_steps)
+    dense = max(step - 1 - rl.sparse_steps, 0)
+    done = (sparse * rl.sparse_questions + dense * rl.dense_questions) * world
+    per_rank = rl.dense_questions if step > rl.sparse_steps else rl.sparse_questions
+    return done + rank * per_rank
+
+
+def train_arco(cfg: ArcoConfig) -> dict:
+    """Co-evolution RL from ``warmup_dir``; returns the dev evaluations (first before training)."""
+    from transformers import AutoTokenizer
+
+    cfg.check_assets(("model", "train_file", "dev_file", "retrieval", "warmup"))
+    rl = cfg.rl
+    batch = rl.sparse_questions * rl.sparse_n
+    if batch != rl.dense_questions or batch % rl.micro_batch_size:
+        raise ValueError(
+            f"rl: sparse_questions*sparse_n = {batch} must equal dense_questions = "
+            f"{rl.dense_questions} (one batch size for the run) and be a multiple of "
+            f"micro_batch_size = {rl.micro_batch_size}"
+        )
+    train_set = load_qa(cfg.assets.train_file)
+    dev_set = load_qa(cfg.assets.dev_file)[: cfg.eval_questions]
+    cfg.train.grad_accum = batch // rl.micro_batch_size
+    cfg.train.total_steps = max(cfg.steps, 1)
+    cfg.train.seed = cfg.seed
+    cfg.train.lr = rl.pi_lr_sparse
+    run_dir = Path(cfg.run_dir)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.k, cfg.warmup_dir)
+    lrs = {"policy": rl.pi_lr_sparse, "rubric": rl.mu_lr, "head": rl.head_lr}
+    train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))
+    if train.is_main:
+        (run_dir / "samples").mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.yaml")
+        write_env_json(run_dir)
+    retriever, agent_cfg = build_environment(
+        cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
+    )
+    engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
+    push_adapters(engine, model)
+    order = list(range(len(train_set)))
+    random.Random(cfg.seed).shuffle(order)
+    logger = MetricsLogger(run_dir) if train.is_main else None
+    evals: list[dict] = []
+
+    def run_eval(step: int) -> None:
+        m = evaluate(
+            engine, tokenizer, retriever, dev_set, agent_cfg, train.rank, train.world_size, "policy"
+        )
+        evals.append({"step": step, **m})
+        if logger:
+            logger.log(step, {f"dev/{k}": v for k, v in m.items()})
+            print(f"[arco] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
+
+    start = 1
+    latest = find_latest_checkpoint(run_dir) if cfg.resume else None
+    if latest is not None:
+        start = load_checkpoint(train, latest)["step"] + 1
+        push_adapters(engine, model)
+        if train.is_main:
+            print(f"[arco] resumed from {latest} at step {start}", flush=True)
+    else:
+        run_eval(0)
+    for step in progress(range(start, cfg.steps + 1), desc="arco", total=cfg.steps - start + 1):
+        dense = step > rl.sparse_steps
+        train.set_group_lr("policy", rl.pi_lr_dense if dense else rl.pi_lr_sparse)
+        n = 1 if dense else rl.sparse_n
+        per_rank = rl.dense_questions if dense else rl.sparse_questions
+        cursor = data_cursor(step, rl, train.world_size, train.rank)
+        qs = [train_set[order[(cursor + i) % len(order)]] for i in range(per_rank)]
+        timings: dict[str, float] = {}
+        t_step = t0 = time.perf_counter()
+        trajs = run_agent(
+            engine,
+            tokenizer,
+            retriever,
+            qs,
+            n,
+            agent_cfg,
+            group_prefix=f"s{step}r{train.rank}:",
+            adapter="policy",
+            seed=cfg.seed * 100003 + step,
+        )
+        timings["rollout"] = time.perf_counter() - t0
+        rewards = em_rewards(trajs).float()
+        episodes = [episode_from_trajectory(t, tokenizer, cfg.env.max_searches) for t in trajs]
+        items = rubric_items(
+            episodes,
+            tokenizer,
+            cfg.rubric.k,
+            cfg.rubric.prefix,
+            cfg.rubric.max_obs_chars,
+            **cfg.rubric.templates(),
+        )
+        t0 = time.perf_counter()
+        write_criteria(engine, items, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
+        timings["rubric_generation"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        score_items(train.model, items, pad_id, rl.score_batch_size)
+        timings["scoring"] = time.perf_counter() - t0
+        kinds = [[s.kind for s in t.steps] for t in trajs]
+        if dense:
+            step_adv = dense_advantages(
+                step_rewards(items, len(trajs)), kinds, rl.c, rl.invalid_bucket
+            )
+        else:
+            a = sparse_group_advantages(rewards, [t.group_id for t in trajs]).tolist()
+            step_adv = [[a[i]] * len(t.steps) for i, t in enumerate(trajs)]
+        upd = update(train, trajs, items, step_adv, rewards, cfg, dense, pad_id, timings)
+        t0 = time.perf_counter()
+        push_adapters(engine, model)
+        timings["push"] = time.perf_counter() - t0
+        timings["step"] = time.perf_counter() - t_step
+        metrics = {
+            "phase_dense": float(dense),
+            **rollout_metrics(trajs),
+            **rubric_metrics(items, kinds, rewards, rl.invalid_bucket),
+            "reward": rewards.mean().item(),
+            **upd,
+            **{f"time/{k}": v for k, v in timings.items()},
+        }
+        metrics = all_ranks_mean(metrics, len(trajs))
+        if logger:
+            logger.log(step, metrics)
+            write_samples(
+                run_dir / "samples" / f"step_{step:05d}.json",
+                episodes,
+                items,
+                step_adv,
+                cfg.samples_per_step,
+            )
+        end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
+    if logger:
+        logger.close()
+        if evals:
+            plot_curve(evals, run_dir / "dev_curve.png")
+    if not evals:
+        run_eval(cfg.steps)
+    return {
+        "before": evals[0],
+        "after": evals[-1],
+        "evals": evals,
+        "run_dir": str(run_dir),
+        "model": train.model,
+    }
+
+
+def answer_em(answer: str | None, golds: Sequence[str]) -> float:
+    return float(exact_match(answer, golds)) if answer else 0.0

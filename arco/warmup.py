@@ -1,0 +1,407 @@
+"""ARCO's supervised warmup (specs/arco.md, "Supervised warmup"):
+
+    1. teacher trajectories   (llm: a cheap LLM plays the policy; oracle: the tiny agent does)
+    2. hindsight annotation   (llm: a strong LLM; oracle: the tiny world, which knows which
+                               searches found a supporting document and whether R = 1)
+    3. projection             scores onto {Σ_t mean_k = R, [-1, 1]}; unparseable ones dropped
+    4. π SFT                  R = 1 trajectories with > 1 step; epoch chosen on held-out
+                               training questions (never the reported dev split)
+    5. μ SFT                  steps of trajectories with > 1 step whose decomposition holds;
+                               token-mean CE on the criteria JSON + EOS + 10 × score MSE
+
+Writes ``warmup_dir``: the adapters and head (``save_arco``), ``report.json`` (counts, teacher
+cost, losses, the epoch choice) and ``data.jsonl`` (the annotated trajectories).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from arco.config import ArcoConfig
+from arco.environment import build_environment
+from arco.losses import rubric_sft_loss
+from arco.projection import decomposition_holds, project_scores
+from arco.rubric_model import ArcoModel, build_arco_model, save_arco
+from arco.rubric_prompt import format_criteria
+from arco.rubrics import RubricItem, rubric_batch, rubric_items
+from arco.steps import Episode, episode_from_trajectory
+from arco.teacher import StepAnnotation, annotate, oracle_annotation, teacher_rollouts
+from common.data import QAExample, load_qa
+from common.llm_client import LLMClient
+from common.rl_loop import evaluate
+from common.rollout import Trajectory, run_agent
+from common.rollout.agent import build_prompt_ids, encode_text
+from common.rollout.batch import collate
+from common.rollout.protocols import get_protocol
+from common.rollout.trajectory import Step
+from common.train import MetricsLogger, TrainEngine, write_env_json
+
+
+def _lr_factor(step: int, total: int, warmup: int) -> float:
+    """Linear warmup over ``warmup`` steps, then cosine to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress_ = (step - warmup) / max(total - warmup, 1)
+    return 0.5 * (1 + math.cos(math.pi * min(progress_, 1.0)))
+
+
+def _set_lrs(train: TrainEngine, lrs: dict[str, float], factor: float) -> None:
+    for g in train.optimizer.param_groups:
+        g["lr"] = lrs.get(g["name"], 0.0) * factor
+
+
+def trajectory_from_episode(
+    ep: Episode, tokenizer, protocol_name: str, instruction: str
+) -> Trajectory:
+    """The token view of a text episode (an LLM teacher's): actions as the policy's sampled
+    tokens, observations inserted in the protocol's frame."""
+    protocol = get_protocol(protocol_name)
+    prompt = build_prompt_ids(tokenizer, protocol, ep.question, instruction)
+    t = Trajectory(
+        f"teacher:{ep.question_id}", 0, ep.question_id, ep.question, ep.golden_answers, prompt
+    )
+    for s in ep.steps:
+        ids = encode_text(tokenizer, s.action)
+        start = len(t.response_ids)
+        t.append(ids, sampled=True, logprobs=[0.0] * len(ids))
+        t.steps.append(Step(s.kind, start, len(t.response_ids), forced=s.forced))
+        if s.observation:
+            head, _, tail = protocol.observation([])
+            t.append(encode_text(tokenizer, head + s.observation + tail), sampled=False)
+    t.answer, t.done = ep.answer, True
+    return t
+
+
+def collect_oracle(
+    cfg: ArcoConfig, engine, tokenizer, retriever, agent_cfg, examples: Sequence[QAExample]
+) -> tuple[list[Trajectory], list[Episode], list[list[StepAnnotation] | None], dict]:
+    """The tiny agent plays (temperature ``warmup.temperature``); the world annotates."""
+    play = replace(agent_cfg, temperature=cfg.warmup.temperature)
+    trajs = run_agent(
+        engine,
+        tokenizer,
+        retriever,
+        examples,
+        cfg.warmup.samples,
+        play,
+        group_prefix="warmup:",
+        adapter="policy",
+        seed=cfg.seed,
+    )
+    by_id = {ex.id: ex for ex in examples}
+    episodes = [episode_from_trajectory(t, tokenizer, cfg.env.max_searches) for t in trajs]
+    annotations: list[list[StepAnnotation] | None] = []
+    counts = {"episodes": len(episodes), "ok": 0, "no_supporting_ids": 0}
+    for ep in episodes:
+        support = by_id[ep.question_id].metadata.get("supporting_ids")
+        if not support or not ep.steps:
+            counts["no_supporting_ids"] += 1
+            annotations.append(None)
+            continue
+        annotations.append(oracle_annotation(ep, cfg.rubric.k, support))
+        counts["ok"] += 1
+    return trajs, episodes, annotations, counts
+
+
+def collect_llm(
+    cfg: ArcoConfig, tokenizer, retriever, agent_cfg, examples: Sequence[QAExample], cache: Path
+) -> tuple[list[Trajectory], list[Episode], list[list[StepAnnotation] | None], dict]:
+    """An LLM plays the policy (ReAct text) and a stronger one annotates in hindsight; both
+    through ``LLMClient`` (cached, concurrent, cost counted). Failures are dropped and counted."""
+    a, w = cfg.assets, cfg.warmup
+    common_kw = dict(
+        api_key_env=a.api_key_env,
+        max_concurrency=w.teacher_concurrency,
+        timeout=w.teacher_timeout_s,
+    )
+    player = LLMClient(
+        a.teacher_endpoint,
+        a.teacher_model,
+        cache_dir=str(cache / "player"),
+        temperature=w.temperature,
+        max_tokens=64,
+        **common_kw,
+    )
+    annotator = LLMClient(
+        a.annotator_endpoint,
+        a.annotator_model,
+        cache_dir=str(cache / "annotator"),
+        temperature=0.0,
+        max_tokens=128 * (cfg.env.max_searches + 1),
+        **common_kw,
+    )
+
+    def search(ex: QAExample, query: str) -> tuple[str, tuple[str, ...]]:
+        if hasattr(retriever, "search_for"):
+            docs = retriever.search_for(ex.metadata["paragraphs"], [query], agent_cfg.topk)[0]
+        else:
+            docs = retriever.search([query], agent_cfg.topk)[0]
+        return " ".join(d.text for d in docs), tuple(d.id for d in docs)
+
+    episodes, counts = teacher_rollouts(
+        player, examples, search, w.samples, cfg.env.max_searches, cache_tag=f"seed{cfg.seed}"
+    )
+    result = annotate(annotator, episodes, cfg.rubric.k)
+    counts = {**counts, **{f"annotation/{k}": v for k, v in result.counts.items()}}
+    counts["player_usage"] = player.stats.as_dict()
+    counts["annotator_usage"] = result.usage
+    trajs = [
+        trajectory_from_episode(ep, tokenizer, agent_cfg.protocol, agent_cfg.instruction)
+        for ep in episodes
+    ]
+    return trajs, episodes, result.annotations, counts
+
+
+def project_and_filter(
+    episodes: Sequence[Episode], annotations: Sequence[list[StepAnnotation] | None], tol: float
+) -> tuple[list[int], list[int], dict[str, int]]:
+    """Project every annotation (in place); returns the indices for π SFT (R = 1, > 1 step) and
+    for μ SFT (> 1 step, decomposition holds within ``tol``)."""
+    pi, mu = [], []
+    counts = {"dropped": 0, "one_step": 0, "decomposition_fails": 0}
+    for i, (ep, ann) in enumerate(zip(episodes, annotations, strict=True)):
+        if ann is None:
+            counts["dropped"] += 1
+            continue
+        scores = project_scores([s.scores for s in ann], ep.reward)
+        for s, row in zip(ann, scores.tolist(), strict=True):
+            s.scores = row
+        if len(ep.steps) <= 1:
+            counts["one_step"] += 1
+            continue
+        if ep.reward == 1.0:
+            pi.append(i)
+        if decomposition_holds(scores, ep.reward, tol):
+            mu.append(i)
+        else:
+            counts["decomposition_fails"] += 1
+    return pi, mu, counts
+
+
+def sft_policy(
+    train: TrainEngine,
+    trajs: Sequence[Trajectory],
+    cfg: ArcoConfig,
+    select_fn,
+    logger: MetricsLogger | None,
+) -> dict:
+    """π SFT on the sampled tokens of ``trajs`` (policy adapter); after each epoch
+    ``select_fn()`` gives held-out EM and the best epoch's adapter is kept."""
+    w = cfg.warmup
+    rng = random.Random(cfg.seed)
+    per_epoch = max(1, -(-len(trajs) // w.pi_batch))
+    total = per_epoch * w.pi_epochs
+    pad = train.model.lm.config.pad_token_id or 0
+    best = {"epoch": 0, "em": select_fn(), "state": _adapter_state(train.model, "policy")}
+    history = [{"epoch": 0, "select_em": best["em"]}]
+    step = 0
+    for epoch in range(1, w.pi_epochs + 1):
+        order = list(range(len(trajs)))
+        rng.shuffle(order)
+        losses = []
+        for b in range(per_epoch):
+            chunk = [trajs[i] for i in order[b * w.pi_batch : (b + 1) * w.pi_batch]]
+            _set_lrs(
+                train, {"policy": w.pi_lr}, _lr_factor(step, total, int(w.warmup_ratio * total))
+            )
+            batch = collate(chunk, pad).to(train.device)
+            logits, _ = train("policy", batch.input_ids, batch.attention_mask)
+            logp = (
+                torch.log_softmax(logits[:, :-1].float(), -1)
+                .gather(-1, batch.input_ids[:, 1:, None])
+                .squeeze(-1)
+            )
+            loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
+            train.backward(loss)
+            train.step()
+            losses.append(loss.item())
+            step += 1
+        em = select_fn()
+        row = {"epoch": epoch, "loss": sum(losses) / len(losses), "select_em": em}
+        history.append(row)
+        if logger:
+            logger.log(epoch, {f"pi_sft/{k}": v for k, v in row.items()})
+        print(
+            f"[arco warmup] π epoch {epoch}: loss {row['loss']:.3f}, held-out EM {em:.3f}",
+            flush=True,
+        )
+        if em > best["em"]:
+            best = {"epoch": epoch, "em": em, "state": _adapter_state(train.model, "policy")}
+    _load_adapter_state(train.model, best["state"])
+    return {"chosen_epoch": best["epoch"], "chosen_select_em": best["em"], "epochs": history}
+
+
+def sft_rubric(
+    train: TrainEngine,
+    items: Sequence[RubricItem],
+    cfg: ArcoConfig,
+    pad_id: int,
+    logger: MetricsLogger | None,
+) -> dict:
+    """μ SFT: −tokenmean log μ(criteria JSON + EOS) + score_weight · MSE(head, projected scores)."""
+    w = cfg.warmup
+    rng = random.Random(cfg.seed + 1)
+    per_epoch = max(1, -(-len(items) // w.mu_batch))
+    total = per_epoch * w.mu_epochs
+    lrs = {"rubric": w.mu_lr, "head": w.head_lr}
+    history = []
+    step = 0
+    for epoch in range(1, w.mu_epochs + 1):
+        order = list(range(len(items)))
+        rng.shuffle(order)
+        ce, mse = [], []
+        for b in range(per_epoch):
+            chunk = [items[i] for i in order[b * w.mu_batch : (b + 1) * w.mu_batch]]
+            _set_lrs(train, lrs, _lr_factor(step, total, int(w.warmup_ratio * total)))
+            ids, attn, crit = rubric_batch(chunk, pad_id, train.device)
+            logits, scores = train("rubric", ids, attn, pool_mask=attn)
+            logp = (
+                torch.log_softmax(logits[:, :-1].float(), -1)
+                .gather(-1, ids[:, 1:, None])
+                .squeeze(-1)
+            )
+            target = torch.tensor([it.target_scores for it in chunk], device=train.device)
+            loss = rubric_sft_loss(logp, crit, scores, target, w.score_weight)
+            train.backward(loss)
+            train.step()
+            with torch.no_grad():
+                ce.append((-(logp * crit).sum() / crit.sum().clamp(min=1)).item())
+                mse.append(torch.mean((scores.float() - target) ** 2).item())
+            step += 1
+        row = {"epoch": epoch, "criteria_ce": float(np.mean(ce)), "score_mse": float(np.mean(mse))}
+        history.append(row)
+        if logger:
+            logger.log(100 + epoch, {f"mu_sft/{k}": v for k, v in row.items()})
+        print(
+            f"[arco warmup] μ epoch {epoch}: criteria CE {row['criteria_ce']:.3f}, "
+            f"score MSE {row['score_mse']:.4f}",
+            flush=True,
+        )
+    return {"epochs": history}
+
+
+def _adapter_state(model: ArcoModel, name: str) -> dict[str, torch.Tensor]:
+    return {
+        n: p.detach().clone()
+        for n, p in model.named_parameters()
+        if f".{name}." in n and "lora_" in n
+    }
+
+
+@torch.no_grad()
+def _load_adapter_state(model: ArcoModel, state: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    for n, t in state.items():
+        params[n].copy_(t)
+
+
+def run_warmup(cfg: ArcoConfig) -> Path:
+    """The whole warmup; returns ``warmup_dir``."""
+    from transformers import AutoTokenizer
+
+    from arco.trainer import build_engine, push_adapters
+
+    needs = ("model", "train_file", "retrieval", "teacher")
+    cfg.check_assets(needs)
+    out = Path(cfg.warmup_dir)
+    w = cfg.warmup
+    train_set = load_qa(cfg.assets.train_file)
+    rng = random.Random(cfg.seed)
+    order = list(range(len(train_set)))
+    rng.shuffle(order)
+    if len(order) < w.questions + w.select_questions:
+        raise ValueError(
+            f"warmup needs questions + select_questions = {w.questions + w.select_questions} "
+            f"training questions; {cfg.assets.train_file} has {len(order)}"
+        )
+    played = [train_set[i] for i in order[: w.questions]]
+    select = [train_set[i] for i in order[w.questions : w.questions + w.select_questions]]
+    tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
+    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.k)
+    cfg.train.seed = cfg.seed
+    cfg.train.lr = w.pi_lr
+    cfg.train.weight_decay = w.weight_decay
+    cfg.train.max_grad_norm = w.max_grad_norm
+    cfg.train.scheduler = "constant"
+    cfg.train.grad_accum = 1
+    lrs = {"policy": w.pi_lr, "rubric": w.mu_lr, "head": w.head_lr}
+    train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))
+    out.mkdir(parents=True, exist_ok=True)
+    write_env_json(out)
+    logger = MetricsLogger(out) if train.is_main else None
+    retriever, agent_cfg = build_environment(
+        cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
+    )
+    engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
+    push_adapters(engine, model)
+    t0 = time.perf_counter()
+    if w.teacher == "oracle":
+        trajs, episodes, annotations, counts = collect_oracle(
+            cfg, engine, tokenizer, retriever, agent_cfg, played
+        )
+    else:
+        trajs, episodes, annotations, counts = collect_llm(
+            cfg, tokenizer, retriever, agent_cfg, played, out / "teacher_cache"
+        )
+    collect_s = time.perf_counter() - t0
+    pi_idx, mu_idx, filter_counts = project_and_filter(episodes, annotations, w.decomposition_tol)
+    print(
+        f"[arco warmup] {len(episodes)} trajectories ({collect_s:.0f}s), mean R "
+        f"{np.mean([e.reward for e in episodes]) if episodes else 0:.3f}; π SFT on {len(pi_idx)}, "
+        f"μ SFT on {len(mu_idx)}; {filter_counts}",
+        flush=True,
+    )
+    if not mu_idx:
+        raise ValueError(
+            f"warmup: no trajectory with more than one step and a kept annotation for μ "
+            f"({filter_counts}); play more questions or samples"
+        )
+    _write_data(out / "data.jsonl", episodes, annotations)
+
+    def select_em() -> float:
+        push_adapters(engine, model)
+        return evaluate(engine, tokenizer, retriever, select, agent_cfg, adapter="policy")["em"]
+
+    report: dict = {"counts": counts, "filter": filter_counts, "collect_s": collect_s}
+    if pi_idx:
+        report["pi_sft"] = sft_policy(train, [trajs[i] for i in pi_idx], cfg, select_em, logger)
+    else:  # e.g. an untrained agent that never answers right: π stays as it is
+        report["pi_sft"] = {"skipped": "no trajectory with R = 1 and more than one step"}
+        print("[arco warmup] π SFT skipped: no trajectory with R = 1 and > 1 step", flush=True)
+    mu_items = rubric_items(
+        [episodes[i] for i in mu_idx],
+        tokenizer,
+        cfg.rubric.k,
+        cfg.rubric.prefix,
+        cfg.rubric.max_obs_chars,
+        **cfg.rubric.templates(),
+    )
+    for it in mu_items:
+        ann = annotations[mu_idx[it.traj]][it.step]
+        it.criteria_ids = encode_text(tokenizer, format_criteria(ann.criteria)) + [eos_id]
+        it.target_scores = list(ann.scores)
+    report["mu_sft"] = sft_rubric(train, mu_items, cfg, pad_id, logger)
+    model.sync_references()
+    if train.is_main:
+        save_arco(model, out)
+        (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    if logger:
+        logger.close()
+    return out
+
+
+def _write_data(path: Path, episodes, annotations) -> None:
+    with path.open("w") as f:
+        for ep, ann in zip(episodes, annotations, strict=True):
+            row = {**asdict(ep), "annotation": None if ann is None else [asdict(a) for a in ann]}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")

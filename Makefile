@@ -8,16 +8,22 @@ WORLD := runs/tinyworld/seed0
 WARM := runs/warmstart/tiny/model
 CER_TASK := runs/cer/tiny/task
 CER_WARM := runs/cer/tiny/warmup/model
+ARCO_WARM := runs/arco/tiny/warmup
+# ARCO's data: hotpotqa | 2wiki | musique (DATA's CER values fall back to hotpotqa)
+ARCO_DATA := $(if $(filter math webinstruct,$(DATA)),hotpotqa,$(DATA))
 ifeq ($(SCALE),tiny)
 CER_CONFIG := cer/configs/tiny.yaml
 EVIBACK_CONFIG := eviback/configs/tiny.yaml
+ARCO_CONFIG := arco/configs/tiny.yaml
 else
 CER_CONFIG := cer/configs/qwen3_$(SCALE)_base_$(DATA).yaml
 EVIBACK_CONFIG := eviback/configs/qwen3_$(SCALE).yaml
+ARCO_CONFIG := arco/configs/$(subst -,_,$(SCALE))_$(ARCO_DATA).yaml
 endif
 
 .PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
-	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all
+	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
+	warmup-arco train-arco eval-arco
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -71,7 +77,26 @@ train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (tea
 eval-eviback:  ## EviBack's evaluation of the latest checkpoint of the run
 	$(PY) -m eviback eval --config $(EVIBACK_CONFIG)
 
-eval-all: eval-cer eval-eviback  ## every trained method on its benchmarks
+warmup-arco:  ## ARCO's warmup (tiny: the world annotates; paper scales: an LLM teacher, API cost)
+	$(if $(filter tiny,$(SCALE)),$(MAKE) warmstart)
+	$(PY) -m arco warmup --config $(ARCO_CONFIG) seed=$(SEED)
+
+$(ARCO_WARM)/arco.json: $(WARM)/config.json
+	$(PY) -m arco warmup --config arco/configs/tiny.yaml
+
+train-arco:  ## ARCO co-evolution RL; SCALE=tiny|qwen3-4b|llama3.2-3b, DATA=hotpotqa|2wiki|musique
+	$(if $(filter tiny,$(SCALE)),$(MAKE) $(ARCO_WARM)/arco.json)
+	$(PY) -m arco train --config $(ARCO_CONFIG) seed=$(SEED)
+
+eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy
+	$(PY) -m arco eval --config $(ARCO_CONFIG)
+
+eval-all: eval-cer eval-eviback eval-arco  ## every trained method on its benchmarks
+
+# the demo's ARCO run, shortened to minutes (make train-arco runs the full tiny config)
+ARCO_DEMO := warmup_dir=runs/arco/demo/warmup run_dir=runs/arco/demo
+ARCO_DEMO_WARMUP := $(ARCO_DEMO) warmup.questions=150 warmup.mu_epochs=2
+ARCO_DEMO_RL := $(ARCO_DEMO) rl.sparse_steps=4 rl.dense_steps=4 eval_every=4
 
 demo:  ## all of it on the tiny setup, from nothing, on CPU (about 9 minutes on 2 cores)
 	$(PY) -m common.demo --world $(WORLD) --warmstart runs/warmstart/tiny --run-dir runs/grpo/tiny
@@ -79,6 +104,9 @@ demo:  ## all of it on the tiny setup, from nothing, on CPU (about 9 minutes on 
 	$(MAKE) cer-tiny-assets
 	$(PY) -m cer train --config cer/configs/tiny.yaml
 	$(PY) -m cer eval --config cer/configs/tiny.yaml
+	$(PY) -m arco warmup --config arco/configs/tiny.yaml $(ARCO_DEMO_WARMUP)
+	$(PY) -m arco train --config arco/configs/tiny.yaml $(ARCO_DEMO_RL)
+	$(PY) -m arco eval --config arco/configs/tiny.yaml $(ARCO_DEMO)
 
 bench:  ## the benchmarks; each prints a table (copied into benchmarks/README.md)
 	$(PY) benchmarks/bench_retrieval.py

@@ -92,6 +92,39 @@ def push_adapters(engine, model: ArcoModel) -> None:
             engine.push_adapter(name, model.lm, name)
 
 
+def all_ranks(obj):
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in one process."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _mine(per_rank: Sequence[Sequence], rank: int) -> slice:
+    """This rank's rows in the concatenation of ``per_rank``."""
+    start = sum(len(x) for x in per_rank[:rank])
+    return slice(start, start + len(per_rank[rank]))
+
+
+def global_dense_advantages(
+    step_rews: list[list[float]], kinds: list[list[str]], c: float, invalid_bucket: bool, rank: int
+) -> list[list[float]]:
+    """``dense_advantages`` with the bucket baselines over the whole batch (all ranks), as one
+    process with the ranks' trajectories would compute them; this rank's rows."""
+    per_rank = all_ranks((step_rews, kinds))
+    flat = [x for r, _ in per_rank for x in r], [x for _, k in per_rank for x in k]
+    return dense_advantages(*flat, c, invalid_bucket)[_mine([r for r, _ in per_rank], rank)]
+
+
+def global_class_weights(rewards: torch.Tensor, rank: int) -> torch.Tensor:
+    """``class_weights`` over the whole batch (all ranks); this rank's rows."""
+    per_rank = all_ranks(rewards.tolist())
+    every = torch.tensor([x for r in per_rank for x in r], dtype=rewards.dtype)
+    return class_weights(every)[_mine(per_rank, rank)]
+
+
 def _per_token(traj: Trajectory, per_step: Sequence[float]) -> list[float]:
     """A value per response token: step t's value on its sampled tokens, 0 elsewhere."""
     out = [0.0] * len(traj.response_ids)
@@ -196,7 +229,7 @@ def update(
     """One optimizer step on L_π + L_μ over the batch, cut into micro-batches of trajectories
     (the engine averages micro-batches, so each one's sum is divided by its size)."""
     mbs = cfg.rl.micro_batch_size
-    weights = class_weights(rewards)
+    weights = global_class_weights(rewards, train.rank)
     by_traj: dict[int, list[RubricItem]] = {}
     for it in items:
         by_traj.setdefault(it.traj, []).append(it)
@@ -264,7 +297,12 @@ def rubric_metrics(
     for i in range(n):
         for b, v in zip(position_buckets(kinds[i], invalid_bucket), s[i], strict=True):
             by_bucket.setdefault(b, []).append(v)
-    for b, vals in sorted(by_bucket.items()):
+    # buckets over all ranks: each rank may see other buckets, and every rank must log the same keys
+    merged: dict[str, list[float]] = {}
+    for part in all_ranks(by_bucket):
+        for b, vals in part.items():
+            merged.setdefault(b, []).extend(vals)
+    for b, vals in sorted(merged.items()):
         t = torch.tensor(vals)
         out[f"step_score/{b}/mean"] = t.mean().item()
         out[f"step_score/{b}/std"] = t.std(unbiased=False).item()
@@ -414,8 +452,8 @@ def train_arco(cfg: ArcoConfig) -> dict:
         timings["scoring"] = time.perf_counter() - t0
         kinds = [[s.kind for s in t.steps] for t in trajs]
         if dense:
-            step_adv = dense_advantages(
-                step_rewards(items, len(trajs)), kinds, rl.c, rl.invalid_bucket
+            step_adv = global_dense_advantages(
+                step_rewards(items, len(trajs)), kinds, rl.c, rl.invalid_bucket, train.rank
             )
         else:
             a = sparse_group_advantages(rewards, [t.group_id for t in trajs]).tolist()

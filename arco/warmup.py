@@ -38,7 +38,7 @@ from arco.teacher import StepAnnotation, annotate, oracle_annotation, teacher_ro
 from common.data import QAExample, load_qa
 from common.llm_client import LLMClient
 from common.rl_loop import evaluate
-from common.rollout import Trajectory, run_agent
+from common.rollout import AgentConfig, Trajectory, run_agent
 from common.rollout.agent import build_prompt_ids, encode_text
 from common.rollout.batch import collate
 from common.rollout.protocols import get_protocol
@@ -59,24 +59,39 @@ def _set_lrs(train: TrainEngine, lrs: dict[str, float], factor: float) -> None:
         g["lr"] = lrs.get(g["name"], 0.0) * factor
 
 
-def trajectory_from_episode(
-    ep: Episode, tokenizer, protocol_name: str, instruction: str
-) -> Trajectory:
-    """The token view of a text episode (an LLM teacher's): actions as the policy's sampled
-    tokens, observations inserted in the protocol's frame."""
-    protocol = get_protocol(protocol_name)
-    prompt = build_prompt_ids(tokenizer, protocol, ep.question, instruction)
+def trajectory_from_episode(ep: Episode, tokenizer, agent: AgentConfig) -> Trajectory:
+    """The token view of a text episode (an LLM teacher's) as ``run_agent`` builds a policy's:
+    the actions are the sampled tokens (loss mask 1); inserted between them are a search's
+    observation in the protocol's frame, cut to ``agent.max_obs_tokens``, the invalid-action
+    message after an invalid turn and the forced-answer message before the forced turn."""
+    protocol = get_protocol(agent.protocol)
+    prompt = build_prompt_ids(tokenizer, protocol, ep.question, agent.instruction)
     t = Trajectory(
-        f"teacher:{ep.question_id}", 0, ep.question_id, ep.question, ep.golden_answers, prompt
+        f"teacher:{ep.question_id}",
+        ep.metadata.get("sample", 0),
+        ep.question_id,
+        ep.question,
+        ep.golden_answers,
+        prompt,
     )
+    head, _, tail = protocol.observation([], agent.obs_titles)
+    head_ids, tail_ids = encode_text(tokenizer, head), encode_text(tokenizer, tail)
+    room = max(agent.max_obs_tokens - len(head_ids) - len(tail_ids), 0)
     for s in ep.steps:
+        if s.forced and not t.used_forced_turn:
+            t.used_forced_turn = True
+            t.append(encode_text(tokenizer, protocol.force_answer_message()), sampled=False)
         ids = encode_text(tokenizer, s.action)
         start = len(t.response_ids)
         t.append(ids, sampled=True, logprobs=[0.0] * len(ids))
         t.steps.append(Step(s.kind, start, len(t.response_ids), forced=s.forced))
-        if s.observation:
-            head, _, tail = protocol.observation([])
-            t.append(encode_text(tokenizer, head + s.observation + tail), sampled=False)
+        if s.forced or s.kind == "answer":
+            continue
+        if s.kind == "search":
+            body = encode_text(tokenizer, s.observation)[:room]
+            t.append(head_ids + body + tail_ids, sampled=False)
+        else:
+            t.append(encode_text(tokenizer, protocol.invalid_message()), sampled=False)
     t.answer, t.done = ep.answer, True
     return t
 
@@ -140,24 +155,28 @@ def collect_llm(
         **common_kw,
     )
 
+    protocol = get_protocol(agent_cfg.protocol)
+
     def search(ex: QAExample, query: str) -> tuple[str, tuple[str, ...]]:
+        """The policy's observation body (distractor: the paragraph without its title)."""
         if hasattr(retriever, "search_for"):
-            docs = retriever.search_for(ex.metadata["paragraphs"], [query], agent_cfg.topk)[0]
+            where = ex.metadata.get("paragraphs", ex.id)
+            docs = retriever.search_for(where, [query], agent_cfg.topk)[0]
         else:
             docs = retriever.search([query], agent_cfg.topk)[0]
-        return " ".join(d.text for d in docs), tuple(d.id for d in docs)
+        _, body, _ = protocol.observation(docs, agent_cfg.obs_titles)
+        return body, tuple(d.id for d in docs)
 
     episodes, counts = teacher_rollouts(
         player, examples, search, w.samples, cfg.env.max_searches, cache_tag=f"seed{cfg.seed}"
     )
     result = annotate(annotator, episodes, cfg.rubric.k)
+    player.close()
+    annotator.close()
     counts = {**counts, **{f"annotation/{k}": v for k, v in result.counts.items()}}
     counts["player_usage"] = player.stats.as_dict()
     counts["annotator_usage"] = result.usage
-    trajs = [
-        trajectory_from_episode(ep, tokenizer, agent_cfg.protocol, agent_cfg.instruction)
-        for ep in episodes
-    ]
+    trajs = [trajectory_from_episode(ep, tokenizer, agent_cfg) for ep in episodes]
     return trajs, episodes, result.annotations, counts
 
 

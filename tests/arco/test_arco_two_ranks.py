@@ -1,0 +1,102 @@
+"""ARCO's co-evolution RL under the DeepSpeed launcher: two CPU ranks (ZeRO-2 over gloo), each
+with its own colocated vLLM engine serving the policy and rubric adapters."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from arco.config import ArcoConfig
+from common.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "arco" / "configs" / "tiny.yaml"
+SCRIPT = ROOT / "tests" / "scripts" / "arco_two_ranks.py"
+
+
+def overrides(world: Path, out: Path) -> list[str]:
+    """1 sparse + 1 dense step, 2 questions per rank (played twice in the sparse step)."""
+    return [
+        f"assets.model={world / 'model'}",
+        f"assets.train_file={world / 'train.jsonl'}",
+        f"assets.dev_file={world / 'dev.jsonl'}",
+        f"assets.corpus={world / 'corpus.jsonl'}",
+        f"warmup_dir={out / 'warmup'}",
+        f"run_dir={out / 'run'}",
+        "engine.backend=vllm",
+        "engine.kv_cache_mib=64",
+        "lora.r=4",
+        "lora.lora_alpha=8",
+        "rubric.max_new_tokens=24",
+        "warmup.questions=4",
+        "warmup.samples=2",
+        "warmup.select_questions=2",
+        "warmup.pi_epochs=1",
+        "warmup.mu_epochs=1",
+        "warmup.pi_batch=4",
+        "warmup.mu_batch=8",
+        "rl.sparse_steps=1",
+        "rl.dense_steps=1",
+        "rl.sparse_questions=2",
+        "rl.sparse_n=2",
+        "rl.dense_questions=4",
+        "rl.micro_batch_size=2",
+        "eval_questions=4",
+        "eval_every=100",
+    ]
+
+
+@pytest.mark.slow
+def test_two_deepspeed_ranks_with_vllm_lora_end_with_identical_weights(
+    tiny_world, tmp_path, launch_two_ranks
+):
+    from arco.warmup import run_warmup
+
+    over = overrides(tiny_world, tmp_path)
+    run_warmup(load_config(ArcoConfig, CONFIG, over))  # single-process, in this process
+    run = launch_two_ranks([str(SCRIPT), "--config", str(CONFIG), *over], timeout=600)
+    output = run.stdout[-15000:] + run.stderr[-15000:]
+    assert run.returncode == 0, output
+    digests = dict(re.findall(r"rank (\d): ok ([0-9a-f]{16})", output))
+    assert set(digests) == {"0", "1"}, output
+    assert digests["0"] == digests["1"]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    steps = [r for r in rows if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert [r["phase_dense"] for r in steps] == [0.0, 1.0]
+    assert all(0.0 <= r["reward"] <= 1.0 for r in steps)
+    assert [r["step"] for r in rows if "dev/em" in r] == [0, 2]
+    ckpt = tmp_path / "run" / "checkpoints" / "step_2"
+    assert (ckpt / "adapters" / "policy" / "adapter_model.safetensors").is_file()
+    assert (ckpt / "rubric_head" / "head.safetensors").is_file()
+
+
+def test_batch_statistics_span_all_ranks(monkeypatch):
+    """Bucket baselines, class weights and per-bucket step-score metrics are over the whole
+    batch: rank 1 of two gets its rows of the one-process result (the gather is faked)."""
+    import torch
+
+    import arco.trainer as trainer
+    from arco.advantages import dense_advantages
+    from arco.losses import class_weights
+    from arco.rubrics import RubricItem
+
+    other = ([[0.1, 0.2], [0.5]], [["search", "answer"], ["answer"]])  # rank 0's
+    mine = ([[0.3, -0.1, 0.4]], [["search", "search", "answer"]])
+    monkeypatch.setattr(trainer, "all_ranks", lambda obj: [other, obj])
+    got = trainer.global_dense_advantages(*mine, 0.5, True, rank=1)
+    assert got == dense_advantages(other[0] + mine[0], other[1] + mine[1], 0.5, True)[2:]
+    assert got != dense_advantages(*mine, 0.5, True)
+
+    monkeypatch.setattr(trainer, "all_ranks", lambda obj: [[1.0, 0.0, 0.0], obj])
+    got = trainer.global_class_weights(torch.tensor([0.0]), rank=1)
+    torch.testing.assert_close(got, class_weights(torch.tensor([1.0, 0.0, 0.0, 0.0]))[3:])
+
+    monkeypatch.setattr(trainer, "all_ranks", lambda obj: [{"search_2": [0.9]}, obj])
+    items = [RubricItem(0, 0, [1], scores=[0.2, 0.4])]
+    m = trainer.rubric_metrics(items, [["answer"]], torch.tensor([1.0]), True)
+    assert m["step_score/search_2/mean"] == pytest.approx(0.9)
+    assert m["step_score/terminal/mean"] == pytest.approx(0.3)

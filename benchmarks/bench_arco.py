@@ -108,7 +108,7 @@ def memory(write: bool) -> None:
         ["layout (tiny model + vLLM engine)", "parameters held", "peak RSS (MiB)"], rows
     )
     table += "\n\n" + md_table(["Qwen3-4B layout", "weights"], qwen3_4b_bytes())
-    body = f"### ARCO memory\n\n`{command_line()}`; {machine_note()}.\n\n{table}"
+    body = f"### ARCO memory\n\n{command_line()}; {machine_note()}.\n\n{table}"
     print(body)
     if write:
         update_readme("bench_arco:memory", body)
@@ -143,9 +143,7 @@ def breakdown(run_dir: Path, write: bool) -> None:
         )
         out.append([phase, "step", f"{step:.2f}", "100%"])
     table = md_table(["phase", "part", "median s", "share"], out)
-    body = (
-        f"### ARCO step breakdown\n\n`{command_line()}` ({run_dir}); {machine_note()}.\n\n{table}"
-    )
+    body = f"### ARCO step breakdown\n\n{command_line()} ({run_dir}); {machine_note()}.\n\n{table}"
     print(body)
     if write:
         update_readme("bench_arco:breakdown", body)
@@ -214,7 +212,7 @@ def calls(repeats: int, write: bool) -> None:
     ]
     table = md_table(["rubric generation", "rubrics", "median s", "speed-up"], rows)
     body = (
-        f"### ARCO rubric generation: one call vs per turn\n\n`{command_line()}`: "
+        f"### ARCO rubric generation: one call vs per turn\n\n{command_line()}: "
         f"{len(trajs)} trajectories, {cfg.rubric.max_new_tokens} new tokens at most, greedy, "
         f"median of {repeats} alternated repeats; {machine_note()}.\n\n{table}"
     )

@@ -6,7 +6,9 @@ server must become counted failures; nothing may raise.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,7 +34,10 @@ def vllm_server(tiny_world, free_port):
         "--dtype", "float32", "--max-model-len", "1024", "--enforce-eager",
     ]  # fmt: skip
     env = os.environ | {"VLLM_CPU_KVCACHE_SPACE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # its own process group: the server spawns an engine-core process that must go down with it
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -44,10 +49,16 @@ def vllm_server(tiny_world, free_port):
         except httpx.HTTPError:
             time.sleep(2)
     else:
-        proc.kill()
+        stop(proc)
         pytest.fail("vLLM server did not come up in 300 s")
     yield proc, url
-    proc.kill()
+    stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Kill the server and every process of its group (the engine core included)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
 
 
@@ -68,8 +79,7 @@ def test_garbage_answers_become_invalid_and_a_stopped_server_counted_failures(vl
     assert all(not j.final.valid for j in judgements)  # a random model cannot keep the contract
     assert stats.invalid == 3 and stats.calls_b == 0
 
-    proc.kill()
-    proc.wait()
+    stop(proc)
     judgements, stats = teacher.judge(items())
     assert stats.failures == 3 and stats.invalid == 3
     assert all(not j.final.valid for j in judgements)

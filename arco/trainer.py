@@ -44,12 +44,13 @@ from arco.rubrics import (
 from arco.steps import episode_from_trajectory
 from common.config import dump_config
 from common.data import load_qa
-from common.metrics import exact_match
+from common.rl import logprobs_from_logits
 from common.rl_loop import (
     all_ranks_mean,
     em_rewards,
     end_of_step,
     evaluate,
+    logged_evals,
     plot_curve,
     rollout_metrics,
 )
@@ -145,11 +146,6 @@ def _place(
     return out
 
 
-def _logp(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """log p(ids[:, t+1] | ids[:, :t+1]) -> [B, T-1]."""
-    return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-
-
 def policy_loss(
     train: TrainEngine,
     trajs: Sequence[Trajectory],
@@ -163,7 +159,11 @@ def policy_loss(
     width = batch.input_ids.shape[1]
     adv = _place(trajs, [_per_token(t, a) for t, a in zip(trajs, step_adv, strict=True)], width)
     logits, _ = train("policy", batch.input_ids, batch.attention_mask)
-    loss = policy_step_loss(_logp(logits, batch.input_ids), adv.to(train.device), batch.loss_mask)
+    loss = policy_step_loss(
+        logprobs_from_logits(logits[:, :-1], batch.input_ids[:, 1:]),
+        adv.to(train.device),
+        batch.loss_mask,
+    )
     stats = {"pi_kl": 0.0}
     if kl_coef > 0:
         with torch.no_grad():
@@ -409,6 +409,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
     if latest is not None:
         start = load_checkpoint(train, latest)["step"] + 1
         push_adapters(engine, model)
+        evals.extend(logged_evals(run_dir / "metrics.jsonl", before=start))
         if train.is_main:
             print(f"[arco] resumed from {latest} at step {start}", flush=True)
     else:
@@ -495,7 +496,3 @@ def train_arco(cfg: ArcoConfig) -> dict:
         "run_dir": str(run_dir),
         "model": train.model,
     }
-
-
-def answer_em(answer: str | None, golds: Sequence[str]) -> float:
-    return float(exact_match(answer, golds)) if answer else 0.0

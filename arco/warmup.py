@@ -37,6 +37,7 @@ from arco.steps import Episode, episode_from_trajectory
 from arco.teacher import StepAnnotation, annotate, oracle_annotation, teacher_rollouts
 from common.data import QAExample, load_qa
 from common.llm_client import LLMClient
+from common.rl import logprobs_from_logits
 from common.rl_loop import evaluate
 from common.rollout import AgentConfig, Trajectory, run_agent
 from common.rollout.agent import build_prompt_ids, encode_text
@@ -234,11 +235,7 @@ def sft_policy(
             )
             batch = collate(chunk, pad).to(train.device)
             logits, _ = train("policy", batch.input_ids, batch.attention_mask)
-            logp = (
-                torch.log_softmax(logits[:, :-1].float(), -1)
-                .gather(-1, batch.input_ids[:, 1:, None])
-                .squeeze(-1)
-            )
+            logp = logprobs_from_logits(logits[:, :-1], batch.input_ids[:, 1:])
             loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
             train.backward(loss)
             train.step()
@@ -283,11 +280,7 @@ def sft_rubric(
             _set_lrs(train, lrs, _lr_factor(step, total, int(w.warmup_ratio * total)))
             ids, attn, crit = rubric_batch(chunk, pad_id, train.device)
             logits, scores = train("rubric", ids, attn, pool_mask=attn)
-            logp = (
-                torch.log_softmax(logits[:, :-1].float(), -1)
-                .gather(-1, ids[:, 1:, None])
-                .squeeze(-1)
-            )
+            logp = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
             target = torch.tensor([it.target_scores for it in chunk], device=train.device)
             loss = rubric_sft_loss(logp, crit, scores, target, w.score_weight)
             train.backward(loss)

@@ -6,18 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loopback_server import serve
 
 from arco.steps import AgentStep, Episode
 from arco.teacher import (
@@ -387,20 +385,8 @@ def make_app(state: ServerState) -> FastAPI:
 @pytest.fixture(scope="module")
 def server():
     state = ServerState()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(make_app(state), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 10
-    while not srv.started:
-        assert time.time() < deadline, "test server did not start"
-        time.sleep(0.01)
-    yield state, f"http://127.0.0.1:{port}/v1"
-    srv.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
+    with serve(make_app(state)) as port:
+        yield state, f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.fixture

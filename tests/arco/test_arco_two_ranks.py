@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_arco_run import overrides
 
 from arco.config import ArcoConfig
 from common.config import load_config
@@ -15,38 +16,6 @@ from common.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "arco" / "configs" / "tiny.yaml"
 SCRIPT = ROOT / "tests" / "scripts" / "arco_two_ranks.py"
-
-
-def overrides(world: Path, out: Path) -> list[str]:
-    """1 sparse + 1 dense step, 2 questions per rank (played twice in the sparse step)."""
-    return [
-        f"assets.model={world / 'model'}",
-        f"assets.train_file={world / 'train.jsonl'}",
-        f"assets.dev_file={world / 'dev.jsonl'}",
-        f"assets.corpus={world / 'corpus.jsonl'}",
-        f"warmup_dir={out / 'warmup'}",
-        f"run_dir={out / 'run'}",
-        "engine.backend=vllm",
-        "engine.kv_cache_mib=64",
-        "lora.r=4",
-        "lora.lora_alpha=8",
-        "rubric.max_new_tokens=24",
-        "warmup.questions=4",
-        "warmup.samples=2",
-        "warmup.select_questions=2",
-        "warmup.pi_epochs=1",
-        "warmup.mu_epochs=1",
-        "warmup.pi_batch=4",
-        "warmup.mu_batch=8",
-        "rl.sparse_steps=1",
-        "rl.dense_steps=1",
-        "rl.sparse_questions=2",
-        "rl.sparse_n=2",
-        "rl.dense_questions=4",
-        "rl.micro_batch_size=2",
-        "eval_questions=4",
-        "eval_every=100",
-    ]
 
 
 @pytest.mark.slow

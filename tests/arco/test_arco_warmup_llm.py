@@ -7,17 +7,14 @@ from __future__ import annotations
 import functools
 import json
 import re
-import socket
-import threading
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from loopback_server import serve
 
 from arco import warmup
 from arco.cli import main
@@ -129,24 +126,9 @@ def make_app(state: ServerState) -> FastAPI:
 @pytest.fixture
 def teacher_server():
     state = ServerState()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
     # connections stay open across a slow test's pauses: a request never meets one closing
-    config = uvicorn.Config(
-        make_app(state), log_level="warning", lifespan="off", timeout_keep_alive=600
-    )
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 10
-    while not srv.started:
-        assert time.time() < deadline, "test server did not start"
-        time.sleep(0.01)
-    yield state, f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
+    with serve(make_app(state), timeout_keep_alive=600) as port:
+        yield state, f"http://127.0.0.1:{port}"
 
 
 def overrides(world: Path, out: Path, url: str) -> list[str]:

@@ -27,7 +27,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in HELPS.items():
-        p = sub.add_parser(name, help=text, description=text)
+        p = sub.add_parser(
+            name,
+            help=text,
+            description=text,
+            epilog=parser.epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         p.add_argument("--config", default=DEFAULT_CONFIG, help=f"YAML (default {DEFAULT_CONFIG})")
         p.add_argument("overrides", nargs="*", help="dotted key=value")
     return parser

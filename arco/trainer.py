@@ -47,6 +47,7 @@ from common.data import load_qa
 from common.rl import logprobs_from_logits
 from common.rl_loop import (
     all_ranks_mean,
+    dev_results_path,
     em_rewards,
     end_of_step,
     evaluate,
@@ -397,7 +398,15 @@ def train_arco(cfg: ArcoConfig) -> dict:
 
     def run_eval(step: int) -> None:
         m = evaluate(
-            engine, tokenizer, retriever, dev_set, agent_cfg, train.rank, train.world_size, "policy"
+            engine,
+            tokenizer,
+            retriever,
+            dev_set,
+            agent_cfg,
+            train.rank,
+            train.world_size,
+            "policy",
+            results_path=dev_results_path(run_dir, step),
         )
         evals.append({"step": step, **m})
         if logger:

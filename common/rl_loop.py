@@ -219,15 +219,63 @@ def evaluate(
     rank: int = 0,
     world: int = 1,
     adapter: str | None = None,
+    results_path: Path | None = None,
 ) -> dict[str, float]:
     """Greedy single-sample EM/F1 and behaviour metrics on this rank's shard, averaged over ranks
-    (``adapter``: the engine's LoRA adapter that plays the policy)."""
+    (``adapter``: the engine's LoRA adapter that plays the policy). With ``results_path`` the
+    main rank writes one row per question (``question_rows``), every rank's shard gathered, in
+    the order of ``examples``: what ``common.compare`` pairs across runs."""
     shard = examples[rank::world]
     greedy = AgentConfig(**{**vars(agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
     trajs = run_agent(
         engine, tokenizer, retriever, shard, 1, greedy, group_prefix="eval:", adapter=adapter
     )
+    if results_path is not None:
+        rows = gather_in_order(question_rows(trajs), world)
+        if rank == 0:
+            write_jsonl_atomic(results_path, rows)
     return all_ranks_mean(rollout_metrics(trajs), len(shard))
+
+
+def question_rows(trajs: list[Trajectory]) -> list[dict]:
+    """One greedy trajectory per question as ``{id, em, f1, valid, searches, forced, answer}``."""
+    return [
+        {
+            "id": t.question_id,
+            "em": exact_match(t.answer, t.golden_answers),
+            "f1": f1_score(t.answer, t.golden_answers),
+            "valid": t.answer is not None,
+            "searches": t.num_searches,
+            "forced": t.forced_terminated,
+            "answer": t.answer,
+        }
+        for t in trajs
+    ]
+
+
+def gather_in_order(rows: list, world: int) -> list:
+    """Every rank's rows of ``items[rank::world]``, back in the order of ``items``."""
+    if world == 1:
+        return rows
+    shards: list[list | None] = [None] * world
+    torch.distributed.all_gather_object(shards, rows)
+    total = sum(len(s) for s in shards)
+    return [shards[i % world][i // world] for i in range(total)]
+
+
+def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
+    """``rows`` as JSON lines, written beside ``path`` and renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def dev_results_path(run_dir: Path, step: int) -> Path:
+    """Where a run's per-question dev results at ``step`` go."""
+    return run_dir / "dev_results" / f"step_{step:05d}.jsonl"
 
 
 def logged_evals(path: Path, before: int) -> list[dict]:

@@ -27,6 +27,7 @@ from common.rl_loop import (
     LossConfig,
     all_ranks_mean,
     build_engine,
+    dev_results_path,
     em_rewards,
     end_of_step,
     evaluate,
@@ -146,7 +147,16 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     evals = []
 
     def run_eval(step: int) -> None:
-        m = evaluate(engine, tokenizer, retriever, dev_set, cfg.agent, train.rank, train.world_size)
+        m = evaluate(
+            engine,
+            tokenizer,
+            retriever,
+            dev_set,
+            cfg.agent,
+            train.rank,
+            train.world_size,
+            results_path=dev_results_path(run_dir, step),
+        )
         evals.append({"step": step, **m})
         if logger:
             logger.log(step, {f"dev/{k}": v for k, v in m.items()})

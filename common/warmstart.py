@@ -75,10 +75,25 @@ def gold_trajectories(
     return trajs
 
 
-def sft_loss(engine: TrainEngine, batch) -> torch.Tensor:
-    """Token-mean negative log-likelihood of the agent's own tokens."""
+def sft_loss(
+    engine: TrainEngine, batch, context_weight: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-mean negative log-likelihood of the agent's own tokens, plus ``context_weight`` times
+    the token-mean NLL of every other token (prompt and retrieved documents).
+
+    The context term is ordinary language modelling on the prompt and documents: it costs no
+    extra forward pass, and a document repeats its title in its text, which is the copying the
+    agent must learn (names from the question into a query, from a document into the answer).
+    Returns the loss and the agent-token NLL alone (what is logged).
+    """
     logp = forward_logprobs(engine, batch.input_ids, batch.attention_mask)  # [B, T-1]
-    return -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
+    own = batch.loss_mask
+    agent_nll = -(logp * own).sum() / own.sum().clamp(min=1)
+    loss = agent_nll
+    if context_weight:
+        context = batch.attention_mask[:, 1:].to(logp.dtype) * (1 - own)
+        loss = loss - context_weight * (logp * context).sum() / context.sum().clamp(min=1)
+    return loss, agent_nll.detach()
 
 
 def warm_start(
@@ -89,6 +104,7 @@ def warm_start(
     batch_size: int,
     seed: int = 0,
     log_every: int = 50,
+    context_weight: float = 0.0,
 ) -> list[dict]:
     """``steps`` optimizer steps of SFT over shuffled epochs of ``trajs``; returns the loss log.
 
@@ -108,10 +124,10 @@ def warm_start(
                     rng.shuffle(order)
                 idx.append(order.pop())
             batch = collate([trajs[i] for i in idx], pad_id).to(engine.device)
-            loss = sft_loss(engine, batch)
+            loss, agent_nll = sft_loss(engine, batch, context_weight)
             engine.backward(loss)
             engine.step()
-            running += loss.item() / accum
+            running += agent_nll.item() / accum
         if (step + 1) % log_every == 0:
             history.append({"step": step + 1, "sft_loss": running / log_every})
             running = 0.0
@@ -127,6 +143,10 @@ class WarmStartConfig:
     seed: int = field(default=0, metadata={"help": "data order and init seed"})
     steps: int = field(default=600, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=16, metadata={"help": "trajectories per optimizer step"})
+    context_weight: float = field(
+        default=0.0,
+        metadata={"help": "weight of the LM loss on prompt and document tokens (0: agent only)"},
+    )
     agent: AgentConfig = field(default_factory=AgentConfig)
     train: TrainConfig = field(
         default_factory=lambda: TrainConfig(lr=3e-3, warmup_steps=30, scheduler="cosine")
@@ -149,7 +169,15 @@ def run_warm_start(cfg: WarmStartConfig) -> Path:
     cfg.train.total_steps = cfg.steps
     cfg.train.seed = cfg.seed
     engine = TrainEngine(model, cfg.train)
-    history = warm_start(engine, trajs, tokenizer.pad_token_id, cfg.steps, cfg.batch_size, cfg.seed)
+    history = warm_start(
+        engine,
+        trajs,
+        tokenizer.pad_token_id,
+        cfg.steps,
+        cfg.batch_size,
+        cfg.seed,
+        context_weight=cfg.context_weight,
+    )
     return save_warm_start(engine, tokenizer, cfg, Path(cfg.out), history)
 
 

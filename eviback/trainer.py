@@ -25,6 +25,7 @@ from common.data import QAExample
 from common.metrics import exact_match
 from common.rl_loop import (
     build_engine,
+    dev_results_path,
     end_of_step,
     evaluate,
     plot_curve,
@@ -249,7 +250,16 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     evals: list[dict] = []
 
     def run_eval(step: int) -> None:
-        m = evaluate(engine, tokenizer, retriever, dev_set, cfg.agent, train.rank, train.world_size)
+        m = evaluate(
+            engine,
+            tokenizer,
+            retriever,
+            dev_set,
+            cfg.agent,
+            train.rank,
+            train.world_size,
+            results_path=dev_results_path(run_dir, step),
+        )
         evals.append({"step": step, **m})
         if logger:
             logger.log(step, {f"dev/{k}": v for k, v in m.items()})

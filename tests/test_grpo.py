@@ -43,6 +43,22 @@ def test_two_deepspeed_ranks_with_vllm_end_with_identical_weights(
     steps = [r for r in rows if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(0.0 <= r["reward"] <= 1.0 for r in steps)
+    # per-question dev results: both ranks' shards gathered back into the dev file's order,
+    # and their mean is the logged dev EM
+    dev_ids = [json.loads(line)["id"] for line in (tiny_world / "dev.jsonl").open()][:4]
+    for step in (0, 2):
+        rows = [
+            json.loads(line)
+            for line in (tmp_path / "run" / "dev_results" / f"step_{step:05d}.jsonl").open()
+        ]
+        assert [r["id"] for r in rows] == dev_ids
+        logged = next(r for r in rows_at(tmp_path / "run", step) if "dev/em" in r)
+        assert sum(r["em"] for r in rows) / 4 == pytest.approx(logged["dev/em"])
+
+
+def rows_at(run_dir: Path, step: int) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    return [r for r in rows if r["step"] == step]
 
 
 @pytest.mark.slow

@@ -90,3 +90,12 @@ def test_progress_bar_shows_on_rank_0_only(monkeypatch, capsys, rank, shown):
     monkeypatch.setenv("RANK", rank)
     assert list(progress(range(3), desc="rollouts", total=3)) == [0, 1, 2]
     assert ("rollouts: 100%" in capsys.readouterr().err) == shown
+
+
+def test_progress_bar_does_not_write_every_update_into_a_log(monkeypatch, capsys):
+    monkeypatch.setenv("RANK", "0")
+    assert sum(progress(range(2000), desc="steps", total=2000)) == sum(range(2000))
+    written = capsys.readouterr().err
+    # the opening and the closing state only (captured stderr is not a terminal)
+    assert written.count("steps:") <= 3, written
+    assert "2000/2000" in written

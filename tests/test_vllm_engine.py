@@ -120,3 +120,20 @@ def test_lora_adapters_and_merged_push(engine, lora_engine, model_and_ids):
     # merged weights of one adapter pushed as full weights into a plain engine
     engine.push_weights(iter_named_weights(peft, merge_lora=True, adapter="policy"))
     assert max_gap(engine.score([ids[:split]], [ids[split:]])[0], target) < 1e-4
+
+
+def test_only_the_expected_reload_warnings_are_hidden():
+    import logging
+
+    from common.rollout.vllm_engine import _ExpectedReloadWarnings
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("vllm", logging.WARNING, __file__, 1, message, None, None)
+
+    tied = _ExpectedReloadWarnings(frozenset({"RotaryEmbedding", "ParallelLMHead"}))
+    untied = _ExpectedReloadWarnings(frozenset({"RotaryEmbedding"}))
+    assert not tied.filter(record("RotaryEmbedding: Failed to load weights"))
+    assert not tied.filter(record("ParallelLMHead: Failed to load weights"))
+    assert untied.filter(record("ParallelLMHead: Failed to load weights"))
+    assert tied.filter(record("QKVParallelLinear: Failed to load weights"))
+    assert tied.filter(record("RotaryEmbedding: something else"))

@@ -8,6 +8,7 @@ an ``external_launcher`` group, so every engine call is collective: all ranks mu
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sys
 import tempfile
@@ -20,6 +21,37 @@ from common.rollout.engine import Completion, SamplingConfig
 
 # Must be set before vllm is imported: the engine core runs in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# vLLM logs its configuration at INFO on every start; warnings and errors still show
+# (VLLM_LOGGING_LEVEL=INFO brings the rest back).
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+
+
+class _ExpectedReloadWarnings(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" for layers that no HF checkpoint holds:
+    ``RotaryEmbedding`` (its cos/sin cache is computed from the config, not loaded) and, for
+    tied embeddings, ``ParallelLMHead`` (it shares the embedding's weight and is repacked by
+    ``_repack_tied_lm_head``). The same warning for any other layer still shows."""
+
+    def __init__(self, layers: frozenset[str]) -> None:
+        super().__init__()
+        self.layers = layers
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        layer, _, rest = record.getMessage().partition(": ")
+        return not (rest == "Failed to load weights" and layer in self.layers)
+
+
+@contextlib.contextmanager
+def _expected_reload_warnings_hidden(tied: bool) -> Iterator[None]:
+    layers = frozenset({"RotaryEmbedding", *(("ParallelLMHead",) if tied else ())})
+    log_filter = _ExpectedReloadWarnings(layers)
+    logger = logging.getLogger(RELOAD_LOGGER)
+    logger.addFilter(log_filter)
+    try:
+        yield
+    finally:
+        logger.removeFilter(log_filter)
 
 
 @contextlib.contextmanager
@@ -188,11 +220,17 @@ class VLLMEngine:
             )
         # vLLM's in-place reload re-runs the post-load processing (the CPU kernels keep repacked
         # copies of linear weights, which a bare load_weights would leave stale).
-        self.llm.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": iter(list(named_weights)), "is_checkpoint_format": True},
-        )
-        _repack_tied_lm_head(self._local_model())
+        model = self._local_model()
+        tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+        with _expected_reload_warnings_hidden(tied):
+            self.llm.collective_rpc(
+                "reload_weights",
+                kwargs={
+                    "weights_iterator": iter(list(named_weights)),
+                    "is_checkpoint_format": True,
+                },
+            )
+        _repack_tied_lm_head(model)
         self.llm.reset_prefix_cache()
 
     def _local_model(self) -> torch.nn.Module:

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import sys
 
-from common.tinyworld.build import build_world, describe
+from common.tinyworld.build import DEFAULT_MODEL_SIZES, build_world, describe
 from common.tinyworld.questions import SplitSizes
 from common.tinyworld.world import WorldSizes
 
@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         for field in dataclasses.fields(sizes):
             default = getattr(sizes, field.name)
             build.add_argument(f"--{field.name}", type=type(default), default=default)
+    for name, default in DEFAULT_MODEL_SIZES.items():
+        build.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
     show = commands.add_parser("show", help="print counts and example questions of a built world")
     show.add_argument("--dir", required=True)
     args = parser.parse_args(argv)
@@ -40,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
                     **{f.name: getattr(args, f.name) for f in dataclasses.fields(SplitSizes)}
                 ),
                 vocab_size=args.vocab_size,
+                model_sizes={k: getattr(args, k) for k in DEFAULT_MODEL_SIZES},
             )
         else:
             print(describe(args.dir))

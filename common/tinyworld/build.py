@@ -23,6 +23,16 @@ WORLD_FILE = "world.json"
 CORPUS_FILE = "corpus.jsonl"
 MODEL_DIR = "model"
 MANIFEST_FILE = "manifest.json"
+# The tiny Qwen3 (`common.tinyworld.model`), here so that the CLI lists it without importing torch.
+DEFAULT_MODEL_SIZES = {
+    "num_hidden_layers": 2,
+    "hidden_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "intermediate_size": 384,
+    "max_position_embeddings": 2048,
+}
 
 
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -45,12 +55,14 @@ def build_world(
     sizes: WorldSizes | None = None,
     splits: SplitSizes | None = None,
     vocab_size: int = 2048,
+    model_sizes: dict[str, int] | None = None,
 ) -> Path:
     """Write world.json, corpus.jsonl, {train,dev,test}.jsonl, model/ and manifest.json into `out`.
 
     The folder is assembled beside `out` and renamed into place, so an interrupted build never
     leaves a half world; an earlier build in `out` is replaced, any other existing folder is
-    refused. `sizes` and `splits` default to `WorldSizes()` and `SplitSizes()`.
+    refused. `sizes` and `splits` default to `WorldSizes()` and `SplitSizes()`; `model_sizes`
+    overrides `DEFAULT_MODEL_SIZES` (layers, width).
     """
     start = time.perf_counter()
     sizes = sizes or WorldSizes()
@@ -73,7 +85,7 @@ def build_world(
 
     texts = [d.contents for d in docs] + [q.question for q in questions["train"]]
     tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
-    model = build_model(tokenizer, seed)
+    model = build_model(tokenizer, seed, **(model_sizes or {}))
     n_params = sum(p.numel() for p in model.parameters())
     _log(f"model: {n_params:,} parameters, {len(tokenizer)} tokens", start)
 
@@ -94,6 +106,7 @@ def build_world(
             "sizes": dataclasses.asdict(sizes),
             "splits": dataclasses.asdict(splits),
             "vocab_size": vocab_size,
+            "model_sizes": model_sizes or {},
             "files": {p.relative_to(tmp).as_posix(): _sha256(p) for p in files},
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")

@@ -8,17 +8,8 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
+from common.tinyworld.build import DEFAULT_MODEL_SIZES as DEFAULT_SIZES
 from common.tinyworld.tokenizer import EOS_TOKEN, PAD_TOKEN
-
-DEFAULT_SIZES = {
-    "num_hidden_layers": 2,
-    "hidden_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "intermediate_size": 384,
-    "max_position_embeddings": 2048,
-}
 
 
 def padded_vocab_size(n_tokens: int, multiple: int = 64) -> int:

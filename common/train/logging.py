@@ -129,9 +129,21 @@ def write_env_json(run_dir: str | Path) -> Path | None:
     return path
 
 
+NON_TTY_PROGRESS_INTERVAL_S = 30.0
+
+
 def progress(iterable: Iterable[T], desc: str, total: int | None = None) -> tqdm:
-    """A tqdm bar over `iterable`, shown on rank 0 only."""
-    return tqdm(iterable, desc=desc, total=total, disable=current_rank() != 0)
+    """A tqdm bar over `iterable`, shown on rank 0 only. When stderr is not a terminal (a log
+    file, CI) the bar is written at most every 30 s instead of on every update."""
+    interactive = sys.stderr.isatty()
+    return tqdm(
+        iterable,
+        desc=desc,
+        total=total,
+        disable=current_rank() != 0,
+        mininterval=0.1 if interactive else NON_TTY_PROGRESS_INTERVAL_S,
+        maxinterval=10.0 if interactive else 10 * NON_TTY_PROGRESS_INTERVAL_S,
+    )
 
 
 def _scalar(key: str, value: Any) -> Any:

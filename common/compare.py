@@ -1,0 +1,310 @@
+"""Method comparisons over seeds: run every arm's seeds, pair per-question dev results, bootstrap.
+
+    python -m common.compare --spec common/configs/compare_grpo_tiny.yaml [--report-only]
+
+A spec (YAML) names the arms, the seeds and the baseline::
+
+    out: runs/compare/grpo          # each run in <out>/<arm>/s<seed>; the report in <out>/
+    seeds: [0, 1, 2]
+    metric: em                      # a per-question field of dev_results/step_N.jsonl
+    baseline: start                 # an arm's name, or "start": each arm against its step 0
+    arms:
+      - name: grpo
+        command: [python, -m, common.search_grpo, --config, common/configs/grpo_tiny.yaml]
+        overrides: [steps=30]
+
+Each run is ``command + run_dir=<out>/<arm>/s<seed> seed=<seed> + overrides``; a run that
+finished before (``<run_dir>/.compare_done``) is not run again. Every trainer writes its dev
+evaluations per question (``common.rl_loop.evaluate``), so arms are compared on the same
+questions: for question q, Δ_q = mean over seeds of the arm's final value minus the baseline's
+(with ``start``: the arm's own final minus step-0 value, seed by seed), and the interval is the
+percentile bootstrap of mean(Δ) over questions. The minimal detectable difference printed beside
+it is 2.8 standard errors of that mean (a two-sided 5% test with 80% power); the spread over
+seeds is reported too, which the bootstrap over questions does not include.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DONE_MARKER = ".compare_done"
+
+
+def paired_bootstrap(
+    diffs: Sequence[float], resamples: int = 10_000, confidence: float = 0.95, seed: int = 0
+) -> dict[str, float]:
+    """mean(diffs) with its percentile bootstrap interval (questions drawn with replacement),
+    ``p_le_0`` (share of draws with mean ≤ 0) and ``mde``: 2.8 standard errors of the mean."""
+    if not diffs:
+        raise ValueError("paired_bootstrap: no paired differences")
+    n = len(diffs)
+    rng = random.Random(seed)
+    draws = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    sd = statistics.stdev(diffs) if n > 1 else 0.0
+    return {
+        "n": n,
+        "delta": statistics.fmean(diffs),
+        "ci_low": draws[min(int(tail * resamples), resamples - 1)],
+        "ci_high": draws[min(int((1 - tail) * resamples), resamples - 1)],
+        "confidence": confidence,
+        "p_le_0": sum(d <= 0 for d in draws) / resamples,
+        "mde": 2.8 * sd / math.sqrt(n),
+    }
+
+
+def read_results(path: Path) -> dict[str, dict[str, Any]]:
+    """A ``dev_results/step_N.jsonl`` file by question id; a bad line names the file and line."""
+    out: dict[str, dict[str, Any]] = {}
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            try:
+                row = json.loads(line)
+                out[row["id"]] = row
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                raise ValueError(f"{path}:{lineno}: not a per-question result ({err!r})") from None
+    return out
+
+
+def result_steps(run_dir: Path) -> list[int]:
+    """The steps at which the run wrote per-question dev results, ascending."""
+    folder = run_dir / "dev_results"
+    return sorted(int(p.stem.split("_")[1]) for p in folder.glob("step_*.jsonl"))
+
+
+def run_results(run_dir: Path) -> tuple[dict, dict, int]:
+    """The run's step-0 and final per-question results, and the final step."""
+    steps = result_steps(run_dir)
+    if not steps or steps[0] != 0:
+        raise FileNotFoundError(f"{run_dir}: no per-question dev results at step 0 (dev_results/)")
+    start = read_results(run_dir / "dev_results" / "step_00000.jsonl")
+    final = read_results(run_dir / "dev_results" / f"step_{steps[-1]:05d}.jsonl")
+    return start, final, steps[-1]
+
+
+def question_diffs(
+    arm: Sequence[dict[str, dict]], base: Sequence[dict[str, dict]], metric: str
+) -> list[float]:
+    """Per question: mean over ``arm``'s runs minus mean over ``base``'s runs of ``metric``.
+
+    Both lists hold one ``{question id: row}`` per seed; every run must cover the same questions.
+    """
+    ids = list(arm[0])
+    for runs in (arm, base):
+        for r in runs:
+            if set(r) != set(ids):
+                raise ValueError("paired runs must cover the same dev questions")
+
+    def mean(runs: Sequence[dict], q: str) -> float:
+        return statistics.fmean(float(r[q][metric]) for r in runs)
+
+    return [mean(arm, q) - mean(base, q) for q in ids]
+
+
+def curve(run_dirs: Sequence[Path], key: str = "dev/em") -> dict[str, list[float]]:
+    """``{"step", "mean", "low", "high"}`` of ``key`` over the runs' metrics.jsonl, at the steps
+    every run evaluated."""
+    per_run = []
+    for d in run_dirs:
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").open()]
+        per_run.append({r["step"]: r[key] for r in rows if key in r})
+    steps = sorted(set.intersection(*(set(p) for p in per_run)))
+    values = [[p[s] for p in per_run] for s in steps]
+    return {
+        "step": steps,
+        "mean": [statistics.fmean(v) for v in values],
+        "low": [min(v) for v in values],
+        "high": [max(v) for v in values],
+    }
+
+
+def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
+    """Finals per arm and seed, the curves, and each arm against the baseline."""
+    out_dir, metric = Path(spec["out"]), spec.get("metric", "em")
+    arms: dict[str, dict[str, Any]] = {}
+    for arm in spec["arms"]:
+        dirs = [out_dir / arm["name"] / f"s{s}" for s in spec["seeds"]]
+        results = [run_results(d) for d in dirs]
+        finals = [statistics.fmean(float(r[metric]) for r in f.values()) for _, f, _ in results]
+        starts = [statistics.fmean(float(r[metric]) for r in s.values()) for s, _, _ in results]
+        arms[arm["name"]] = {
+            "dirs": dirs,
+            "start_runs": [s for s, _, _ in results],
+            "final_runs": [f for _, f, _ in results],
+            "final_step": results[0][2],
+            "start": statistics.fmean(starts),
+            "final": statistics.fmean(finals),
+            "final_per_seed": finals,
+            "final_seed_sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+            "valid_final": statistics.fmean(
+                statistics.fmean(float(r["valid"]) for r in f.values()) for _, f, _ in results
+            ),
+            "curve": curve(dirs, f"dev/{metric}"),
+        }
+    baseline = spec.get("baseline", "start")
+    comparisons = {}
+    for name, a in arms.items():
+        if baseline == "start":
+            diffs = diffs_from_start(a["final_runs"], a["start_runs"], metric)
+        elif name == baseline:
+            continue
+        else:
+            diffs = question_diffs(a["final_runs"], arms[baseline]["final_runs"], metric)
+        comparisons[name] = paired_bootstrap(diffs, resamples)
+    return {"metric": metric, "baseline": baseline, "seeds": spec["seeds"], "arms": arms,
+            "comparisons": comparisons}  # fmt: skip
+
+
+def diffs_from_start(finals: Sequence[dict], starts: Sequence[dict], metric: str) -> list:
+    """Per question: the mean over seeds of (final − start), each seed against its own start."""
+    ids = list(finals[0])
+    return [
+        statistics.fmean(
+            float(f[q][metric]) - float(s[q][metric]) for f, s in zip(finals, starts, strict=True)
+        )
+        for q in ids
+    ]
+
+
+def markdown(summary: dict[str, Any]) -> str:
+    m, base = summary["metric"], summary["baseline"]
+    against = "its own step 0" if base == "start" else f"`{base}`"
+    lines = [
+        f"Seeds {summary['seeds']}; dev {m} (greedy); Δ against {against}, per question, "
+        "pooled over seeds; 95% paired bootstrap over questions; MDE = 2.8 SE (80% power).",
+        "",
+        f"| arm | step | {m} at step 0 | final {m} (mean ± sd over seeds) | per seed | valid answers"
+        " | Δ | 95% CI | MDE |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, a in summary["arms"].items():
+        c = summary["comparisons"].get(name)
+        delta = (
+            f"{c['delta']:+.3f} | [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {c['mde']:.3f}"
+            if c
+            else "(baseline) | | "
+        )
+        seeds = ", ".join(f"{v:.3f}" for v in a["final_per_seed"])
+        lines.append(
+            f"| {name} | {a['final_step']} | {a['start']:.3f} | {a['final']:.3f} ± "
+            f"{a['final_seed_sd']:.3f} | {seeds} | {a['valid_final']:.2f} | {delta} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict[str, Any], path: Path) -> Path:
+    """One line per arm (mean over seeds) with the min-max band over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for name, a in summary["arms"].items():
+        c = a["curve"]
+        ax.plot(c["step"], c["mean"], marker="o", ms=3, label=name)
+        ax.fill_between(c["step"], c["low"], c["high"], alpha=0.2)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(f"dev {summary['metric']} (greedy)")
+    ax.set_title(f"mean and range over seeds {summary['seeds']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def load_spec(path: str | Path) -> dict[str, Any]:
+    """The spec, with its keys checked (one-line errors naming the key)."""
+    spec = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    for key in ("out", "seeds", "arms"):
+        if key not in spec:
+            raise ValueError(f"{path}: missing key `{key}`")
+    names = [a.get("name") for a in spec["arms"]]
+    for i, arm in enumerate(spec["arms"]):
+        if not arm.get("name") or not arm.get("command"):
+            raise ValueError(f"{path}: arms[{i}] needs `name` and `command`")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: arm names repeat: {names}")
+    base = spec.get("baseline", "start")
+    if base != "start" and base not in names:
+        raise ValueError(f"{path}: baseline `{base}` is not an arm ({names}) nor `start`")
+    return spec
+
+
+def run_arms(spec: dict[str, Any]) -> None:
+    """Run every (arm, seed) that has not finished, one after the other, showing progress."""
+    out_dir = Path(spec["out"])
+    todo = [(a, s) for a in spec["arms"] for s in spec["seeds"]]
+    for i, (arm, seed) in enumerate(todo, start=1):
+        run_dir = out_dir / arm["name"] / f"s{seed}"
+        if (run_dir / DONE_MARKER).exists():
+            print(f"[compare] {i}/{len(todo)} {arm['name']} seed {seed}: done before", flush=True)
+            continue
+        cmd = [sys.executable if c == "python" else c for c in arm["command"]]
+        cmd += [f"run_dir={run_dir}", f"seed={seed}", *arm.get("overrides", [])]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        print(f"[compare] {i}/{len(todo)} {arm['name']} seed {seed}: {' '.join(cmd)}", flush=True)
+        t0 = time.perf_counter()
+        with (run_dir / "compare.log").open("w") as log:
+            rc = subprocess.run(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ
+            ).returncode
+        if rc:
+            raise RuntimeError(f"{arm['name']} seed {seed} failed (exit {rc}); see {log.name}")
+        (run_dir / DONE_MARKER).write_text(f"{time.perf_counter() - t0:.0f} s\n")
+        print(f"[compare]   finished in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+def report(spec: dict[str, Any]) -> str:
+    summary = summarize(spec)
+    out_dir = Path(spec["out"])
+    text = markdown(summary)
+    (out_dir / "comparison.md").write_text(text, encoding="utf-8")
+    plot(summary, out_dir / "curves.png")
+    slim = {
+        **summary,
+        "arms": {
+            n: {k: v for k, v in a.items() if k not in ("dirs", "start_runs", "final_runs")}
+            for n, a in summary["arms"].items()
+        },
+    }
+    (out_dir / "comparison.json").write_text(json.dumps(slim, indent=1) + "\n")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m common.compare", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--spec", required=True, help="comparison spec (YAML)")
+    parser.add_argument("--report-only", action="store_true", help="no runs; report what is there")
+    args = parser.parse_args(argv)
+    try:
+        spec = load_spec(args.spec)
+        if not args.report_only:
+            run_arms(spec)
+        print(report(spec))
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"[compare] wrote {spec['out']}/comparison.md, comparison.json, curves.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""common.compare: the paired bootstrap, pairing over seeds, the report, the spec and the runner."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.compare import (
+    DONE_MARKER,
+    diffs_from_start,
+    load_spec,
+    main,
+    paired_bootstrap,
+    question_diffs,
+    summarize,
+)
+
+# A stand-in trainer for the runner: writes step 0 and step 2 per-question results in which
+# question q is right at the end when (q + seed) % 3 != 0 (at the start: never), and a
+# metrics.jsonl with the matching dev/em rows.
+FAKE_TRAINER = """
+import json, sys
+from pathlib import Path
+args = dict(a.split("=", 1) for a in sys.argv[1:])
+run, seed, bonus = Path(args["run_dir"]), int(args["seed"]), int(args.get("bonus", 0))
+(run / "dev_results").mkdir(parents=True, exist_ok=True)
+metrics = []
+for step in (0, 2):
+    rows = [{"id": f"q{q}", "em": float(step == 2 and ((q + seed) % 3 != 0 or bonus)),
+             "f1": 0.0, "valid": True} for q in range(6)]
+    (run / "dev_results" / f"step_{step:05d}.jsonl").write_text(
+        "".join(json.dumps(r) + "\\n" for r in rows))
+    metrics.append({"step": step, "dev/em": sum(r["em"] for r in rows) / 6})
+(run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\\n" for m in metrics))
+"""
+
+
+def test_bootstrap_of_constant_differences_is_that_constant():
+    out = paired_bootstrap([0.5] * 10, resamples=200)
+    assert out["delta"] == out["ci_low"] == out["ci_high"] == 0.5
+    assert out["p_le_0"] == 0.0 and out["mde"] == 0.0 and out["n"] == 10
+
+
+def test_bootstrap_mde_is_2_8_standard_errors():
+    # sd of [0, 1, 0, 1] = sqrt(1/3); SE = sd / 2
+    out = paired_bootstrap([0.0, 1.0, 0.0, 1.0], resamples=200)
+    assert out["delta"] == 0.5
+    assert out["mde"] == pytest.approx(2.8 * math.sqrt(1 / 3) / 2)
+
+
+def test_bootstrap_interval_covers_zero_for_symmetric_differences():
+    out = paired_bootstrap([1.0, -1.0] * 100, resamples=2000)
+    assert out["delta"] == 0.0
+    assert out["ci_low"] < 0 < out["ci_high"]
+    assert 0.4 < out["p_le_0"] < 0.7
+    with pytest.raises(ValueError, match="no paired"):
+        paired_bootstrap([])
+
+
+def test_question_diffs_average_over_seeds_before_differencing():
+    arm = [{"a": {"em": 1}, "b": {"em": 0}}, {"a": {"em": 1}, "b": {"em": 1}}]
+    base = [{"a": {"em": 0}, "b": {"em": 0}}, {"a": {"em": 1}, "b": {"em": 0}}]
+    assert question_diffs(arm, base, "em") == [0.5, 0.5]
+    with pytest.raises(ValueError, match="same dev questions"):
+        question_diffs(arm, [{"a": {"em": 0}}], "em")
+
+
+def test_diffs_from_start_pair_each_seed_with_its_own_start():
+    finals = [{"a": {"em": 1}, "b": {"em": 1}}, {"a": {"em": 0}, "b": {"em": 1}}]
+    starts = [{"a": {"em": 0}, "b": {"em": 1}}, {"a": {"em": 0}, "b": {"em": 0}}]
+    assert diffs_from_start(finals, starts, "em") == [0.5, 0.5]
+
+
+def _spec(tmp_path: Path, **extra) -> Path:
+    spec = {
+        "out": str(tmp_path / "cmp"),
+        "seeds": [0, 1, 2],
+        "baseline": "start",
+        "arms": [
+            {"name": "plain", "command": ["python", str(tmp_path / "fake.py")]},
+            {"name": "bonus", "command": ["python", str(tmp_path / "fake.py")],
+             "overrides": ["bonus=1"]},
+        ],
+        **extra,
+    }  # fmt: skip
+    (tmp_path / "fake.py").write_text(FAKE_TRAINER)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_runner_and_report_on_a_stand_in_trainer(tmp_path, capsys):
+    spec_path = _spec(tmp_path)
+    assert main(["--spec", str(spec_path)]) == 0
+    out = tmp_path / "cmp"
+    assert all(
+        (out / a / f"s{s}" / DONE_MARKER).exists() for a in ("plain", "bonus") for s in (0, 1, 2)
+    )
+    summary = json.loads((out / "comparison.json").read_text())
+    # plain: each seed gets 4 of 6 right at the end; every question is wrong in exactly one seed
+    plain = summary["arms"]["plain"]
+    assert plain["final_per_seed"] == pytest.approx([4 / 6] * 3)
+    assert summary["comparisons"]["plain"]["delta"] == pytest.approx(2 / 3)
+    assert summary["comparisons"]["bonus"]["delta"] == 1.0
+    assert summary["arms"]["bonus"]["curve"]["mean"] == [0.0, 1.0]
+    assert (out / "curves.png").stat().st_size > 0
+    assert "| plain | 2 | 0.000 | 0.667 ± 0.000 |" in (out / "comparison.md").read_text()
+
+    # a second call runs nothing again; against an arm instead of the start
+    capsys.readouterr()
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["baseline"] = "plain"
+    spec_path.write_text(yaml.safe_dump(spec))
+    assert main(["--spec", str(spec_path)]) == 0
+    assert capsys.readouterr().out.count("done before") == 6
+    summary = json.loads((out / "comparison.json").read_text())
+    assert list(summary["comparisons"]) == ["bonus"]
+    assert summary["comparisons"]["bonus"]["delta"] == pytest.approx(1 / 3)
+
+
+def test_a_failing_run_is_one_line_error(tmp_path, capsys):
+    spec_path = _spec(tmp_path)
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["arms"][0]["command"] = [sys.executable, "-c", "raise SystemExit(3)"]
+    spec_path.write_text(yaml.safe_dump(spec))
+    assert main(["--spec", str(spec_path)]) == 2
+    assert "plain seed 0 failed (exit 3)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"baseline": "nobody"}, "baseline `nobody` is not an arm"),
+        ({"arms": [{"name": "a", "command": ["x"]}, {"name": "a", "command": ["x"]}]}, "repeat"),
+        ({"arms": [{"name": "a"}]}, r"arms\[0\] needs"),
+    ],
+)
+def test_bad_specs_name_the_key(tmp_path, change, message):
+    spec_path = _spec(tmp_path)
+    spec = {**yaml.safe_load(spec_path.read_text()), **change}
+    spec_path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match=message):
+        load_spec(spec_path)
+    spec_path.write_text(yaml.safe_dump({"seeds": [0]}))
+    with pytest.raises(ValueError, match="missing key `out`"):
+        load_spec(spec_path)
+
+
+def test_report_without_results_says_which_run(tmp_path):
+    spec = load_spec(_spec(tmp_path))
+    with pytest.raises(FileNotFoundError, match="plain/s0: no per-question dev results"):
+        summarize(spec)

@@ -1,0 +1,39 @@
+"""The warm start's loss: the agent's tokens, plus an optional LM term on the context."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from common.rl import forward_logprobs
+from common.rollout.batch import collate
+from common.rollout.trajectory import Trajectory
+from common.warmstart import sft_loss
+
+
+def _trajectories() -> list[Trajectory]:
+    a = Trajectory("a", 0, "qa", "q", ["x"], [5, 6, 7])
+    a.append([8, 9], sampled=True, logprobs=[0.0, 0.0])
+    a.append([10, 11, 12], sampled=False)
+    a.append([13], sampled=True, logprobs=[0.0])
+    b = Trajectory("b", 0, "qb", "q", ["x"], [5, 6])
+    b.append([20], sampled=True, logprobs=[0.0])
+    return [a, b]
+
+
+def test_context_weight_adds_the_lm_loss_of_every_other_real_token(tiny_world):
+    model = AutoModelForCausalLM.from_pretrained(tiny_world / "model", dtype=torch.float32)
+    batch = collate(_trajectories(), pad_id=0)
+    with torch.no_grad():
+        logp = forward_logprobs(model, batch.input_ids, batch.attention_mask)
+        # by hand: a's targets are 6 7 | 8 9 | 10 11 12 | 13 (own: 8 9 13); b's 6 | 20 (own: 20)
+        own = [logp[0, 2], logp[0, 3], logp[0, 7], logp[1, 1]]
+        other = [logp[0, 0], logp[0, 1], logp[0, 4], logp[0, 5], logp[0, 6], logp[1, 0]]
+        own_nll = -torch.stack(own).mean()
+        other_nll = -torch.stack(other).mean()
+        loss0, nll0 = sft_loss(model, batch)
+        loss1, nll1 = sft_loss(model, batch, context_weight=0.5)
+    assert loss0.item() == pytest.approx(own_nll.item(), rel=1e-6)
+    assert nll0.item() == nll1.item() == pytest.approx(own_nll.item(), rel=1e-6)
+    assert loss1.item() == pytest.approx((own_nll + 0.5 * other_nll).item(), rel=1e-6)

@@ -1,6 +1,6 @@
 """The CER command line: ``python -m cer {build-tiny,warmup,train,eval}``.
 
-    python -m cer build-tiny --out runs/cer/tiny/task [--seed 0]
+    python -m cer build-tiny --out runs/cer/tiny/task [--seed 0] [--task alias|arithmetic]
     python -m cer warmup --config cer/configs/tiny.yaml [key=value ...]
     python -m cer train  --config cer/configs/tiny.yaml [reward.type=exact run_dir=...]
     python -m cer eval   --config cer/configs/tiny.yaml [--model PATH]
@@ -31,6 +31,19 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--n-train", type=int, default=2000)
     b.add_argument("--n-dev", type=int, default=200)
     b.add_argument("--n-test", type=int, default=200)
+    b.add_argument(
+        "--task",
+        choices=("alias", "arithmetic"),
+        default="alias",
+        help="alias: reading comprehension with name/number aliases (cer.aliastask); "
+        "arithmetic: numbers in several forms (cer.tinytask)",
+    )
+    b.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="tokenizer ids (default: 512 alias, 1024 arithmetic)",
+    )
     helps = {
         "warmup": "supervised warm start on worked solutions",
         "train": "RL with the configured reward",
@@ -58,8 +71,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build-tiny":
             from cer.tiny import build_tiny
 
-            out = build_tiny(args.out, args.seed, args.n_train, args.n_dev, args.n_test)
-            print(f"wrote the tiny CER task, tokenizer and model to {out}")
+            out = build_tiny(
+                args.out,
+                args.seed,
+                args.n_train,
+                args.n_dev,
+                args.n_test,
+                args.vocab_size,
+                args.task,
+            )
+            print(f"wrote the tiny CER {args.task} task, tokenizer and model to {out}")
             return 0
         cfg = load_config(CERConfig, args.config, args.overrides)
         if cfg.torch_threads:

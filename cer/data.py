@@ -8,7 +8,9 @@ of the first row when ``auto``:
   answer of the solution. Rows whose solution has no box are left out and listed in
   ``Loaded.skipped`` (and logged), never dropped silently.
 - ``answer``: MATH500 / AIME / AMC style ``{problem | question, answer}`` (a number answer is
-  written as text; ``27.0`` as ``27``).
+  written as text; ``27.0`` as ``27``). An optional ``verifier: "alias"`` (the tiny alias task)
+  makes ``answer_forms`` (a list starting with the answer) the row's correct answers
+  (``cer.group_reward.is_correct``).
 - ``webinstruct``: WebInstruct-verified ``{id, question, answer, answer_type, category,
   difficulty}``; ``webinstruct_paper_filter`` keeps the paper's subset.
 - ``mmlu_pro``: ``{question, options, answer (letter) and/or answer_index}``.
@@ -35,6 +37,7 @@ from cer.answer import last_boxed
 from common.data import DataError, hub_rows, read_json_rows
 
 FORMATS = ("math", "answer", "webinstruct", "mmlu_pro", "supergpqa")
+ROW_VERIFIERS = ("alias",)  # values of an answer row's optional "verifier" field
 LETTERS = string.ascii_uppercase[:10]  # A-J: MMLU-Pro has up to 10 options
 _HF_PATH = re.compile(r"hf://(?P<id>[^:@]+)(?::(?P<config>[^@]+))?@(?P<split>.+)")
 _ID_KEYS = ("id", "unique_id", "question_id", "uuid", "idx")
@@ -167,7 +170,28 @@ def _parse_math(row: dict, at: str) -> MathExample | str:
 
 def _parse_answer(row: dict, at: str) -> MathExample:
     key = "problem" if "problem" in row else "question"
-    return MathExample("", _text(row, key, at), _answer_text(row, "answer", at), _rest(row, key))
+    answer = _answer_text(row, "answer", at)
+    if "verifier" in row:
+        _check_verifier(row, answer, at)
+    return MathExample("", _text(row, key, at), answer, _rest(row, key))
+
+
+def _check_verifier(row: dict, answer: str, at: str) -> None:
+    """A row's own verifier: only ``alias``, which needs ``answer_forms``, a list of non-empty
+    strings whose first is the answer."""
+    if row["verifier"] not in ROW_VERIFIERS:
+        raise DataError(
+            f"{at}: field 'verifier' must be one of {list(ROW_VERIFIERS)}, got {row['verifier']!r}"
+        )
+    forms = row.get("answer_forms")
+    if not isinstance(forms, list) or not forms:
+        raise DataError(f"{at}: verifier 'alias' needs field 'answer_forms', a non-empty list")
+    if not all(isinstance(f, str) and f.strip() for f in forms):
+        raise DataError(f"{at}: field 'answer_forms' must hold non-empty strings, got {forms!r}")
+    if forms[0].strip() != answer:
+        raise DataError(
+            f"{at}: field 'answer_forms' must start with the answer {answer!r}, got {forms[0]!r}"
+        )
 
 
 def _parse_webinstruct(row: dict, at: str) -> MathExample:

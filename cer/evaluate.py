@@ -1,10 +1,12 @@
-"""`cer eval`: accuracy by the rule verifier (letter match for multiple choice), avg@k and greedy.
+"""`cer eval`: accuracy by the rule verifier (letter match for multiple choice, the alias oracle
+on the alias task's rows), avg@k and greedy, beside exact-match accuracy.
 
     python -m cer eval --config cer/configs/tiny.yaml [--model PATH] [key=value ...]
 
 For each benchmark of ``assets.benchmarks``: k samples per problem (temperature 0.6, top-p 0.95,
 top-k 20 by default) give avg@k (mean accuracy over all samples) and pass@k; one greedy sample
-gives greedy accuracy. Written to ``<run_dir>/eval/`` (or ``eval.out``): ``<name>.json`` per
+gives greedy accuracy; ``exact_avg@k`` and ``greedy_exact`` are the same by exact match against the
+reference, so the share of right answers in another form is their gap. Written to ``<run_dir>/eval/`` (or ``eval.out``): ``<name>.json`` per
 benchmark (metrics and each problem's answers), ``results.json`` and ``results.md``.
 The model is ``--model``, else the run's latest checkpoint, else ``assets.model``.
 """
@@ -21,7 +23,7 @@ import torch
 
 from cer.config import CERConfig, check_assets
 from cer.data import MathExample, load_math_examples, webinstruct_paper_filter
-from cer.group_reward import is_correct, is_exact
+from cer.group_reward import is_correct, is_exact, verifier_name
 from cer.prompt import prompt_ids
 from cer.rollout import sample_groups
 from common.rl_loop import build_engine
@@ -130,8 +132,15 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         )
         metrics, rows = evaluate_problems(engine, tokenizer, examples, prompts, sampled)
         result = {f"avg@{e.k}": metrics["accuracy"], f"pass@{e.k}": metrics[f"pass@{e.k}"]}
+        result[f"exact_avg@{e.k}"] = metrics["exact_accuracy"]
         result["boxed_rate"] = metrics["boxed_rate"]
-        record: dict[str, Any] = {"benchmark": name, "file": path, "model": model_path}
+        verifiers = sorted({verifier_name(ex) for ex in examples})
+        record: dict[str, Any] = {
+            "benchmark": name,
+            "file": path,
+            "model": model_path,
+            "verifier": "+".join(verifiers),
+        }
         if e.greedy:
             greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=e.max_tokens)
             g_metrics, g_rows = evaluate_problems(engine, tokenizer, examples, prompts, greedy)
@@ -145,7 +154,7 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         shown = ", ".join(
             f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()
         )
-        print(f"[cer eval] {name}: {shown}")
+        print(f"[cer eval] {name} (accuracy by {record['verifier']}): {shown}")
     (out / "results.json").write_text(
         json.dumps({"model": model_path, "results": results}, indent=1)
     )

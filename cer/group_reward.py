@@ -17,7 +17,7 @@ from cer.answer import AnswerSplit
 from cer.data import MathExample
 from cer.reward import cer_from_logprobs, combine_rule_cer, verifree_reward
 from cer.scorer import ScoreFn, group_pairs
-from cer.verifiers import exact_verifier, letter_verifier, rule_verifier
+from cer.verifiers import alias_verifier, exact_verifier, letter_verifier, rule_verifier
 from common.rollout.engine import GeneratedKV
 from common.rollout.trajectory import Trajectory
 
@@ -36,11 +36,23 @@ class Group:
     kvs: list[GeneratedKV | None] | None = None
 
 
+def verifier_name(example: MathExample) -> str:
+    """Which verifier is the rule for ``example``: ``alias`` (its row says ``verifier: alias``:
+    the alias oracle over its ``answer_forms``), ``letter`` (multiple choice) or ``math-verify``."""
+    if example.metadata.get("verifier") == "alias":
+        return "alias"
+    return "letter" if example.metadata.get("multiple_choice") else "math-verify"
+
+
 def is_correct(answer: str | None, example: MathExample) -> bool:
-    """The rule verifier: letter match for multiple choice, math-verify otherwise."""
+    """The rule verifier (``verifier_name``): the alias oracle for alias rows, letter match for
+    multiple choice, math-verify otherwise."""
     if answer is None:
         return False
-    if example.metadata.get("multiple_choice"):
+    name = verifier_name(example)
+    if name == "alias":
+        return alias_verifier(answer, example.metadata["answer_forms"])
+    if name == "letter":
         return letter_verifier(answer, example.answer)
     return rule_verifier(answer, example.answer)
 

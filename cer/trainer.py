@@ -26,7 +26,7 @@ import torch
 
 from cer.config import CERConfig, check_assets
 from cer.evaluate import evaluate_problems, load_problems
-from cer.group_reward import Group, group_rewards
+from cer.group_reward import Group, group_rewards, verifier_name
 from cer.rollout import sample_groups
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
 from common.config import dump_config
@@ -120,6 +120,8 @@ def train_cer(cfg: CERConfig) -> dict:
     )
     dev_set, dev_prompts = load_problems(a.dev, tokenizer, cfg.max_prompt_tokens)
     dev_set, dev_prompts = dev_set[: cfg.eval_questions], dev_prompts[: cfg.eval_questions]
+    # The rule the dev accuracy is by: math-verify, letter, or the alias oracle (alias task).
+    dev_verifier = "+".join(sorted({verifier_name(ex) for ex in dev_set}))
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
     logger = MetricsLogger(run_dir) if train.is_main else None
@@ -135,7 +137,7 @@ def train_cer(cfg: CERConfig) -> dict:
         if logger:
             logger.log(step, {f"dev/{k}": v for k, v in m.items()})
             print(
-                f"[cer] step {step}: dev accuracy {m['accuracy']:.3f} "
+                f"[cer] step {step}: dev accuracy ({dev_verifier}) {m['accuracy']:.3f} "
                 f"(exact {m['exact_accuracy']:.3f}, boxed {m['boxed_rate']:.3f})",
                 flush=True,
             )
@@ -265,7 +267,7 @@ def plot_curve(evals: list[dict], path: Path, reward_type: str) -> Path:
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
     steps = [e["step"] for e in evals]
-    ax.plot(steps, [e["accuracy"] for e in evals], marker="o", label="dev accuracy (rule)")
+    ax.plot(steps, [e["accuracy"] for e in evals], marker="o", label="dev accuracy (rule/oracle)")
     ax.plot(steps, [e["exact_accuracy"] for e in evals], marker="s", label="dev exact match")
     ax.set_xlabel(f"RL step (reward: {reward_type})")
     ax.legend()

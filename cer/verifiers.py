@@ -1,4 +1,5 @@
-"""Answer verifiers: exact (normalised string), rule (math-verify) and multiple-choice letter.
+"""Answer verifiers: exact (normalised string), rule (math-verify), multiple-choice letter and the
+alias oracle (any of a row's listed answer forms).
 
 Each takes the extracted answer string and the gold and returns a bool; none ever raises on
 malformed input (a model writes anything).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections.abc import Sequence
 
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
@@ -17,6 +19,7 @@ RULE_TIMEOUT_S = 5
 _DOLLARS = re.compile(r"^\$+|\$+$")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|boxed)\{(.*)\}", re.DOTALL)
 _LATEX_SPACING = re.compile(r"\\[,!;: ]|\\left|\\right|\s+")
+_DIGIT_COMMA = re.compile(r"(?<=\d),(?=\d)")
 _LETTER = re.compile(r"\(([A-J])\)|([A-J])(?:[.):]|$)")
 
 # math-verify logs a warning for each expression it cannot parse; a model writes many of those.
@@ -78,3 +81,22 @@ def letter_verifier(answer: str, gold_letter: str) -> bool:
     the data, e.g. ``"C"``)."""
     letter = extract_letter(answer)
     return letter is not None and letter == gold_letter.strip().upper()
+
+
+def normalize_alias(answer: str) -> str:
+    """The form compared by ``alias_verifier``: ``$`` delimiters and ``\\text{…}``-style wrappers
+    dropped, a trailing period dropped, case folded, runs of whitespace made one space, and
+    commas between digits removed (``2,795,000`` reads as ``2795000``)."""
+    s = _DOLLARS.sub("", answer.strip().rstrip(".")).strip()
+    while m := _TEXT_WRAPPER.fullmatch(s):
+        s = _DOLLARS.sub("", m[1].strip()).strip()
+    s = " ".join(s.rstrip(".").split()).casefold()
+    return _DIGIT_COMMA.sub("", s)
+
+
+def alias_verifier(answer: str, forms: Sequence[str]) -> bool:
+    """The alias oracle: the answer equals one of ``forms`` (every correct surface form of the
+    gold, e.g. ``["Tusha Shusti", "Shusti"]`` or ``["2", "two"]``) after ``normalize_alias``.
+    Nothing else is inferred: a given name alone (``Tusha``), a misspelling or ``2.0`` is wrong."""
+    said = normalize_alias(answer)
+    return bool(said) and any(said == normalize_alias(f) for f in forms)

@@ -127,6 +127,26 @@ def _write(tmp_path: Path, rows: list) -> Path:
             "missing field 'difficulty'",
         ),
         ([{"text": "what"}], "auto", "cannot tell the format"),
+        (
+            [{"problem": "p", "answer": "1", "verifier": "fuzzy", "answer_forms": ["1"]}],
+            "auto",
+            "line 1: field 'verifier' must be one of",
+        ),
+        (
+            [{"problem": "p", "answer": "1", "verifier": "alias"}],
+            "auto",
+            "line 1: verifier 'alias' needs field 'answer_forms'",
+        ),
+        (
+            [{"problem": "p", "answer": "1", "verifier": "alias", "answer_forms": ["one", "1"]}],
+            "auto",
+            "line 1: field 'answer_forms' must start with the answer",
+        ),
+        (
+            [{"problem": "p", "answer": "1", "verifier": "alias", "answer_forms": ["1", ""]}],
+            "auto",
+            "line 1: field 'answer_forms' must hold non-empty strings",
+        ),
         ([[1, 2]], "answer", "expected a JSON object"),
     ],
 )

@@ -68,6 +68,21 @@ def test_build_tiny_tokenizer_is_deterministic_and_keeps_the_brace_alone(tiny_ro
     assert pieces[-2:] == ["}", "."]
 
 
+def test_build_tiny_is_byte_identical_per_seed_and_keeps_the_arithmetic_task(tmp_path):
+    def files(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+    a = build_tiny(tmp_path / "a", seed=1, n_train=30, n_dev=4, n_test=4)
+    b = build_tiny(tmp_path / "b", seed=1, n_train=30, n_dev=4, n_test=4)
+    assert files(a) == files(b) and "model/model.safetensors" in files(a)
+    assert json.loads((a / "meta.json").read_text())["task"] == "alias"
+    arith = build_tiny(tmp_path / "c", seed=1, n_train=30, n_dev=4, n_test=4, task="arithmetic")
+    assert "task" not in json.loads((arith / "meta.json").read_text())
+    assert (arith / "model" / "tokenizer.json").is_file()
+    with pytest.raises(ValueError, match="unknown tiny task 'chess'"):
+        build_tiny(tmp_path / "d", task="chess")
+
+
 def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
     run_dir = tiny_root / "run"
     cfg = tiny_config(
@@ -114,7 +129,9 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
     assert saved["model"].endswith("step_2") and saved["results"] == results
     tiny = results["tiny_test"]
     assert tiny["problems"] == 6 and 0 <= tiny["avg@2"] <= tiny["pass@2"] <= 1
+    assert 0 <= tiny["exact_avg@2"] <= 1
     per = json.loads((run_dir / "eval" / "tiny_test.json").read_text())
+    assert per["verifier"] == "alias"
     assert len(per["sampled_rows"]) == 6 and all(
         len(r["answers"]) == 2 for r in per["sampled_rows"]
     )

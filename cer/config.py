@@ -126,6 +126,13 @@ class WarmupConfig:
 
     steps: int = field(default=400, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=16, metadata={"help": "solutions per optimizer step"})
+    context_weight: float = field(
+        default=0.0,
+        metadata={
+            "help": "weight of a language-modelling loss on the prompt tokens (question and "
+            "context), added to the solution-token NLL; 0: solution tokens only"
+        },
+    )
     out: str = field(
         default="runs/cer/tiny/warmup", metadata={"help": "output folder (model in <out>/model)"}
     )

@@ -1,8 +1,11 @@
 """`cer warmup`: supervised warm start on the tiny task's worked solutions, so that the tiny model
 writes reasoning and a boxed answer before RL (the paper starts from a base model instead).
 
-Each example is the CER prompt followed by ``solution + end-of-turn``; the loss falls on the
-solution tokens only (common.warmstart's SFT loop).
+Each example is the CER prompt followed by ``solution + end-of-turn``; the loss is the token-mean
+NLL of the solution tokens plus ``warmup.context_weight`` times the token-mean NLL of the prompt
+tokens (common.warmstart's SFT loop and ``sft_loss``; padding is in neither). The prompt term is
+language modelling on the question and its context: an alias-task context repeats its names and
+numbers, which teaches the copying the answer needs. The logged ``sft_loss`` is the solution NLL.
 """
 
 from __future__ import annotations
@@ -51,7 +54,15 @@ def run_warmup(cfg: CERConfig) -> Path:
     w.train.total_steps = w.steps
     w.train.seed = cfg.seed
     engine = TrainEngine(model, w.train)
-    history = warm_start(engine, trajs, tokenizer.pad_token_id, w.steps, w.batch_size, cfg.seed)
+    history = warm_start(
+        engine,
+        trajs,
+        tokenizer.pad_token_id,
+        w.steps,
+        w.batch_size,
+        cfg.seed,
+        context_weight=w.context_weight,
+    )
     saved = save_warm_start(engine, tokenizer, cfg, Path(w.out), history)
     if engine.is_main:
         print(f"[cer warmup] {len(trajs)} solutions, {w.steps} steps; loss {history[-1:]}")

@@ -23,7 +23,7 @@ endif
 
 .PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
-	warmup-arco train-arco eval-arco
+	warmup-arco train-arco eval-arco compare-grpo compare-eviback compare-cer compare-arco
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -98,15 +98,24 @@ ARCO_DEMO := warmup_dir=runs/arco/demo/warmup run_dir=runs/arco/demo
 ARCO_DEMO_WARMUP := $(ARCO_DEMO) warmup.questions=150 warmup.mu_epochs=2
 ARCO_DEMO_RL := $(ARCO_DEMO) rl.sparse_steps=4 rl.dense_steps=4 eval_every=4
 
-demo:  ## all of it on the tiny setup, from nothing, on CPU (about 9 minutes on 2 cores)
+demo:  ## all of it on the tiny setup, from nothing, on CPU, ending in runs/demo/report.md
 	$(PY) -m common.demo --world $(WORLD) --warmstart runs/warmstart/tiny --run-dir runs/grpo/tiny
 	$(PY) -m eviback train --config eviback/configs/tiny.yaml
 	$(MAKE) cer-tiny-assets
 	$(PY) -m cer train --config cer/configs/tiny.yaml
-	$(PY) -m cer eval --config cer/configs/tiny.yaml
 	$(PY) -m arco warmup --config arco/configs/tiny.yaml $(ARCO_DEMO_WARMUP)
 	$(PY) -m arco train --config arco/configs/tiny.yaml $(ARCO_DEMO_RL)
-	$(PY) -m arco eval --config arco/configs/tiny.yaml $(ARCO_DEMO)
+	$(PY) -m common.demo_report --out runs/demo "reference GRPO=runs/grpo/tiny" \
+		"EviBack=runs/eviback/tiny" "CER=runs/cer/tiny/cer" "ARCO=runs/arco/demo"
+
+compare-grpo: warmstart  ## the reference GRPO loop against its warm start, 3 seeds, paired bootstrap
+	$(PY) -m common.compare --spec common/configs/compare_grpo_tiny.yaml
+
+compare-eviback: warmstart  ## EviBack vs the Search-R1 baseline, 3 seeds, one warm start
+	$(PY) -m common.compare --spec eviback/configs/compare_tiny.yaml
+
+compare-cer: cer-tiny-assets  ## CER rewards (exact, rule = alias oracle, cer, rule+cer), 3 seeds, vs exact
+	$(PY) -m common.compare --spec cer/configs/compare_tiny.yaml
 
 bench:  ## the benchmarks; each prints a table (copied into benchmarks/README.md)
 	$(PY) benchmarks/bench_retrieval.py

@@ -38,7 +38,9 @@ def _run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - start
 
 
-def evaluate_model(model: Path, world: Path, questions: int, n: int, seed: int = 0) -> dict:
+def evaluate_model(
+    model: Path, world: Path, questions: int, n: int, seed: int = 0, temperature: float = 1.0
+) -> dict:
     """Greedy EM (overall and per question kind) and pass@n / mixed-group share on dev, and
     greedy EM on as many train questions (memorised facts versus reading)."""
     from transformers import AutoTokenizer
@@ -51,7 +53,7 @@ def evaluate_model(model: Path, world: Path, questions: int, n: int, seed: int =
     from common.rollout import run_agent
     from common.search_grpo import GRPOConfig
 
-    agent = load_config(GRPOConfig, GRPO_CONFIG, []).agent
+    agent = load_config(GRPOConfig, GRPO_CONFIG, [f"agent.temperature={temperature}"]).agent
     tokenizer = AutoTokenizer.from_pretrained(model)
     engine = build_engine(EngineConfig(), str(model), None, tokenizer, seed)
     retriever = BM25Retriever.from_corpus(world / "corpus.jsonl")
@@ -112,7 +114,14 @@ def calibrate(args: argparse.Namespace) -> dict:
         row["warmstart_min"] = _run(cmd, out / "warmstart.log") / 60
     loss = json.loads((warm / "sft_loss.json").read_text())
     row["sft_loss"] = loss[-1]["sft_loss"] if loss else None
-    row.update(evaluate_model(warm / "model", world, args.eval_questions, args.n))
+    row["temperature"] = args.temperature
+    cached = out / f"eval-{args.eval_questions}x{args.n}-t{args.temperature}.json"
+    if not cached.exists():  # the warm start's, once
+        result = evaluate_model(
+            warm / "model", world, args.eval_questions, args.n, temperature=args.temperature
+        )
+        cached.write_text(json.dumps(result))
+    row.update(json.loads(cached.read_text()))
     print(f"[calibrate] {json.dumps(row)}", flush=True)
     for seed in args.grpo_seeds if args.grpo is not None else []:
         run_dir = out / f"grpo-{args.grpo_tag}-s{seed}"
@@ -170,6 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grpo-seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--eval-questions", type=int, default=500)
     parser.add_argument("--n", type=int, default=8, help="samples per question for pass@n")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling for pass@n")
     parser.add_argument("--table", action="store_true", help="print the results table and exit")
     args = parser.parse_args(argv)
     if args.table:

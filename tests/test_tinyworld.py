@@ -32,6 +32,7 @@ from common.tinyworld import (
     load_world,
     make_questions,
 )
+from common.tinyworld.build import DEFAULT_MODEL_SIZES
 from common.tinyworld.model import build_model, padded_vocab_size, save_model_folder
 from common.tinyworld.questions import MIX, SPLITS, TEMPLATES, subject_pools
 from common.tinyworld.tokenizer import SPECIAL_TOKENS, TAGS, build_tokenizer
@@ -224,7 +225,7 @@ def test_flashrag_rows(built_questions: dict[str, list[dict]]) -> None:
     assert set(row) == {"id", "question", "golden_answers", "metadata"}
     assert {"type", "hops", "gold_queries", "supporting_ids", "answer_type"} <= set(row["metadata"])
     for split, rows in built_questions.items():
-        assert len(rows) == {"train": 4000, "dev": 200, "test": 200}[split]
+        assert len(rows) == {"train": 4000, "dev": 500, "test": 500}[split]
         assert len({r["question"] for r in rows}) == len(rows)
         for r in rows:
             meta = r["metadata"]
@@ -353,6 +354,20 @@ def test_any_text_round_trips(tokenizer, pieces: list[str]) -> None:
     assert tokenizer.decode(ids) == text
 
 
+def test_split_digits_makes_every_digit_a_token() -> None:
+    texts = [d.contents for d in documents(generate_world(5, SMALL))]
+    split = build_tokenizer(texts * 3, vocab_size=1200, split_digits=True)
+    text = "Tusha Shusti was born in Chutrar in 1951; population 2,795,000."
+    pieces = split.convert_ids_to_tokens(split.encode(text, add_special_tokens=False))
+    digits = [p for p in pieces if any(ch.isdigit() for ch in p)]
+    assert digits == list("1951") + list("2795000")
+    assert split.decode(split.encode(text, add_special_tokens=False)) == text
+    # without the option (the default) a frequent year is one token
+    plain = build_tokenizer(texts * 3, vocab_size=1200)
+    years = [p for p in plain.convert_ids_to_tokens(plain.encode(texts[0])) if p[-4:].isdigit()]
+    assert years and all(len(p.lstrip("Ġ")) == 4 for p in years)
+
+
 def test_tokenizer_training_is_deterministic() -> None:
     texts = [d.contents for d in documents(generate_world(5, SMALL))]
     first = build_tokenizer(texts, vocab_size=600).backend_tokenizer.to_str()
@@ -472,6 +487,19 @@ def test_other_seed_other_bytes_and_rebuild_in_place(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".w.tmp-*"))
 
 
+def test_model_sizes_are_built_and_recorded(tmp_path: Path) -> None:
+    sizes = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128}
+    out = build_world(tmp_path / "w", seed=0, sizes=SMALL, splits=SMALL_SPLITS, model_sizes=sizes)
+    config = json.loads((out / "model" / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]) == (
+        1,
+        64,
+        128,
+    )
+    recorded = json.loads((out / "manifest.json").read_text())["model_sizes"]
+    assert recorded == {**DEFAULT_MODEL_SIZES, **sizes}
+
+
 def test_build_refuses_a_foreign_folder(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="not a tiny-world build"):
@@ -481,7 +509,7 @@ def test_build_refuses_a_foreign_folder(tmp_path: Path) -> None:
 
 def test_cli_show_and_errors(built: Path) -> None:
     text = describe(built)
-    assert "people           600" in text and "test: 200 questions" in text
+    assert "people           600" in text and "test: 500 questions" in text
     assert "tiny-test-00000" in text
     bad = subprocess.run(
         [sys.executable, "-m", "common.tinyworld", "build", "--out", "/nonexistent/x", "--cities", "5"],

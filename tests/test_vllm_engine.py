@@ -137,3 +137,17 @@ def test_only_the_expected_reload_warnings_are_hidden():
     assert untied.filter(record("ParallelLMHead: Failed to load weights"))
     assert tied.filter(record("QKVParallelLinear: Failed to load weights"))
     assert tied.filter(record("RotaryEmbedding: something else"))
+
+
+def test_expected_cpu_warnings_are_dropped_and_others_kept():
+    import logging
+
+    from common.rollout.vllm_engine import _ExpectedCpuWarnings
+
+    def passes(message: str) -> bool:
+        record = logging.LogRecord("vllm.x", logging.WARNING, __file__, 1, message, None, None)
+        return _ExpectedCpuWarnings().filter(record)
+
+    assert not passes("libtcmalloc is not found in LD_PRELOAD. For best performance, ...")
+    assert not passes("The global random seed is set to 0. Since ...")
+    assert passes("KV cache is too small for max_model_len")

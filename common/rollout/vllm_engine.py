@@ -8,10 +8,12 @@ an ``external_launcher`` group, so every engine call is collective: all ranks mu
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -40,6 +42,70 @@ class _ExpectedReloadWarnings(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         layer, _, rest = record.getMessage().partition(": ")
         return not (rest == "Failed to load weights" and layer in self.layers)
+
+
+# Warnings vLLM gives on every CPU start that say nothing about this run: each names a choice
+# made here on purpose or a GPU/packaging feature a CPU engine does not use.
+EXPECTED_CPU_WARNINGS = (
+    "The global random seed is set to",  # seeded on purpose; the engine runs in this process
+    "Enforce eager set",  # eager mode is the CPU default chosen in VLLMEngine
+    "Inductor compilation was disabled",  # follows from eager mode
+    "Triton is installed, but doesn't include CPU backend",  # Triton is for GPUs
+    "Triton is not installed",
+    "Model Runner V2 requires Triton",
+    "is not found in LD_PRELOAD",  # tcmalloc / Intel OpenMP: optional speed-ups
+    "CPU backend doesn't allow to use `torch.set_num_threads`",  # threads are bound at start
+)
+
+
+class _ExpectedCpuWarnings(logging.Filter):
+    """Drops the records of ``EXPECTED_CPU_WARNINGS``; every other warning still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(expected in message for expected in EXPECTED_CPU_WARNINGS)
+
+
+def _vllm_logging_config() -> str:
+    """A logging config file for vLLM (``VLLM_LOGGING_CONFIG_PATH``): its usual one-line format
+    on stderr at ``VLLM_LOGGING_LEVEL``, with ``_ExpectedCpuWarnings`` on the handler. vLLM
+    re-applies its config when an engine starts, so a filter added by hand would not last."""
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper()
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"expected": {"()": f"{__name__}._ExpectedCpuWarnings"}},
+        "formatters": {
+            "vllm": {
+                "format": "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s",
+                "datefmt": "%m-%d %H:%M:%S",
+            }
+        },
+        "handlers": {
+            "vllm": {
+                "class": "logging.StreamHandler",
+                "formatter": "vllm",
+                "filters": ["expected"],
+                "level": level,
+                "stream": "ext://sys.stderr",
+            }
+        },
+        "loggers": {"vllm": {"handlers": ["vllm"], "level": level, "propagate": False}},
+    }
+    path = Path(tempfile.gettempdir()) / f"rlrewards-vllm-logging-{level}.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+# Unless the user configures vLLM's logging, or turns it off, in which case theirs stands.
+if os.environ.get("VLLM_CONFIGURE_LOGGING", "1") != "0":
+    os.environ.setdefault("VLLM_LOGGING_CONFIG_PATH", _vllm_logging_config())
+if not torch.cuda.is_available():
+    # logged while vllm imports, before its handlers exist: Triton serves GPUs only
+    logging.getLogger("vllm.triton_utils.importing").setLevel(logging.ERROR)
+warnings.filterwarnings(  # vLLM's own use of a deprecated torch name, when it imports
+    "ignore", message=".*torch.distributed.reduce_op.*", category=FutureWarning
+)
 
 
 @contextlib.contextmanager

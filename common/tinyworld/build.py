@@ -56,6 +56,7 @@ def build_world(
     splits: SplitSizes | None = None,
     vocab_size: int = 2048,
     model_sizes: dict[str, int] | None = None,
+    split_digits: bool = False,
 ) -> Path:
     """Write world.json, corpus.jsonl, {train,dev,test}.jsonl, model/ and manifest.json into `out`.
 
@@ -84,7 +85,7 @@ def build_world(
     from common.tinyworld.tokenizer import build_tokenizer
 
     texts = [d.contents for d in docs] + [q.question for q in questions["train"]]
-    tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
+    tokenizer = build_tokenizer(texts, vocab_size=vocab_size, split_digits=split_digits)
     model = build_model(tokenizer, seed, **(model_sizes or {}))
     n_params = sum(p.numel() for p in model.parameters())
     _log(f"model: {n_params:,} parameters, {len(tokenizer)} tokens", start)
@@ -106,7 +107,8 @@ def build_world(
             "sizes": dataclasses.asdict(sizes),
             "splits": dataclasses.asdict(splits),
             "vocab_size": vocab_size,
-            "model_sizes": model_sizes or {},
+            "model_sizes": {**DEFAULT_MODEL_SIZES, **(model_sizes or {})},
+            "split_digits": split_digits,
             "files": {p.relative_to(tmp).as_posix(): _sha256(p) for p in files},
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")

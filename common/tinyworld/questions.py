@@ -25,8 +25,8 @@ class SplitSizes:
     """Questions per split, and the fraction of each entity kind held out as dev (and as test) subjects."""
 
     train: int = 4000
-    dev: int = 200
-    test: int = 200
+    dev: int = 500
+    test: int = 500
     holdout: float = 0.1
 
     def validate(self) -> None:

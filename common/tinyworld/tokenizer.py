@@ -47,11 +47,15 @@ PROTOCOL_TEXT = (
 _TAG_PATTERN = re.compile("|".join(re.escape(t) for t in TAGS + SPECIAL_TOKENS))
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    texts: Iterable[str], vocab_size: int = 2048, split_digits: bool = False
+) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE of `vocab_size` ids in all (specials and tags included).
 
     Ids 0-2 are the special tokens, the last len(TAGS) ids the tags; training is deterministic:
-    the same texts give the same tokenizer.json.
+    the same texts give the same tokenizer.json. With `split_digits` every digit is a token of
+    its own, as in Qwen's tokenizer: a year is then four frequent tokens a small model can copy,
+    not one of a hundred rare ones.
     """
     n_learned = vocab_size - len(TAGS)
     if n_learned < len(SPECIAL_TOKENS) + 256:
@@ -59,7 +63,12 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> PreTrainedT
             f"vocab_size {vocab_size} leaves no room beyond the 256 bytes and the tags"
         )
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits
+        else byte_level
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=n_learned,

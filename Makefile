@@ -117,6 +117,9 @@ compare-eviback: warmstart  ## EviBack vs the Search-R1 baseline, 3 seeds, one w
 compare-cer: cer-tiny-assets  ## CER rewards (exact, rule = alias oracle, cer, rule+cer), 3 seeds, vs exact
 	$(PY) -m common.compare --spec cer/configs/compare_tiny.yaml
 
+compare-arco: $(ARCO_WARM)/arco.json  ## ARCO vs outcome-only GRPO in ARCO's trainer, 3 seeds
+	$(PY) -m common.compare --spec arco/configs/compare_tiny.yaml
+
 bench:  ## the benchmarks; each prints a table (copied into benchmarks/README.md)
 	$(PY) benchmarks/bench_retrieval.py
 	$(PY) benchmarks/bench_cer_scoring.py

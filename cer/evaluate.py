@@ -69,13 +69,14 @@ def evaluate_problems(
 ) -> tuple[dict[str, float], list[dict]]:
     """``params.n`` samples per problem: accuracy (rule / letter; mean over all samples, i.e.
     avg@n), pass@n, exact-match accuracy and the share of samples with a boxed answer; and one
-    row per problem (its gold, answers and verdicts)."""
+    row per problem (its gold, answers, verdicts and exact matches)."""
     groups = sample_groups(engine, tokenizer, examples, prompts, params, group_prefix="eval:")
     rows, right, exact, boxed, passed = [], 0, 0, 0, 0
     for g in groups:
         verdicts = [is_correct(s.answer, g.example) for s in g.splits]
+        exacts = [is_exact(s.answer, g.example) for s in g.splits]
         right += sum(verdicts)
-        exact += sum(is_exact(s.answer, g.example) for s in g.splits)
+        exact += sum(exacts)
         boxed += sum(s.answer is not None for s in g.splits)
         passed += any(verdicts)
         rows.append(
@@ -84,6 +85,7 @@ def evaluate_problems(
                 "gold": g.example.answer,
                 "answers": [s.answer for s in g.splits],
                 "correct": verdicts,
+                "exact": exacts,
             }
         )
     n = max(len(groups) * params.n, 1)
@@ -95,6 +97,27 @@ def evaluate_problems(
         "problems": len(groups),
     }
     return metrics, rows
+
+
+def problem_results(rows: Sequence[dict]) -> list[dict]:
+    """One-sample rows of ``evaluate_problems`` as per-problem results (``common.compare``'s
+    input): ``{id, correct, exact, boxed, valid, answer}``; ``correct`` is the task's verifier
+    (the alias oracle on alias rows), ``valid`` = ``boxed`` (the field compare reports)."""
+    out = []
+    for r in rows:
+        (answer,), (correct,), (exact,) = r["answers"], r["correct"], r["exact"]
+        boxed = answer is not None
+        out.append(
+            {
+                "id": r["id"],
+                "correct": bool(correct),
+                "exact": bool(exact),
+                "boxed": boxed,
+                "valid": boxed,
+                "answer": answer,
+            }
+        )
+    return out
 
 
 def resolve_model(cfg: CERConfig, model: str | None) -> str:

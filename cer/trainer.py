@@ -11,6 +11,10 @@ forwarded once, each solution once, every answer on the solution's cache), on an
 ``reward.scorer=engine`` uses the engine's ``score`` instead (vLLM prompt logprobs: vLLM ignores
 its prefix cache for requests with prompt logprobs, so each pair is prefilled whole; HF: each pair
 forwarded whole). ``reward.frozen_scorer`` scores with a frozen copy of the initial policy.
+
+Every dev evaluation (greedy) logs ``dev/*`` and, on the main rank, writes one row per dev problem
+in dev order to ``run_dir/dev_results/step_N.jsonl`` (``cer.evaluate.problem_results``, gathered
+from every rank): what ``common.compare`` pairs across runs.
 """
 
 from __future__ import annotations
@@ -25,13 +29,21 @@ from typing import Any
 import torch
 
 from cer.config import CERConfig, check_assets
-from cer.evaluate import evaluate_problems, load_problems
+from cer.evaluate import evaluate_problems, load_problems, problem_results
 from cer.group_reward import Group, group_rewards, verifier_name
 from cer.rollout import sample_groups
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
 from common.config import dump_config
 from common.rl import group_normalized_advantages, rloo_advantages
-from common.rl_loop import all_ranks_mean, build_engine, end_of_step, update_and_push
+from common.rl_loop import (
+    all_ranks_mean,
+    build_engine,
+    dev_results_path,
+    end_of_step,
+    gather_in_order,
+    update_and_push,
+    write_jsonl_atomic,
+)
 from common.rollout import HFEngine
 from common.rollout.engine import SamplingConfig
 from common.train import (
@@ -131,8 +143,13 @@ def train_cer(cfg: CERConfig) -> dict:
     def run_eval(step: int) -> None:
         shard = slice(train.rank, None, train.world_size)
         greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=cfg.max_response_tokens)
-        m, _ = evaluate_problems(engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy)
+        m, rows = evaluate_problems(engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy)
         m = all_ranks_mean(m, len(dev_set[shard]))
+        m["correct"] = m["accuracy"]  # the per-problem field's name: common.compare's curves
+        # Every rank's rows, in dev order (a collective: every rank calls it).
+        results = gather_in_order(problem_results(rows), train.world_size)
+        if train.is_main:
+            write_jsonl_atomic(dev_results_path(run_dir, step), results)
         evals.append({"step": step, **m})
         if logger:
             logger.log(step, {f"dev/{k}": v for k, v in m.items()})

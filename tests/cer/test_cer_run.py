@@ -102,6 +102,20 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
+    # per-problem dev results (common.compare's input), in dev order, as logged
+    dev_ids = [json.loads(line)["id"] for line in (tiny_root / "task" / "dev.jsonl").open()][:4]
+    for logged in (r for r in records if "dev/accuracy" in r):
+        path = run_dir / "dev_results" / f"step_{logged['step']:05d}.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [r["id"].split(":")[-1] for r in rows] == dev_ids
+        assert {"correct", "exact", "boxed", "valid"} <= set(rows[0])
+        for field, key in (("correct", "accuracy"), ("exact", "exact_accuracy")):
+            assert sum(r[field] for r in rows) / 4 == pytest.approx(logged[f"dev/{key}"])
+        assert logged["dev/correct"] == logged["dev/accuracy"]
+    assert sorted(p.name for p in (run_dir / "dev_results").iterdir()) == [
+        "step_00000.jsonl",
+        "step_00002.jsonl",
+    ]
     for r in steps:
         assert r["reward"] == r["reward/cer"] and r["accuracy"] == r["reward/rule"]
         assert 0 <= r["reward"] <= 1 and 0 <= r["cer/distinct_answers"] <= 4
@@ -137,6 +151,27 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
     )
     assert sum(sum(r["correct"]) for r in per["sampled_rows"]) / 12 == tiny["avg@2"]
     assert "| tiny_test |" in (run_dir / "eval" / "results.md").read_text()
+
+
+def test_warmup_context_weight_changes_the_update(tiny_root, tmp_path):
+    def one_step(weight: float) -> dict[str, torch.Tensor]:
+        from transformers import AutoModelForCausalLM
+
+        out = tmp_path / f"w{weight}"
+        cfg = tiny_config(
+            tiny_root,
+            f"warmup.out={out}",
+            "warmup.steps=1",
+            "warmup.train.warmup_steps=0",
+            f"warmup.context_weight={weight}",
+        )
+        model = AutoModelForCausalLM.from_pretrained(run_warmup(cfg), dtype=torch.float32)
+        assert load_config(CERConfig, out / "config.yaml").warmup.context_weight == weight
+        return model.state_dict()
+
+    torch.set_num_threads(1)
+    solution_only, with_context = one_step(0.0), one_step(1.0)
+    assert any(not torch.equal(v, with_context[k]) for k, v in solution_only.items())
 
 
 def test_frozen_scorer_keeps_the_initial_policy_and_grpo_advantages(tiny_root):
@@ -211,7 +246,21 @@ def test_cli_reports_a_missing_model_before_loading(tmp_path, capsys):
     assert "assets.model" in err and "python -m cer build-tiny" in err
 
 
-@pytest.mark.parametrize("config", sorted(Path("cer/configs").glob("*.yaml")))
+def test_compare_spec_runs_the_four_rewards_against_exact():
+    from common.compare import load_spec
+
+    spec = load_spec("cer/configs/compare_tiny.yaml")
+    assert [a["name"] for a in spec["arms"]] == ["exact", "rule", "cer", "rule+cer"]
+    for arm in spec["arms"]:
+        assert arm["overrides"] == [f"reward.type={arm['name']}"]
+        assert arm["command"][-2:] == ["--config", TINY]
+    assert (spec["seeds"], spec["metric"], spec["baseline"]) == ([0, 1, 2], "correct", "exact")
+
+
+RUN_CONFIGS = sorted(p for p in Path("cer/configs").glob("*.yaml") if "compare" not in p.name)
+
+
+@pytest.mark.parametrize("config", RUN_CONFIGS)
 def test_every_config_loads(config):
     cfg = load_config(CERConfig, config)
     if "qwen3" in config.name:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from common.data import load_qa
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "common" / "configs" / "grpo_tiny.yaml"
 
@@ -45,7 +47,7 @@ def test_two_deepspeed_ranks_with_vllm_end_with_identical_weights(
     assert all(0.0 <= r["reward"] <= 1.0 for r in steps)
     # per-question dev results: both ranks' shards gathered back into the dev file's order,
     # and their mean is the logged dev EM
-    dev_ids = [json.loads(line)["id"] for line in (tiny_world / "dev.jsonl").open()][:4]
+    dev_ids = [ex.id for ex in load_qa(tiny_world / "dev.jsonl")[:4]]
     for step in (0, 2):
         rows = [
             json.loads(line)

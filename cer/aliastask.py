@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from cer.tinytask import TinyProblem, warm_start_solution
+from cer.tinytask import TinyProblem, warm_start_solution, write_jsonl
 from common.tinyworld.world import Film, World, WorldSizes, generate_world
 
 TASK = "alias"
@@ -250,7 +250,7 @@ def build(
     out.mkdir(parents=True, exist_ok=True)
     splits = split_problems(seed, {"train": n_train, "dev": n_dev, "test": n_test})
     for name, items in splits.items():
-        _write_jsonl(out / f"{name}.jsonl", [task_row(name, i, p) for i, p in enumerate(items)])
+        write_jsonl(out / f"{name}.jsonl", [task_row(name, i, p) for i, p in enumerate(items)])
     rng = random.Random(seed + 2)
     warm = []
     for i, p in enumerate(splits["train"]):
@@ -263,7 +263,7 @@ def build(
                 "answer": form,
             }
         )
-    _write_jsonl(out / "warmstart.jsonl", warm)
+    write_jsonl(out / "warmstart.jsonl", warm)
     problems = [p for items in splits.values() for p in items]
     meta = {
         "task": TASK,
@@ -275,12 +275,6 @@ def build(
     }
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -237,7 +237,7 @@ def build(
         "test": problems[n_train + n_dev :],
     }
     for name, items in splits.items():
-        _write_jsonl(
+        write_jsonl(
             out / f"{name}.jsonl",
             [
                 {
@@ -262,7 +262,7 @@ def build(
                 "answer": form,
             }
         )
-    _write_jsonl(out / "warmstart.jsonl", warm)
+    write_jsonl(out / "warmstart.jsonl", warm)
     meta = {
         "seed": seed,
         "sizes": {name: len(items) for name, items in splits.items()},
@@ -272,7 +272,8 @@ def build(
     return out
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """``rows`` as JSON lines (UTF-8, ``\n`` endings, so builds are byte-identical everywhere)."""
     with open(path, "w", encoding="utf-8", newline="\n") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -71,3 +71,23 @@ def launch_two_ranks() -> Callable[..., subprocess.CompletedProcess]:
         )
 
     return launch
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer(request, tmp_path_factory):
+    """Qwen3's real tokenizer (tests/qwen_tokenizer.py), its tokenizer.json cached under the
+    pytest cache (a temp dir when the cache is off)."""
+    from qwen_tokenizer import build_qwen3_tokenizer
+
+    cache = getattr(request.config, "cache", None)
+    cache_dir = cache.mkdir("qwen3_tokenizer") if cache else tmp_path_factory.mktemp("qwen3_tok")
+    return build_qwen3_tokenizer(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(qwen3_tokenizer, tmp_path_factory) -> Path:
+    """A random tiny Qwen3 with Qwen3's vocabulary, saved with its tokenizer (transformers and
+    vLLM load the folder)."""
+    from qwen_tokenizer import build_tiny_qwen3
+
+    return build_tiny_qwen3(qwen3_tokenizer, tmp_path_factory.mktemp("tiny_qwen3") / "model")

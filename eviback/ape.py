@@ -79,7 +79,10 @@ def build_benchmark(
         rounds = [Round(q, tuple(docs)) for q, docs in rounds_from_trajectory(t)]
         for k in range(1, len(rounds) + 1):
             prefix = tuple(rounds[:k])
-            key = (t.question_id, tuple((q, tuple(d.id for d in docs)) for q, docs in prefix))
+            key = (
+                t.question_id,
+                tuple((q, tuple((d.id, len(d.text)) for d in docs)) for q, docs in prefix),
+            )
             if key in seen:
                 continue
             seen.add(key)

@@ -46,7 +46,7 @@ class AssetsConfig:
     )
     train_quotas: dict[str, int] = field(
         default_factory=dict,
-        metadata={"help": "questions drawn per training source (seeded); empty = all"},
+        metadata={"help": "questions drawn per training source (seeded); empty = all", "ge": 1},
     )
     dev_files: dict[str, str] = field(
         default_factory=dict, metadata={"help": "QA files evaluated during training"}
@@ -56,7 +56,7 @@ class AssetsConfig:
     )
     eval_quotas: dict[str, int] = field(
         default_factory=dict,
-        metadata={"help": "questions drawn per benchmark (seeded); empty = all"},
+        metadata={"help": "questions drawn per benchmark (seeded); empty = all", "ge": 1},
     )
     corpus: str = field(
         default="", metadata={"help": "corpus jsonl (BM25 in process) or an index folder"}
@@ -92,23 +92,34 @@ class TeacherConfig:
         default="",
         metadata={"help": "frozen E2E-APE policy; empty = the hand-written gated two-stage"},
     )
-    beta: float = field(default=0.1, metadata={"help": "β: reward for supported evidence"})
-    gamma: float = field(default=0.1, metadata={"help": "γ: weight of F1(teacher answer, gold)"})
-    lam: float = field(default=0.1, metadata={"help": "λ: advantage scale of all-zero groups"})
-    top_m: int = field(default=5, metadata={"help": "documents per round the oracle reads"})
-    max_concurrency: int = field(default=16, metadata={"help": "teacher requests in flight"})
+    beta: float = field(default=0.1, metadata={"help": "β: reward for supported evidence", "ge": 0})
+    gamma: float = field(
+        default=0.1, metadata={"help": "γ: weight of F1(teacher answer, gold)", "ge": 0}
+    )
+    lam: float = field(
+        default=0.1, metadata={"help": "λ: advantage scale of all-zero groups", "ge": 0}
+    )
+    top_m: int = field(
+        default=5, metadata={"help": "documents per round the oracle reads", "ge": 1}
+    )
+    max_concurrency: int = field(
+        default=16, metadata={"help": "teacher requests in flight", "ge": 1}
+    )
     overlap: bool = field(
         default=True,
         metadata={"help": "judge each all-zero group while the step's other rollouts go on"},
     )
     workers: int = field(
-        default=2, metadata={"help": "groups judged at once in the background (with overlap)"}
+        default=2,
+        metadata={"help": "groups judged at once in the background (with overlap)", "ge": 1},
     )
-    timeout: float = field(default=60.0, metadata={"help": "seconds per teacher request"})
-    retries: int = field(default=3, metadata={"help": "retries of a failed request"})
-    temperature: float = field(default=0.0, metadata={"help": "teacher sampling temperature"})
-    top_p: float = field(default=1.0, metadata={"help": "teacher nucleus mass"})
-    max_tokens: int = field(default=512, metadata={"help": "teacher completion tokens"})
+    timeout: float = field(default=60.0, metadata={"help": "seconds per teacher request", "gt": 0})
+    retries: int = field(default=3, metadata={"help": "retries of a failed request", "ge": 0})
+    temperature: float = field(
+        default=0.0, metadata={"help": "teacher sampling temperature", "ge": 0}
+    )
+    top_p: float = field(default=1.0, metadata={"help": "teacher nucleus mass", "gt": 0, "le": 1})
+    max_tokens: int = field(default=512, metadata={"help": "teacher completion tokens", "ge": 1})
 
 
 @dataclass
@@ -119,8 +130,12 @@ class EvalConfig:
         default="",
         metadata={"help": "model to evaluate; empty = run_dir's latest checkpoint, else assets"},
     )
-    bootstrap_resamples: int = field(default=10_000, metadata={"help": "paired bootstrap draws"})
-    confidence: float = field(default=0.95, metadata={"help": "bootstrap interval level"})
+    bootstrap_resamples: int = field(
+        default=10_000, metadata={"help": "paired bootstrap draws", "ge": 1}
+    )
+    confidence: float = field(
+        default=0.95, metadata={"help": "bootstrap interval level", "gt": 0, "lt": 1}
+    )
     compare_to: str = field(
         default="", metadata={"help": "another run's eval/per_question.jsonl to compare against"}
     )
@@ -130,19 +145,29 @@ class EvalConfig:
 class ApeConfig:
     """`eviback ape`: E2E-APE."""
 
-    questions: int = field(default=40, metadata={"help": "training questions rolled out"})
-    rollouts: int = field(default=2, metadata={"help": "actor rollouts per question"})
-    holdout_fraction: float = field(default=0.3, metadata={"help": "questions held out"})
-    candidates_a: int = field(default=4, metadata={"help": "stage-A prompts tried"})
-    candidates_b: int = field(default=2, metadata={"help": "stage-B prompts tried"})
-    gated_from_top: int = field(
-        default=2, metadata={"help": "best stage-A prompts paired with stage B"}
+    questions: int = field(default=40, metadata={"help": "training questions rolled out", "ge": 1})
+    rollouts: int = field(default=2, metadata={"help": "actor rollouts per question", "ge": 1})
+    holdout_fraction: float = field(
+        default=0.3, metadata={"help": "questions held out", "gt": 0, "lt": 1}
     )
-    repeats: int = field(default=2, metadata={"help": "runs per candidate (stability)"})
+    candidates_a: int = field(default=4, metadata={"help": "stage-A prompts tried", "ge": 1})
+    candidates_b: int = field(default=2, metadata={"help": "stage-B prompts tried", "ge": 1})
+    gated_from_top: int = field(
+        default=2, metadata={"help": "best stage-A prompts paired with stage B", "ge": 1}
+    )
+    repeats: int = field(default=2, metadata={"help": "runs per candidate (stability)", "ge": 1})
     objective_weights: tuple[float, float] = field(
-        default=(0.5, 0.5), metadata={"help": "(w_I, w_coverage) of the objective"}
+        default=(0.5, 0.5), metadata={"help": "(w_I, w_coverage) of the objective", "ge": 0}
     )
     out: str = field(default="", metadata={"help": "output folder (default: <run_dir>/ape)"})
+
+    def __post_init__(self) -> None:
+        self.objective_weights = tuple(self.objective_weights)
+        if self.gated_from_top > self.candidates_a:
+            raise ValueError(
+                f"ape.gated_from_top={self.gated_from_top} exceeds ape.candidates_a="
+                f"{self.candidates_a}: it pairs the best stage-A prompts with stage B"
+            )
 
 
 @dataclass
@@ -151,15 +176,38 @@ class EviBackConfig:
 
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     run_dir: str = field(default="runs/eviback/tiny", metadata={"help": "output folder"})
-    seed: int = field(default=0, metadata={"help": "data order and sampling seed"})
-    steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)"})
-    questions_per_step: int = field(default=8, metadata={"help": "questions per rank per step"})
-    n: int = field(default=8, metadata={"help": "rollouts per question (group size)"})
-    eval_every: int = field(default=10, metadata={"help": "evaluate on dev every k steps"})
-    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated"})
-    save_every: int = field(default=0, metadata={"help": "checkpoint every k steps (0: end only)"})
-    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept"})
-    samples_per_step: int = field(default=8, metadata={"help": "rollouts written to samples/"})
+    allow_config_change: bool = field(
+        default=False,
+        metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},
+    )
+    seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
+    steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
+    questions_per_step: int = field(
+        default=8, metadata={"help": "questions per rank per step", "ge": 1}
+    )
+    n: int = field(default=8, metadata={"help": "rollouts per question (group size)", "ge": 1})
+    eval_every: int = field(
+        default=10,
+        metadata={
+            "help": "dev evaluation every k steps, before training and at the last step (0: never)",
+            "ge": 0,
+        },
+    )
+    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated", "ge": 1})
+    save_every: int = field(
+        default=0, metadata={"help": "checkpoint every k steps (0: at the last step only)", "ge": 0}
+    )
+    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
+    samples_per_step: int = field(
+        default=8, metadata={"help": "rollouts written to samples/", "ge": 0}
+    )
+    em_well_formed: bool = field(
+        default=True,
+        metadata={
+            "help": "EM counts only from a well-formed trajectory (no invalid turn, ended with "
+            "an answer), as the release; false = EM of whatever answer the rollout gave"
+        },
+    )
     agent: AgentConfig = field(default_factory=AgentConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -167,6 +215,9 @@ class EviBackConfig:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ape: ApeConfig = field(default_factory=ApeConfig)
+
+    def __post_init__(self) -> None:
+        _check_batch(self.questions_per_step, self.n, self.loss.micro_batch_size)
 
     def check_assets(self, need: tuple[str, ...] = ("model", "train", "dev", "retrieval")) -> None:
         """Raise ``FileNotFoundError`` / ``ValueError`` for a missing input, before heavy work."""
@@ -206,6 +257,14 @@ class EviBackConfig:
                 f"teacher.policy_file: {self.teacher.policy_file} not found; "
                 "build it with `python -m eviback ape --config ...` or leave it empty"
             )
+
+
+def _check_batch(questions_per_step: int, n: int, micro_batch_size: int) -> None:
+    if (questions_per_step * n) % micro_batch_size:
+        raise ValueError(
+            f"questions_per_step*n = {questions_per_step * n} is not a multiple of "
+            f"loss.micro_batch_size = {micro_batch_size}"
+        )
 
 
 def _check_model(model: str) -> None:

@@ -1,8 +1,11 @@
 """`eviback eval`: the agent on QA benchmarks, per-question results, and paired bootstrap CIs.
 
 Per question (greedy, one rollout): EM, answer F1, valid answer, searches, duplicate queries,
-forced termination. Summaries are micro over all questions and per benchmark; the duplicate-query
-rate is duplicates / searches. Two runs over the same questions compare by a paired bootstrap.
+forced termination. As the release: a valid answer is an answer from a well-formed trajectory (no
+invalid turn), and only a valid answer scores EM and F1 (``well_formed_only``); the
+duplicate-query rate is the share of questions with a repeated query. Summaries are micro over
+all questions and per benchmark, plus the single-hop and multi-hop macro F1 (the mean of the
+benchmarks' F1). Two runs over the same questions compare by a paired bootstrap.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from common.metrics import exact_match, f1_score
 from common.rollout import AgentConfig, Trajectory, run_agent
 from eviback.assets import build_retriever, load_questions, source_of
 from eviback.config import EviBackConfig
+from eviback.reward import rollout_facts
 
 METRICS = ("f1", "em", "valid_answer_rate", "mean_searches", "duplicate_query_rate",
            "forced_termination_rate")  # fmt: skip
+# benchmark groups of the macro F1 (the release's; 2WikiMultiHopQA under either name)
+SINGLE_HOP = ("nq", "triviaqa", "popqa")
+MULTI_HOP = ("hotpotqa", "2wiki", "2wikimultihopqa", "musique", "bamboogle")
 
 
 @dataclass(frozen=True)
@@ -36,13 +43,18 @@ class QuestionResult:
     answer: str | None = None
 
 
-def question_result(t: Trajectory) -> QuestionResult:
+def question_result(t: Trajectory, well_formed_only: bool = True) -> QuestionResult:
+    """One question's row. ``valid``: an answer from a well-formed trajectory (no invalid turn,
+    ended with an answer). ``well_formed_only``: EM and F1 are 0 without a valid answer."""
+    facts = rollout_facts(t)
+    valid = facts.well_formed and facts.answered
+    scored = valid or not well_formed_only
     return QuestionResult(
         t.question_id,
         source_of(t.question_id),
-        exact_match(t.answer, t.golden_answers),
-        f1_score(t.answer, t.golden_answers),
-        t.answer is not None,
+        exact_match(t.answer, t.golden_answers) if scored else 0.0,
+        f1_score(t.answer, t.golden_answers) if scored else 0.0,
+        valid,
         t.num_searches,
         t.num_duplicate_queries,
         t.forced_terminated,
@@ -51,7 +63,8 @@ def question_result(t: Trajectory) -> QuestionResult:
 
 
 def summarize(results: Sequence[QuestionResult]) -> dict[str, float]:
-    """Micro averages over ``results``; duplicate rate = Σ duplicates / Σ searches."""
+    """Micro averages over ``results``. ``duplicate_query_rate``: share of questions with a
+    repeated query (the release); ``duplicates_per_search``: Σ duplicates / Σ searches."""
     if not results:
         raise ValueError("no question results to summarise")
     n = len(results)
@@ -62,17 +75,28 @@ def summarize(results: Sequence[QuestionResult]) -> dict[str, float]:
         "em": sum(r.em for r in results) / n,
         "valid_answer_rate": sum(r.valid for r in results) / n,
         "mean_searches": searches / n,
-        "duplicate_query_rate": sum(r.duplicates for r in results) / searches if searches else 0.0,
+        "duplicate_query_rate": sum(r.duplicates > 0 for r in results) / n,
+        "duplicates_per_search": sum(r.duplicates for r in results) / searches if searches else 0.0,
         "forced_termination_rate": sum(r.forced for r in results) / n,
     }
 
 
-def summarize_by_benchmark(results: Sequence[QuestionResult]) -> dict[str, dict[str, float]]:
-    """``{"all": micro summary, benchmark: its summary, ...}``."""
+def summarize_by_benchmark(
+    results: Sequence[QuestionResult],
+    single_hop: Sequence[str] = SINGLE_HOP,
+    multi_hop: Sequence[str] = MULTI_HOP,
+) -> dict[str, dict[str, float]]:
+    """``{"all": micro summary, benchmark: its summary, ...}``; "all" also holds
+    ``single_hop_macro_f1`` and ``multi_hop_macro_f1``, the unweighted mean F1 of the benchmarks
+    of each group that the results hold (absent when they hold none)."""
     names = sorted({r.benchmark for r in results})
     out = {"all": summarize(results)}
     for name in names:
         out[name] = summarize([r for r in results if r.benchmark == name])
+    for key, group in (("single_hop_macro_f1", single_hop), ("multi_hop_macro_f1", multi_hop)):
+        present = [name for name in names if name in group]
+        if present:
+            out["all"][key] = statistics.fmean(out[name]["f1"] for name in present)
     return out
 
 
@@ -143,6 +167,16 @@ def markdown_table(summary: dict[str, dict[str, float]], comparisons: Sequence[d
             f"{s['valid_answer_rate']:.4f} | {s['mean_searches']:.2f} | "
             f"{s['duplicate_query_rate']:.4f} | {s['forced_termination_rate']:.4f} |"
         )
+    macro = [
+        f"{label} macro F1: {summary['all'][key]:.4f}"
+        for key, label in (
+            ("single_hop_macro_f1", "single-hop"),
+            ("multi_hop_macro_f1", "multi-hop"),
+        )
+        if key in summary.get("all", {})
+    ]
+    if macro:
+        lines += ["", "; ".join(macro) + " (mean of the benchmarks' F1)"]
     if comparisons:
         lines += ["", "| metric | n | Δ (this − other) | CI | P(Δ* ≤ 0) |", "|---|---|---|---|---|"]
         for c in comparisons:
@@ -202,7 +236,7 @@ def run_eval(cfg: EviBackConfig) -> dict:
     greedy = AgentConfig(**{**vars(cfg.agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
     retriever = build_retriever(cfg.assets)
     trajs = run_agent(engine, tokenizer, retriever, examples[rank::world], 1, greedy, "eval:")
-    results = gather_shards([question_result(t) for t in trajs], world)
+    results = gather_shards([question_result(t, cfg.em_well_formed) for t in trajs], world)
     if rank != 0:
         return {"model": model_path, "rank": rank, "questions": len(trajs)}
     out = Path(cfg.run_dir) / "eval"

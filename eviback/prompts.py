@@ -36,9 +36,10 @@ class Round(NamedTuple):
 
 
 def rounds_from_trajectory(trajectory: Trajectory) -> list[Round]:
-    """The search rounds of a rollout, in order (a search that returned nothing stays a round)."""
+    """The search rounds of a rollout, in order (a search that returned nothing stays a round),
+    each with the documents the actor saw after the observation limit (``Step.shown_docs``)."""
     return [
-        Round(step.query, list(step.docs))
+        Round(step.query, step.shown_docs)
         for step in trajectory.steps
         if step.kind == "search" and step.query is not None
     ]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from common.metrics import f1_score
+from common.metrics import exact_match, f1_score
 from common.rl import group_normalized_advantages
 from eviback.teacher import Verdict
 
@@ -36,11 +36,21 @@ class RolloutFacts:
 
 def rollout_facts(trajectory: Trajectory) -> RolloutFacts:
     return RolloutFacts(
-        has_evidence=any(s.kind == "search" and s.docs for s in trajectory.steps),
+        has_evidence=any(s.kind == "search" and s.shown_docs for s in trajectory.steps),
         well_formed=trajectory.num_invalid == 0,
         answered=bool(trajectory.answer and trajectory.answer.strip())
         and not trajectory.forced_terminated,
     )
+
+
+def actor_em(trajectory: Trajectory, well_formed_only: bool = True) -> float:
+    """The actor's own reward: EM of its answer against the gold answers. With
+    ``well_formed_only`` (the release) the answer counts only from a well-formed trajectory (no
+    invalid turn, ended with an answer): a malformed but correct rollout earns 0."""
+    facts = rollout_facts(trajectory)
+    if well_formed_only and not (facts.well_formed and facts.answered):
+        return 0.0
+    return exact_match(trajectory.answer, trajectory.golden_answers)
 
 
 def is_supported(verdict: Verdict | None) -> bool:

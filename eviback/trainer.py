@@ -20,9 +20,7 @@ from pathlib import Path
 
 import torch
 
-from common.config import dump_config
 from common.data import QAExample
-from common.metrics import exact_match
 from common.rl_loop import (
     build_engine,
     dev_results_path,
@@ -37,12 +35,13 @@ from common.train import (
     MetricsLogger,
     TrainEngine,
     progress,
-    write_env_json,
 )
+from common.train.run_folder import open_run_folder
 from eviback.assets import build_retriever, build_teacher, load_questions
 from eviback.config import EviBackConfig, TeacherConfig
 from eviback.prompts import rounds_from_trajectory
 from eviback.reward import (
+    actor_em,
     group_rewards,
     is_eligible,
     is_supported,
@@ -68,10 +67,11 @@ class Backoff:
 
 
 def teacher_items(
-    trajs: Sequence[Trajectory], examples: Mapping[str, QAExample]
+    trajs: Sequence[Trajectory], examples: Mapping[str, QAExample], em_gate: bool = True
 ) -> tuple[list[int], list[TeacherItem]]:
     """What the teacher is asked: every rollout with search evidence in an all-zero group (no
-    rollout with EM 1), as positions in ``trajs`` and teacher items. ``trajs`` holds whole groups.
+    rollout with EM 1; ``em_gate``: EM counts only from a well-formed trajectory), as positions
+    in ``trajs`` and teacher items. ``trajs`` holds whole groups.
     """
     groups: dict[str, list[int]] = {}
     for i, t in enumerate(trajs):
@@ -79,7 +79,7 @@ def teacher_items(
     asked = [
         i
         for idx in groups.values()
-        if not any(exact_match(trajs[i].answer, trajs[i].golden_answers) for i in idx)
+        if not any(actor_em(trajs[i], em_gate) for i in idx)
         for i in idx
         if rollout_facts(trajs[i]).has_evidence
     ]
@@ -100,17 +100,18 @@ def teacher_backoff(
     examples: Mapping[str, QAExample],
     teacher: Teacher | None,
     cfg: TeacherConfig,
+    em_gate: bool = True,
 ) -> Backoff:
     """``backoff_rewards`` after asking the teacher about the whole batch at once (one call)."""
     judged: list[Judgement | None] = [None] * len(trajs)
     stats = TeacherStats()
     if teacher is not None:
-        asked, items = teacher_items(trajs, examples)
+        asked, items = teacher_items(trajs, examples, em_gate)
         if items:
             judgements, stats = teacher.judge(items)
             for i, j in zip(asked, judgements, strict=True):
                 judged[i] = j
-    return backoff_rewards(trajs, judged, stats, cfg if teacher is not None else None)
+    return backoff_rewards(trajs, judged, stats, cfg if teacher is not None else None, em_gate)
 
 
 class TeacherOverlap:
@@ -119,14 +120,21 @@ class TeacherOverlap:
     ``on_group_done``); ``collect`` waits for the answers. Same judgements as ``teacher_backoff``.
     """
 
-    def __init__(self, teacher: Teacher, examples: Mapping[str, QAExample], workers: int = 1):
+    def __init__(
+        self,
+        teacher: Teacher,
+        examples: Mapping[str, QAExample],
+        workers: int = 1,
+        em_gate: bool = True,
+    ):
         self.teacher = teacher
         self.examples = examples
+        self.em_gate = em_gate
         self.pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="teacher")
         self.pending: list[tuple[list[Trajectory], Future]] = []
 
     def submit(self, group: list[Trajectory]) -> None:
-        asked, items = teacher_items(group, self.examples)
+        asked, items = teacher_items(group, self.examples, self.em_gate)
         if items:
             chosen = [group[i] for i in asked]
             self.pending.append((chosen, self.pool.submit(self.teacher.judge, items)))
@@ -151,15 +159,17 @@ def backoff_rewards(
     judged: Sequence[Judgement | None],
     stats: TeacherStats,
     cfg: TeacherConfig | None,
+    em_gate: bool = True,
 ) -> Backoff:
     """EM for groups with a correct rollout; for all-zero groups ``group_rewards`` gives
     r_i = β·supported_i + γ·eligible_i·F1(teacher answer_i, gold), scale λ. ``cfg`` None (no
-    teacher): EM, scale 1.
+    teacher): EM, scale 1. ``em_gate``: EM counts only from a well-formed trajectory
+    (``actor_em``), so a malformed correct rollout earns 0 and leaves its group all-zero.
     """
     groups: dict[str, list[int]] = {}
     for i, t in enumerate(trajs):
         groups.setdefault(t.group_id, []).append(i)
-    em = [exact_match(t.answer, t.golden_answers) for t in trajs]
+    em = [actor_em(t, em_gate) for t in trajs]
     facts = [rollout_facts(t) for t in trajs]
     all_zero = [g for g, idx in groups.items() if not any(em[i] for i in idx)]
     rewards, scales, fell_back = list(em), [1.0] * len(trajs), [False] * len(trajs)
@@ -214,12 +224,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg.check_assets(("model", "train", "dev", "retrieval", "teacher"))
-    batch = cfg.questions_per_step * cfg.n
-    if batch % cfg.loss.micro_batch_size:
-        raise ValueError(
-            f"questions_per_step*n = {batch} is not a multiple of "
-            f"loss.micro_batch_size = {cfg.loss.micro_batch_size}"
-        )
+    batch = cfg.questions_per_step * cfg.n  # a multiple of loss.micro_batch_size (__post_init__)
     cfg.train.grad_accum = batch // cfg.loss.micro_batch_size
     cfg.train.total_steps = cfg.steps
     cfg.train.seed = cfg.seed
@@ -228,19 +233,19 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     dev_set = load_questions(a.dev_files, {}, cfg.seed)
     dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
     run_dir = Path(cfg.run_dir)
+    # No resume: a rerun starts at step 0 and replaces what the folder logged.
+    folder = open_run_folder(run_dir, cfg, resume=False)
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
     if train.is_main:
         (run_dir / "samples").mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, run_dir / "config.yaml")
-        write_env_json(run_dir)
     engine = build_engine(cfg.engine, a.model, train.model, tokenizer, cfg.seed + train.rank)
     retriever = build_retriever(a)
     teacher = build_teacher(a, cfg.teacher, run_dir / "teacher_cache")
     by_id = {ex.id: ex for ex in train_set}
     overlap = (
-        TeacherOverlap(teacher, by_id, cfg.teacher.workers)
+        TeacherOverlap(teacher, by_id, cfg.teacher.workers, cfg.em_well_formed)
         if teacher is not None and cfg.teacher.overlap
         else None
     )
@@ -265,7 +270,8 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             logger.log(step, {f"dev/{k}": v for k, v in m.items()})
             print(f"[eviback] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
 
-    run_eval(0)
+    if cfg.eval_every:  # 0: no dev evaluation
+        run_eval(0)
     for step in progress(range(1, cfg.steps + 1), desc="eviback", total=cfg.steps):
         t_step = time.perf_counter()
         base = ((step - 1) * train.world_size + train.rank) * cfg.questions_per_step
@@ -286,9 +292,9 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         t0 = time.perf_counter()  # with the overlap: only the wait for the last answers
         if overlap:
             judged, stats = overlap.collect(trajs)
-            b = backoff_rewards(trajs, judged, stats, cfg.teacher)
+            b = backoff_rewards(trajs, judged, stats, cfg.teacher, cfg.em_well_formed)
         else:
-            b = teacher_backoff(trajs, by_id, teacher, cfg.teacher)
+            b = teacher_backoff(trajs, by_id, teacher, cfg.teacher, cfg.em_well_formed)
         timings["teacher"] = time.perf_counter() - t0
         adv = scaled_group_advantages(b.rewards, [t.group_id for t in trajs], b.scales)
         upd = update_and_push(
@@ -315,10 +321,13 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
     if overlap:
         overlap.close()
+    folder.close()
     if logger:
         logger.close()
-        plot_curve(evals, run_dir / "dev_curve.png")
-    return {"before": evals[0], "after": evals[-1], "evals": evals, "run_dir": str(run_dir)}
+        if evals:
+            plot_curve(evals, run_dir / "dev_curve.png")
+    before, after = (evals[0], evals[-1]) if evals else (None, None)
+    return {"before": before, "after": after, "evals": evals, "run_dir": str(run_dir)}
 
 
 def write_samples(

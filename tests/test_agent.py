@@ -28,11 +28,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from common.data import QAExample
 from common.metrics import normalize_answer
+from common.retrieval.base import format_docs
 from common.retrieval.bm25 import BM25Retriever
 from common.rollout.agent import (
     AgentConfig,
     build_prompt_ids,
     encode_text,
+    observation,
     observation_ids,
     run_agent,
 )
@@ -445,14 +447,36 @@ def test_answer_at_once(serve, agent_world, tok, retriever, cases):
     assert len(calls) == 1 and searches == []
 
 
-def test_message_ended_without_action_is_forced_terminated(
+def test_message_ended_without_action_gets_the_corrective_message(
     serve, agent_world, tok, retriever, cases
 ):
-    """End-of-message with no action: no corrective message, no further turns."""
+    """End-of-message with no action (the spec, Search-R1): the corrective message follows the
+    end-of-message token and the trajectory goes on, until the forced turn ends it."""
     case = cases[0]
     said = [*encode_text(tok, case.answer), tok.eos_token_id]
     model = scripted(agent_world, tok, [entry(tok, SEARCH_R1), *said])
-    cfg = AgentConfig(max_turns=4, max_turn_tokens=16, max_obs_tokens=64, **GREEDY)
+    cfg = AgentConfig(max_turns=2, max_turn_tokens=16, max_obs_tokens=64, **GREEDY)
+    (t,), calls, _ = rollout(serve(model), tok, retriever, [case.example], 1, cfg)
+    invalid = encode_text(tok, SEARCH_R1.invalid_message())
+    force = encode_text(tok, SEARCH_R1.force_answer_message())
+    assert_layout(t, [(said, True), (invalid, False)] * 2 + [(force, False), (said, True)], model)
+    assert [s.kind for s in t.steps] == ["invalid"] * 3
+    assert (t.answer, t.num_invalid, t.forced_terminated, t.used_forced_turn) == (
+        None, 3, True, True,
+    )  # fmt: skip
+    assert len(calls) == 3
+
+
+def test_message_ended_without_action_ends_with_invalid_eos_end(
+    serve, agent_world, tok, retriever, cases
+):
+    """invalid_eos=end (the earlier behaviour): no corrective message, no further turns."""
+    case = cases[0]
+    said = [*encode_text(tok, case.answer), tok.eos_token_id]
+    model = scripted(agent_world, tok, [entry(tok, SEARCH_R1), *said])
+    cfg = AgentConfig(
+        max_turns=4, max_turn_tokens=16, max_obs_tokens=64, invalid_eos="end", **GREEDY
+    )
     (t,), calls, _ = rollout(serve(model), tok, retriever, [case.example], 1, cfg)
     assert_layout(t, [(said, True)], model)
     assert [s.kind for s in t.steps] == ["invalid"]
@@ -460,6 +484,45 @@ def test_message_ended_without_action_is_forced_terminated(
         None, 1, True, False,
     )  # fmt: skip
     assert len(calls) == 1
+
+
+def test_observation_limit_records_the_documents_seen(tok, retriever, cases):
+    """Cut inside document 2: document 1 is seen whole, document 2 as far as its text was shown,
+    document 3 not at all; a cut inside document 2's header leaves it unseen."""
+    docs = retriever.search([cases[0].query], 3)[0]
+    head, _, tail = SEARCH_R1.observation(docs)
+    frame = len(encode_text(tok, head)) + len(encode_text(tok, tail))
+    words = docs[1].text.split(" ")
+    assert len(words) > 4
+    upto_doc1 = format_docs(docs[:1])
+    header2 = format_docs(docs[1:2])[: -len(docs[1].text) - 1]  # 'Doc 1(Title: "T") '
+    header2 = header2.replace("Doc 1", "Doc 2", 1)
+    shown_text = " ".join(words[:3])
+    room = len(encode_text(tok, upto_doc1 + header2 + shown_text))
+    ids, seen = observation(tok, SEARCH_R1, docs, frame + room)
+    assert seen == [docs[0], docs[1]._replace(text=shown_text)]
+    assert tok.decode(ids).endswith(f"{header2}{shown_text}</information>\n\n")
+    assert ids == observation_ids(tok, SEARCH_R1, docs, frame + room)
+    # only the header of document 2
+    room = len(encode_text(tok, upto_doc1 + header2.rstrip()))
+    assert observation(tok, SEARCH_R1, docs, frame + room)[1] == [docs[0]]
+    # everything fits: all documents, unchanged
+    assert observation(tok, SEARCH_R1, docs, 10_000)[1] == docs
+
+
+def test_rollout_steps_record_what_the_observation_showed(
+    serve, agent_world, tok, retriever, cases
+):
+    case = cases[0]
+    model = scripted(agent_world, tok, search_then_answer(tok, case))
+    cfg = AgentConfig(max_turns=1, topk=3, max_turn_tokens=16, max_obs_tokens=30, **GREEDY)
+    (t,), _, _ = rollout(serve(model), tok, retriever, [case.example], 1, cfg)
+    docs = retriever.search([case.query], 3)[0]
+    expected = observation(tok, SEARCH_R1, docs, 30)[1]
+    assert len(expected) < 3 or expected[-1].text != docs[len(expected) - 1].text
+    assert t.steps[0].docs == docs and t.steps[0].seen == expected
+    assert t.steps[0].shown_docs == expected
+    assert Trajectory.from_json(json.loads(json.dumps(t.to_json()))) == t
 
 
 def test_react_search_then_finish(serve, agent_world, tok, retriever, cases):

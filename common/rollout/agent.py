@@ -13,6 +13,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import torch
 
@@ -23,26 +24,48 @@ from common.rollout.engine import Completion, GenerationEngine, SamplingConfig
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step, Trajectory
 
+INVALID_EOS = ("continue", "end")
+
 
 @dataclass
 class AgentConfig:
     """How the search agent runs."""
 
-    protocol: str = field(default="search_r1", metadata={"help": "search_r1 | react"})
+    protocol: Literal["search_r1", "react"] = field(
+        default="search_r1", metadata={"help": "search_r1 | react"}
+    )
     instruction: str = field(
         default="", metadata={"help": "user prompt with {question}; empty = the protocol's own"}
     )
-    max_turns: int = field(default=4, metadata={"help": "turns before the forced-answer turn"})
-    topk: int = field(default=3, metadata={"help": "documents shown per search"})
-    max_turn_tokens: int = field(default=500, metadata={"help": "new tokens per turn"})
-    max_obs_tokens: int = field(default=500, metadata={"help": "tokens per observation"})
+    max_turns: int = field(
+        default=4, metadata={"help": "turns before the forced-answer turn", "ge": 0}
+    )
+    topk: int = field(default=3, metadata={"help": "documents shown per search", "ge": 1})
+    max_turn_tokens: int = field(default=500, metadata={"help": "new tokens per turn", "ge": 1})
+    max_obs_tokens: int = field(default=500, metadata={"help": "tokens per observation", "ge": 0})
     obs_titles: bool = field(
         default=True, metadata={"help": "show document titles in observations (ARCO: false)"}
     )
-    max_context: int = field(default=4096, metadata={"help": "prompt + response token limit"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus mass"})
-    top_k: int = field(default=0, metadata={"help": "0 = off"})
+    max_context: int = field(
+        default=4096, metadata={"help": "prompt + response token limit", "ge": 1}
+    )
+    max_response_tokens: int = field(
+        default=0,
+        metadata={
+            "help": "response (turns + inserted text) token limit; 0 = max_context only",
+            "ge": 0,
+        },
+    )
+    invalid_eos: str = field(
+        default="continue",
+        metadata={
+            "help": "a turn without an action that ends its message: continue (corrective "
+            "message, as the spec and Search-R1) | end (forced-terminated)"
+        },
+    )
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature", "ge": 0})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus mass", "gt": 0, "le": 1})
+    top_k: int = field(default=0, metadata={"help": "0 = off", "ge": 0})
 
 
 def build_prompt_ids(tokenizer, protocol, question: str, instruction: str = "") -> list[int]:
@@ -98,6 +121,8 @@ def run_agent(
     """
     timings = timings if timings is not None else {}
     protocol = get_protocol(cfg.protocol)
+    if cfg.invalid_eos not in INVALID_EOS:
+        raise ValueError(f"agent.invalid_eos must be one of {INVALID_EOS}, got {cfg.invalid_eos!r}")
     trajs: list[Trajectory] = []
     for pos, ex in enumerate(examples):
         prompt = build_prompt_ids(tokenizer, protocol, ex.question, cfg.instruction)
@@ -135,7 +160,10 @@ def run_agent(
         # a trajectory whose next observation would overflow the context answers now
         for i in live:
             t = trajs[i]
-            room = cfg.max_context - len(t.input_ids) - cfg.max_turn_tokens - cfg.max_obs_tokens
+            room = cfg.max_context - len(t.input_ids)
+            if cfg.max_response_tokens > 0:
+                room = min(room, cfg.max_response_tokens - len(t.response_ids))
+            room -= cfg.max_turn_tokens + cfg.max_obs_tokens
             if (final_turn or room < 0) and not t.used_forced_turn:
                 t.used_forced_turn = True
                 t.append(force_ids, sampled=False)
@@ -173,7 +201,10 @@ def run_agent(
                 t.num_duplicate_queries += key in seen_queries[i]
                 seen_queries[i].add(key)
                 t.steps[-1].docs = list(docs)
-                obs = observation_ids(tokenizer, protocol, docs, cfg.max_obs_tokens, cfg.obs_titles)
+                obs, seen = observation(
+                    tokenizer, protocol, docs, cfg.max_obs_tokens, cfg.obs_titles
+                )
+                t.steps[-1].seen = seen
                 t.append(obs, False)
     report_finished(last=True)
     return trajs
@@ -260,8 +291,8 @@ def _take_turn(t: Trajectory, comp, protocol, tokenizer, invalid_ids, cfg) -> st
         return action.query
     t.num_invalid += 1
     ended = comp.finish_reason == "stop" and not any(s in text for s in protocol.stop)
-    if t.used_forced_turn or ended:
-        # no answer after the forced turn, or the model ended its message without one
+    if t.used_forced_turn or (ended and cfg.invalid_eos == "end"):
+        # no answer after the forced turn, or (invalid_eos=end) the message ended without one
         t.done, t.forced_terminated = True, True
     else:
         t.append(invalid_ids, sampled=False)
@@ -270,7 +301,34 @@ def _take_turn(t: Trajectory, comp, protocol, tokenizer, invalid_ids, cfg) -> st
 
 def observation_ids(tokenizer, protocol, docs, max_tokens: int, titles: bool = True) -> list[int]:
     """Observation ids with the body cut to ``max_tokens`` minus the frame."""
-    head, body, tail = protocol.observation(docs, titles)
+    return observation(tokenizer, protocol, docs, max_tokens, titles)[0]
+
+
+def observation(
+    tokenizer, protocol, docs: Sequence[Doc], max_tokens: int, titles: bool = True
+) -> tuple[list[int], list[Doc]]:
+    """Observation ids with the body cut to ``max_tokens`` minus the frame, and the documents the
+    model saw: those shown whole, then the one the cut fell in with its text cut to what was
+    shown (only if some of its text was; a document whose header alone shows is not seen)."""
+    head, body, tail = protocol.observation(list(docs), titles)
     head_ids, tail_ids = encode_text(tokenizer, head), encode_text(tokenizer, tail)
     room = max(max_tokens - len(head_ids) - len(tail_ids), 0)
-    return head_ids + encode_text(tokenizer, body)[:room] + tail_ids
+    body_ids = encode_text(tokenizer, body)
+    ids = head_ids + body_ids[:room] + tail_ids
+    if len(body_ids) <= room:
+        return ids, list(docs)
+    shown = len(tokenizer.decode(body_ids[:room], skip_special_tokens=False).rstrip("\ufffd"))
+    seen: list[Doc] = []
+    start = 0  # where document k's block starts in the body
+    for k, doc in enumerate(docs):
+        end = len(protocol.observation(list(docs[: k + 1]), titles)[1])
+        if end <= shown:
+            seen.append(doc)
+            start = end
+            continue
+        block = body[start:end]
+        at = block.find(doc.text) if doc.text else len(block)
+        if shown - start > at >= 0:
+            seen.append(doc._replace(text=doc.text[: shown - start - at]))
+        break
+    return ids, seen

@@ -18,6 +18,14 @@ class Step:
     docs: list[Doc] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     forced: bool = False  # generated in the forced-answer turn
+    # the documents the model saw after the observation limit (the last one's text possibly
+    # cut); None = not recorded (all of ``docs``)
+    seen: list[Doc] | None = None
+
+    @property
+    def shown_docs(self) -> list[Doc]:
+        """What the model saw of this search's documents."""
+        return list(self.docs) if self.seen is None else list(self.seen)
 
 
 @dataclass
@@ -69,6 +77,8 @@ class Trajectory:
         d = asdict(self)
         for step in d["steps"]:  # asdict keeps the Doc named tuples, which JSON writes as lists
             step["docs"] = [doc._asdict() for doc in step["docs"]]
+            if step["seen"] is not None:
+                step["seen"] = [doc._asdict() for doc in step["seen"]]
         if tokenizer is not None:
             d["prompt_text"] = tokenizer.decode(self.prompt_ids, skip_special_tokens=False)
             d["response_text"] = tokenizer.decode(self.response_ids, skip_special_tokens=False)
@@ -77,5 +87,14 @@ class Trajectory:
     @classmethod
     def from_json(cls, d: dict) -> Trajectory:
         d = {k: v for k, v in d.items() if k not in ("prompt_text", "response_text")}
-        steps = [Step(**{**s, "docs": [Doc(**doc) for doc in s["docs"]]}) for s in d.pop("steps")]
+        steps = [
+            Step(
+                **{
+                    **s,
+                    "docs": [Doc(**doc) for doc in s["docs"]],
+                    "seen": None if s.get("seen") is None else [Doc(**doc) for doc in s["seen"]],
+                }
+            )
+            for s in d.pop("steps")
+        ]
         return cls(**d, steps=steps)

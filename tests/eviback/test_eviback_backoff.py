@@ -12,9 +12,15 @@ from common.retrieval.base import Doc
 from common.rollout.trajectory import Step, Trajectory
 from eviback.config import TeacherConfig
 from eviback.oracle import EvidenceOracle
-from eviback.reward import scaled_group_advantages
+from eviback.reward import actor_em, scaled_group_advantages
 from eviback.teacher import TeacherStats
-from eviback.trainer import TeacherOverlap, backoff_metrics, backoff_rewards, teacher_backoff
+from eviback.trainer import (
+    TeacherOverlap,
+    backoff_metrics,
+    backoff_rewards,
+    teacher_backoff,
+    teacher_items,
+)
 
 DOCS = {k: Doc(k, k.title(), f"text of {k}", 1.0) for k in ("a", "b", "x")}
 EXAMPLES = {
@@ -102,3 +108,40 @@ def test_overlapped_teacher_gives_the_same_backoff_and_runs_in_the_background():
     assert got.judgements == want.judgements and got.stats == want.stats
     assert len(threads) == 1 and threads[0].startswith("teacher")
     assert overlap.collect(trajs) == ([None] * 6, TeacherStats())  # collected once
+
+
+def test_teacher_and_oracle_judge_only_the_documents_the_actor_saw():
+    """Both supporting documents were retrieved, but the observation limit cut "b" (and half of
+    "a"): the oracle sees "a" alone and says I, the teacher item holds the cut text."""
+    t = rollout("q1", 0, "Bob", [["a", "b"]])
+    t.steps[0].seen = [DOCS["a"]._replace(text="text")]
+    asked, items = teacher_items([t], EXAMPLES)
+    assert asked == [0] and [list(r.docs) for r in items[0].rounds] == [[t.steps[0].seen[0]]]
+    b = teacher_backoff([t], EXAMPLES, EvidenceOracle(5), TeacherConfig())
+    assert b.judgements[0].final.status == "I" and b.rewards.tolist() == [0.0]
+    # nothing shown at all: no evidence, the teacher is not asked
+    t.steps[0].seen = []
+    assert teacher_items([t], EXAMPLES) == ([], [])
+
+
+def test_malformed_correct_rollout_earns_zero_and_keeps_the_backoff():
+    """q2's only correct rollout had an invalid turn: with the gate (the default, the release) it
+    earns 0, the group is all-zero and falls back to the teacher; without the gate EM = 1."""
+    trajs = [
+        rollout("q2", 0, "Rome", [["x"]], invalid=1),
+        rollout("q2", 1, "Paris", [["x"]]),
+    ]
+    b = teacher_backoff(trajs, EXAMPLES, EvidenceOracle(5), TeacherConfig(lam=0.1))
+    # both supported (x retrieved); only the well-formed one is eligible: 0.1 and 0.1 + 0.1·F1 =
+    # 0.1 + 0.1·F1("Rome", ["Rome"]) = 0.2
+    assert b.em == [0.0, 0.0] and b.fell_back == [True, True]
+    assert b.rewards.tolist() == pytest.approx([0.1, 0.2])
+    assert b.scales.tolist() == pytest.approx([0.1, 0.1])
+    old = teacher_backoff(trajs, EXAMPLES, EvidenceOracle(5), TeacherConfig(), em_gate=False)
+    assert old.em == [1.0, 0.0] and old.rewards.tolist() == [1.0, 0.0] and not any(old.fell_back)
+    assert actor_em(trajs[0]) == 0.0 and actor_em(trajs[0], well_formed_only=False) == 1.0
+    # a correct answer from a forced-terminated (no answer) trajectory is impossible; one from the
+    # forced turn counts: used_forced_turn alone does not make a trajectory malformed
+    forced = rollout("q2", 2, "Rome", [["x"]])
+    forced.used_forced_turn = True
+    assert actor_em(forced) == 1.0

@@ -6,11 +6,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from common.rollout.trajectory import Step, Trajectory
 from eviback.cli import main
 from eviback.evaluate import (
     QuestionResult,
     markdown_table,
     paired_bootstrap,
+    question_result,
     read_results,
     summarize_by_benchmark,
     write_results,
@@ -26,12 +28,42 @@ def test_micro_and_per_benchmark_summaries():
     rows = [q(0, "nq", 1.0, 2, 1), q(1, "nq", 0.5, 2), q(0, "hotpotqa", 0.0, 0, 0, False)]
     s = summarize_by_benchmark(rows)
     assert s["all"]["f1"] == pytest.approx(0.5) and s["all"]["em"] == pytest.approx(1 / 3)
-    assert s["all"]["duplicate_query_rate"] == pytest.approx(1 / 4)  # Σ dups / Σ searches
+    assert s["all"]["duplicate_query_rate"] == pytest.approx(1 / 3)  # questions with a repeat
+    assert s["all"]["duplicates_per_search"] == pytest.approx(1 / 4)  # Σ dups / Σ searches
     assert s["all"]["mean_searches"] == pytest.approx(4 / 3)
     assert s["nq"]["f1"] == 0.75 and s["nq"]["valid_answer_rate"] == 1.0
     assert s["hotpotqa"]["forced_termination_rate"] == 1.0
     assert s["hotpotqa"]["duplicate_query_rate"] == 0.0  # no search: 0, not a division error
     assert "| nq | 2 | 0.7500 |" in markdown_table(s)
+
+
+def test_single_and_multi_hop_macro_f1_beside_the_micro_f1():
+    rows = [q(0, "nq", 1.0), q(1, "nq", 0.5), q(0, "triviaqa", 0.0), q(0, "hotpotqa", 0.0),
+            q(0, "2wiki", 1.0), q(1, "2wiki", 1.0), q(2, "2wiki", 1.0)]  # fmt: skip
+    s = summarize_by_benchmark(rows)["all"]
+    assert s["f1"] == pytest.approx(4.5 / 7)  # micro
+    assert s["single_hop_macro_f1"] == pytest.approx((0.75 + 0.0) / 2)
+    assert s["multi_hop_macro_f1"] == pytest.approx((0.0 + 1.0) / 2)
+    table = markdown_table(summarize_by_benchmark(rows))
+    assert "single-hop macro F1: 0.3750; multi-hop macro F1: 0.5000" in table
+    only_nq = summarize_by_benchmark(rows[:2])["all"]
+    assert "multi_hop_macro_f1" not in only_nq and only_nq["single_hop_macro_f1"] == 0.75
+
+
+def test_valid_answer_is_an_answer_from_a_well_formed_trajectory():
+    """An invalid turn, then the right answer: not a valid answer, and (the release) no EM or F1;
+    with well_formed_only=False the answer scores."""
+    steps = [Step("invalid", 0, 1), Step("answer", 1, 2)]
+    t = Trajectory("g", 0, "nq:7", "Who?", ["Ann Lee"], [1], steps=steps, answer="Ann Lee",
+                   num_invalid=1)  # fmt: skip
+    r = question_result(t)
+    assert (r.valid, r.em, r.f1, r.answer) == (False, 0.0, 0.0, "Ann Lee")
+    r = question_result(t, well_formed_only=False)
+    assert (r.valid, r.em, r.f1) == (False, 1.0, 1.0)
+    t.num_invalid, t.steps = 0, steps[1:]
+    assert question_result(t) == QuestionResult(
+        "nq:7", "nq", 1.0, 1.0, True, 0, 0, False, "Ann Lee"
+    )
 
 
 def test_bootstrap_of_a_constant_difference_is_that_difference():

@@ -91,7 +91,10 @@ train-arco:  ## ARCO co-evolution RL; SCALE=tiny|qwen3-4b|llama3.2-3b, DATA=hotp
 eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy
 	$(PY) -m arco eval --config $(ARCO_CONFIG)
 
-eval-all: eval-cer eval-eviback eval-arco  ## every trained method on its benchmarks
+RUNS ?= runs
+RANKS ?= 1
+eval-all:  ## every run under RUNS (default runs/) on its method's benchmarks: runs/eval/results.md
+	$(PY) -m common.evaluate_all $(RUNS) --out runs/eval --ranks $(RANKS)
 
 # the demo's ARCO run, shortened to minutes (make train-arco runs the full tiny config)
 ARCO_DEMO := warmup_dir=runs/arco/demo/warmup run_dir=runs/arco/demo

@@ -1,8 +1,10 @@
 """``arco eval``: greedy EM/F1 of a run's latest checkpoint (its policy, merged into a plain HF
 model by the checkpoint) on each benchmark of ``assets.eval_files`` (default: the dev file).
 
-Writes ``run_dir/eval/results.json`` and ``results.md``. Under the launcher each rank evaluates
-its shard of the questions and the metrics are averaged over ranks.
+Writes ``run_dir/eval/results.json``, ``results.md`` and ``per_question/<benchmark>.jsonl`` (one
+row per question, ``common.rl_loop.question_rows``), or the same under ``out``; ``checkpoint``
+chooses another checkpoint than the latest (``common.evaluate_all``). Under the launcher each rank
+evaluates its shard of the questions and the metrics are averaged over ranks.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from common.train import find_latest_checkpoint
 from common.train.distributed import init_distributed
 
 
-def run_eval(cfg: ArcoConfig) -> dict:
+def run_eval(
+    cfg: ArcoConfig, checkpoint: str | Path | None = None, out: str | Path | None = None
+) -> dict:
     from transformers import AutoTokenizer
 
     cfg.check_assets(("retrieval",) + (("eval",) if cfg.assets.eval_files else ("dev_file",)))
     run_dir = Path(cfg.run_dir)
-    ckpt = find_latest_checkpoint(run_dir)
+    ckpt = Path(checkpoint) if checkpoint else find_latest_checkpoint(run_dir)
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir}: no complete checkpoint; train first (`arco train`)")
     benchmarks = cfg.assets.eval_files or {"dev": cfg.assets.dev_file}
@@ -36,11 +40,15 @@ def run_eval(cfg: ArcoConfig) -> dict:
     retriever, agent_cfg = build_environment(
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
     )
+    out_dir = Path(out) if out else run_dir / "eval"
     results = {}
     for name, examples in data.items():
+        rows = out_dir / "per_question" / f"{name}.jsonl"
         results[name] = {
             "questions": len(examples),
-            **evaluate(engine, tokenizer, retriever, examples, agent_cfg, rank, world),
+            **evaluate(
+                engine, tokenizer, retriever, examples, agent_cfg, rank, world, results_path=rows
+            ),
         }
     lines = [
         f"ARCO policy of {ckpt}",
@@ -55,12 +63,11 @@ def run_eval(cfg: ArcoConfig) -> dict:
         )
     table = "\n".join(lines)
     if rank == 0:
-        out = run_dir / "eval"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "results.json").write_text(
             json.dumps({"checkpoint": str(ckpt), "results": results}, indent=1)
         )
-        (out / "results.md").write_text(table + "\n")
+        (out_dir / "results.md").write_text(table + "\n")
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
-    return {"checkpoint": str(ckpt), "results": results, "table": table}
+    return {"checkpoint": str(ckpt), "results": results, "table": table, "main": rank == 0}

@@ -1,0 +1,301 @@
+"""common.evaluate_all: discovery and method recognition on hand-made run folders, the table and
+the paired intervals against hand-computed values, the cache, a failing evaluator subprocess."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from arco.config import ArcoConfig
+from cer.config import CERConfig
+from common.config import dump_config, load_config
+from common.evaluate_all import (
+    bootstrap_interval,
+    discover,
+    evaluate_all,
+    load_published,
+    load_run,
+    main,
+    metric_value,
+    subprocess_evaluator,
+)
+from common.search_grpo import GRPOConfig
+from common.warmstart import WarmStartConfig
+from eviback.config import EviBackConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _checkpoint(run: Path, step: int) -> Path:
+    ckpt = run / "checkpoints" / f"step_{step}"
+    (ckpt / "state").mkdir(parents=True)
+    (ckpt / "config.json").write_text("{}")
+    (ckpt / "model.safetensors").write_text(f"weights of step {step}")
+    (ckpt / "COMPLETE").write_text("")
+    (run / "checkpoints" / "latest").write_text(ckpt.name)
+    return ckpt
+
+
+def _runs(tmp: Path) -> Path:
+    """A runs/ folder: one run per method (checkpoints are stand-in files), a broken config, an
+    unknown one, a run without a checkpoint, and folders that are not runs."""
+    runs = tmp / "runs"
+    world = tmp / "world"
+    world.mkdir()
+    (world / "test.jsonl").write_text('{"id": "q1"}\n')
+    ws = runs / "warmstart" / "tiny"
+    dump_config(WarmStartConfig(world=str(world), out=str(ws)), ws / "config.yaml")
+    (ws / "model").mkdir()
+    (ws / "model" / "config.json").write_text("{}")
+    for name, seed in (("grpo/s0", 0), ("grpo/s1", 1)):
+        run = runs / name
+        dump_config(
+            GRPOConfig(world=str(world), model=str(ws / "model"), run_dir=str(run), seed=seed),
+            run / "config.yaml",
+        )
+        _checkpoint(run, 30)
+    for name, overrides in (("eviback/tiny", []), ("eviback/base", ["teacher.enabled=false"])):
+        cfg = load_config(EviBackConfig, ROOT / "eviback/configs/tiny.yaml", overrides)
+        dump_config(cfg, runs / name / "config.yaml")
+        _checkpoint(runs / name, 30)
+    for reward in ("exact", "cer"):
+        cfg = load_config(CERConfig, ROOT / "cer/configs/tiny.yaml", [f"reward.type={reward}"])
+        dump_config(cfg, runs / "cer" / reward / "config.yaml")
+        _checkpoint(runs / "cer" / reward, 30)
+    cer_warm = runs / "cer" / "warmup"
+    dump_config(load_config(CERConfig, ROOT / "cer/configs/tiny.yaml"), cer_warm / "config.yaml")
+    (cer_warm / "model").mkdir()
+    (cer_warm / "model" / "config.json").write_text("{}")
+    for name, overrides in (("arco/tiny", []), ("arco/outcome", ["rl.dense_steps=0"])):
+        cfg = load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml", overrides)
+        dump_config(cfg, runs / name / "config.yaml")
+        _checkpoint(runs / name, 8)
+    (runs / "broken").mkdir()
+    (runs / "broken" / "config.yaml").write_text("steps: [1, 2\n")
+    (runs / "other").mkdir()
+    (runs / "other" / "config.yaml").write_text("foo: 1\n")
+    untrained = runs / "grpo" / "untrained"
+    dump_config(GRPOConfig(world=str(world), run_dir=str(untrained)), untrained / "config.yaml")
+    (runs / "tinyworld").mkdir()  # no config.yaml: not a run
+    return runs
+
+
+def test_discovery_and_recognition(tmp_path):
+    runs = _runs(tmp_path)
+    found = discover([runs])
+    assert all("checkpoints" not in p.parts for p in found)
+    by_name = {r.name: r for r in (load_run(p, runs) for p in found)}
+    assert {n: r.arm for n, r in by_name.items()} == {
+        "arco/outcome": "arco_outcome_only",
+        "arco/tiny": "arco",
+        "broken": None,
+        "cer/cer": "cer/cer",
+        "cer/exact": "cer/exact",
+        "cer/warmup": "cer_warmup",
+        "eviback/base": "search_r1",
+        "eviback/tiny": "eviback",
+        "grpo/s0": "grpo",
+        "grpo/s1": "grpo",
+        "grpo/untrained": "grpo",
+        "other": None,
+        "warmstart/tiny": "warmstart",
+    }
+    assert by_name["broken"].problem.startswith("config.yaml unreadable")
+    assert "matches no trainer" in by_name["other"].problem
+    assert "no complete checkpoint" in by_name["grpo/untrained"].problem
+    assert by_name["grpo/s0"].model == runs / "grpo/s0/checkpoints/step_30"
+    assert by_name["warmstart/tiny"].model == runs / "warmstart/tiny/model"
+    assert by_name["cer/warmup"].model == runs / "cer/warmup/model"
+    assert sum(r.problem is None for r in by_name.values()) == 10
+    # a chosen step that is not there is a reason, not a crash
+    chosen = load_run(runs / "grpo/s0", runs, step=10)
+    assert chosen.model is None and "step_10" in chosen.problem
+
+
+# per-question rows of the fake evaluations: (em, f1, valid, searches, duplicates, forced)
+EVIBACK = [(1, 1.0, 1, 2, 1, 0), (0, 0.5, 1, 1, 0, 0), (1, 1.0, 1, 3, 1, 0), (0, 0.0, 0, 0, 0, 1)]
+BASELINE = [(0, 0.0, 1, 1, 0, 0), (0, 0.5, 1, 1, 0, 0), (1, 1.0, 1, 1, 0, 0), (0, 0.0, 0, 0, 0, 1)]
+
+
+def _rows(table):
+    keys = ("em", "f1", "valid", "searches", "duplicates", "forced")
+    return [{"id": f"q{i}", **dict(zip(keys, row, strict=True))} for i, row in enumerate(table)]
+
+
+class FakeEvaluator:
+    """Writes a record as the worker does, with hand-made rows; counts its calls."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def __call__(self, run, folder: Path) -> None:
+        self.calls.append(run.name)
+        if run.kind == "cer":
+            rows = [{"id": f"p{i}", "greedy": float(i % 2), "avg@k": i / 4} for i in range(4)]
+        elif run.arm == "search_r1":
+            rows = _rows(BASELINE)
+        else:
+            rows = _rows(EVIBACK)
+        if run.kind in ("search", "arco"):
+            for r in rows:
+                r.pop("duplicates")
+        if run.name == "arco/tiny":
+            (folder / "error.txt").write_text("FileNotFoundError: assets.corpus: x not found\n")
+            return
+        bench = {
+            "file": "f",
+            "digest": "d1",
+            "rows": rows,
+            **({"k": 4} if run.kind == "cer" else {}),
+        }
+        record = {"method": run.method, "model": str(run.model), "benchmarks": {"tiny_test": bench}}
+        (folder / "record.json").write_text(json.dumps(record))
+
+
+def test_table_intervals_paired_and_cache(tmp_path, capsys):
+    runs, out = _runs(tmp_path), tmp_path / "eval"
+    fake = FakeEvaluator()
+    report = evaluate_all([runs], out, fake, resamples=4000, project_root=ROOT, plots=False)
+    assert len(fake.calls) == 10
+    by_run = {r["run"]: r for r in report["runs"]}
+    ev = by_run["eviback/tiny"]["benchmarks"]["tiny_test"]
+    m = {k: v["value"] for k, v in ev["metrics"].items()}
+    assert ev["n"] == 4
+    assert m == pytest.approx(
+        {
+            "f1": 0.625,
+            "em": 0.5,
+            "valid_answer_rate": 0.75,
+            "mean_searches": 1.5,
+            "duplicate_query_rate": 2 / 6,
+            "forced_termination_rate": 0.25,
+        }
+    )
+    # EM of [1, 0, 1, 0]: all-zero and all-one draws each have probability 1/16 > 2.5%
+    assert (ev["metrics"]["em"]["ci_low"], ev["metrics"]["em"]["ci_high"]) == (0.0, 1.0)
+    # the failed evaluation is listed with its reason; the others went on
+    assert "assets.corpus: x not found" in by_run["arco/tiny"]["problem"]
+    assert "benchmarks" not in by_run["arco/tiny"]
+    pairs = {(c["run"], c["baseline"], c["metric"]): c for c in report["comparisons"]}
+    # EviBack − Search-R1 per question: EM [1, 0, 0, 0], F1 [1, 0, 0, 0]
+    em = pairs[("eviback/tiny", "eviback/base", "em")]
+    assert em["delta"] == 0.25 and em["n"] == 4
+    # P(mean of 4 draws ≥ 0.75) = 4·(1/4)³·(3/4) + (1/4)⁴ = 0.051 > 2.5%, P(all 0) = 0.32
+    assert (em["ci_low"], em["ci_high"]) == (0.0, 0.75)
+    # GRPO against the warm start it started from (same fake rows: Δ = 0 exactly)
+    g = pairs[("grpo/s1", "warmstart/tiny", "em")]
+    assert g["delta"] == g["ci_low"] == g["ci_high"] == 0.0
+    assert ("cer/cer", "cer/exact", "greedy") in pairs
+    assert not any(
+        c["run"] in ("cer/exact", "eviback/base", "arco/outcome") for c in pairs.values()
+    )
+    text = (out / "results.md").read_text()
+    assert "| eviback/tiny | eviback | tiny_test | 4 | 0.625 [" in text
+    assert (
+        "| eviback/tiny | eviback/base | tiny_test | em | 4 | +0.250 | [+0.000, +0.750] |" in text
+    )
+    assert "not evaluated: config.yaml unreadable" in text
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["comparisons"] == json.loads(json.dumps(report["comparisons"]))
+    # published numbers sit in their own section, after every measured table
+    if report["published"]:
+        assert text.index("## Published") > text.index("## Against the baseline")
+
+    # a second call evaluates nothing new (the failed run is tried again)
+    fake.calls.clear()
+    evaluate_all([runs], out, fake, resamples=200, project_root=ROOT, plots=False)
+    assert fake.calls == ["arco/tiny"]
+    assert "cached" in capsys.readouterr().out
+    # a new checkpoint of one run is a new evaluation; a config change too
+    _checkpoint(runs / "grpo" / "s0", 40)
+    cfg = yaml.safe_load((runs / "cer/cer/config.yaml").read_text())
+    cfg["eval"]["k"] = 2
+    (runs / "cer/cer/config.yaml").write_text(yaml.safe_dump(cfg))
+    fake.calls.clear()
+    evaluate_all([runs], out, fake, resamples=200, project_root=ROOT, plots=False)
+    assert sorted(fake.calls) == ["arco/tiny", "cer/cer", "grpo/s0"]
+
+
+def test_pairing_needs_the_same_questions(tmp_path):
+    runs, out = _runs(tmp_path), tmp_path / "eval"
+
+    class Shifted(FakeEvaluator):
+        def __call__(self, run, folder):
+            super().__call__(run, folder)
+            if run.arm == "search_r1":  # another question set: no paired interval
+                record = json.loads((folder / "record.json").read_text())
+                record["benchmarks"]["tiny_test"]["rows"][0]["id"] = "other"
+                (folder / "record.json").write_text(json.dumps(record))
+
+    report = evaluate_all([runs], out, Shifted(), resamples=200, project_root=ROOT, plots=False)
+    assert not any(c["run"] == "eviback/tiny" for c in report["comparisons"])
+
+
+def test_bootstrap_interval_hand_values():
+    rows = [{"em": v} for v in [0.0, 1.0] * 50]
+    assert metric_value(rows, "em") == 0.5
+    lo, hi = bootstrap_interval(rows, "em", resamples=4000)
+    # normal approximation: 0.5 ± 1.96·sqrt(0.25/100) = 0.5 ± 0.098
+    assert lo == pytest.approx(0.402, abs=0.02) and hi == pytest.approx(0.598, abs=0.02)
+    ratio = [{"duplicates": d, "searches": s} for d, s in [(1, 2), (0, 0), (1, 1)]]
+    assert metric_value(ratio, "duplicate_query_rate") == pytest.approx(2 / 3)
+    lo, hi = bootstrap_interval(ratio, "duplicate_query_rate", resamples=2000)
+    assert 0.0 <= lo <= 2 / 3 <= hi <= 1.0
+
+
+@pytest.mark.slow
+def test_missing_assets_in_the_real_evaluator_are_listed(tmp_path):
+    """ARCO's own evaluator, in its subprocess, refuses a run whose corpus is gone; the run is
+    listed with the evaluator's message and the report is still written."""
+    runs, out = tmp_path / "runs", tmp_path / "eval"
+    cfg = load_config(
+        ArcoConfig, ROOT / "arco/configs/tiny.yaml", [f"assets.corpus={tmp_path / 'gone.jsonl'}"]
+    )
+    dump_config(cfg, runs / "arco" / "config.yaml")
+    _checkpoint(runs / "arco", 8)
+    report = evaluate_all(
+        [runs], out, subprocess_evaluator(), resamples=200, project_root=ROOT, plots=False
+    )
+    (row,) = report["runs"]
+    assert row["problem"].startswith("evaluation failed:") and "gone.jsonl" in row["problem"]
+    assert "gone.jsonl" in (out / "results.md").read_text()
+
+
+def test_cli_usage_and_bad_folder(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "usage: python -m common.evaluate_all" in capsys.readouterr().out
+    assert main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "eval")]) == 2
+    assert "nowhere: no such folder" in capsys.readouterr().err
+
+
+def test_published_tables_are_whole_and_matched_only_on_the_same_setting(tmp_path):
+    published = load_published(ROOT)
+    assert set(published) == {"arco", "cer", "eviback"}
+    for doc in published.values():
+        for table in doc["tables"]:
+            assert table["source"] and table["rows"]
+            assert all(len(v) == len(table["columns"]) for v in table["rows"].values())
+    # a 1.7B EviBack run evaluated on NQ sits beside the paper's 0.399; its tiny twin does not
+    runs = tmp_path / "runs"
+    for name, config in (("paper", "qwen3_1.7b.yaml"), ("tiny", "tiny.yaml")):
+        cfg = load_config(EviBackConfig, ROOT / "eviback/configs" / config)
+        dump_config(cfg, runs / name / "config.yaml")
+        _checkpoint(runs / name, 79)
+
+    def evaluator(run, folder):
+        rows = [{"id": "q0", "em": 1, "f1": 0.5, "valid": 1, "searches": 1, "duplicates": 0,
+                 "forced": 0}]  # fmt: skip
+        record = {"benchmarks": {"nq": {"file": "f", "digest": "d", "rows": rows}}}
+        (folder / "record.json").write_text(json.dumps(record))
+
+    report = evaluate_all([runs], tmp_path / "eval", evaluator, resamples=100,
+                          project_root=ROOT, plots=False)  # fmt: skip
+    (match,) = report["beside_published"]
+    assert (match["run"], match["benchmark"], match["metric"]) == ("paper", "nq", "f1")
+    assert match["published"] == 0.399 and match["measured"]["value"] == 0.5
+    text = (tmp_path / "eval" / "results.md").read_text()
+    assert "| paper | nq | f1 | 0.500 [0.500, 0.500] | 0.399 (published) |" in text

@@ -30,6 +30,8 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from common.redact import redact_secrets
+
 T = TypeVar("T")
 COMMAND_LINE = "command line"
 
@@ -94,9 +96,11 @@ def _plain(value: Any) -> Any:
 
 
 def dump_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML; ``load_config`` on it gives an equal object."""
+    """Write the resolved config as YAML; ``load_config`` on it gives an equal object, except
+    that credentials inside URLs are masked (``common.redact``)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+    text = yaml.safe_dump(redact_secrets(config_to_dict(cfg)), sort_keys=False)
+    Path(path).write_text(text, encoding="utf-8")
 
 
 def describe_config(cls: type) -> str:

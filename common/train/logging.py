@@ -8,6 +8,7 @@ import platform
 import socket
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
@@ -17,6 +18,7 @@ import psutil
 import torch
 from tqdm import tqdm
 
+from common.redact import redact_secrets
 from common.train.distributed import current_rank
 
 T = TypeVar("T")
@@ -92,40 +94,62 @@ class MetricsLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file, in order; a malformed line is an error naming it."""
+    """The records of a metrics.jsonl file, in order (``read_jsonl`` with key ``step``)."""
+    return read_jsonl(path, key="step")
+
+
+def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]:
+    """The JSON objects of a jsonl file a run appends to, in order; each must hold ``key``.
+
+    A torn last line (no newline and not JSON: the process was killed while writing it) is
+    dropped with a warning; a malformed line anywhere else is an error naming file and line.
+    """
     records = []
-    with Path(path).open() as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number}: not a JSON line: {err}") from None
-            if not isinstance(record, dict) or "step" not in record:
-                raise ValueError(f"{path}:{number}: expected an object with a 'step' key")
-            records.append(record)
+    text = Path(path).read_text(encoding="utf-8")
+    lines = text.split("\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if number == len(lines):  # the last line has no newline after it: torn
+                warnings.warn(
+                    f"{path}:{number}: dropped a torn last line (a write cut short): {line[:80]!r}",
+                    stacklevel=2,
+                )
+                break
+            raise ValueError(f"{path}:{number}: not a JSON line: {err}") from None
+        if not isinstance(record, dict) or (key is not None and key not in record):
+            raise ValueError(f"{path}:{number}: expected an object with a {key!r} key")
+        records.append(record)
     return records
 
 
+def environment() -> dict[str, Any]:
+    """Versions, git commit, hardware and the command line (credentials in URLs masked)."""
+    return redact_secrets(
+        {
+            "packages": {name: _version(name) for name in _PACKAGES},
+            "git": _git_state(_PROJECT_ROOT),
+            "hostname": socket.gethostname(),
+            "cpu_count": os.cpu_count(),
+            "ram_bytes": psutil.virtual_memory().total,
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+            "python": sys.version,
+            "platform": platform.platform(),
+            "argv": sys.argv,
+        }
+    )
+
+
 def write_env_json(run_dir: str | Path) -> Path | None:
-    """Write run_dir/env.json (versions, git commit, hardware, command line) on rank 0."""
+    """Write run_dir/env.json (``environment()``) on rank 0."""
     if current_rank() != 0:
         return None
-    env = {
-        "packages": {name: _version(name) for name in _PACKAGES},
-        "git": _git_state(_PROJECT_ROOT),
-        "hostname": socket.gethostname(),
-        "cpu_count": os.cpu_count(),
-        "ram_bytes": psutil.virtual_memory().total,
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "python": sys.version,
-        "platform": platform.platform(),
-        "argv": sys.argv,
-    }
     path = Path(run_dir) / "env.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(env, indent=1))
+    path.write_text(json.dumps(environment(), indent=1))
     return path
 
 

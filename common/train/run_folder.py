@@ -1,0 +1,332 @@
+"""A run folder that tells the truth: one run at a time, each step logged once, the settings
+that ran.
+
+``open_run_folder`` is what every trainer calls before any model loads (rank 0 does the work;
+other ranks only learn where to resume from):
+
+    run.lock              fcntl lock held while a run owns the folder; holds pid, host, start time
+    config.yaml           the settings the run started with (credentials in URLs masked)
+    config_changes.jsonl  one row per accepted change: {time, from_step, changes, config}
+    env.json              the environment of the first start
+    env_history.jsonl     one row per start: {time, from_step, **environment}
+    metrics.jsonl         trimmed on every start to the rows of the steps it resumes after
+
+A start whose settings differ from the folder's (config.yaml, or the last accepted change) stops
+with one line per differing key, unless the config says ``allow_config_change: true``; then the
+change is recorded in config_changes.jsonl and config.yaml keeps the settings that ran first.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.config import ConfigError, config_to_dict
+from common.redact import redact_secrets
+from common.train.checkpoint import find_latest_checkpoint
+from common.train.distributed import current_rank
+from common.train.logging import environment, read_jsonl
+
+LOCK_FILE = "run.lock"
+CONFIG_FILE = "config.yaml"
+CHANGES_FILE = "config_changes.jsonl"
+ENV_FILE = "env.json"
+ENV_HISTORY_FILE = "env_history.jsonl"
+METRICS_FILE = "metrics.jsonl"
+# Per-step files a run rewrites as it goes: those after the resume point are removed on start.
+PER_STEP_FOLDERS = ("samples", "dev_results")
+# Keys that say where or how to start, not what is trained: never a config change.
+NOT_SETTINGS = frozenset({"run_dir", "resume", "allow_config_change"})
+_STEP_FILE = re.compile(r"step_(\d+)\.[a-z]+")
+
+
+class RunFolderError(ConfigError):
+    """The run folder cannot be used as asked: held by another run, or other settings."""
+
+
+class RunLock:
+    """An exclusive ``fcntl.flock`` on ``<run_dir>/run.lock``, released when the process ends
+    (however it ends: the kernel drops the lock with the file descriptor).
+
+    Within one process a second ``acquire`` of a folder it already holds succeeds (an in-process
+    rerun after an exception); another process gets a ``RunFolderError`` naming the holder.
+    """
+
+    _held: dict[Path, RunLock] = {}
+
+    def __init__(self, path: Path, fd: int):
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, run_dir: str | Path) -> RunLock:
+        path = (Path(run_dir) / LOCK_FILE).resolve()
+        held = cls._held.get(path)
+        if held is not None and held._fd is not None:
+            held._write_holder()
+            return held
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunFolderError(
+                f"run_dir {Path(run_dir)} is in use by {holder} (lock {path}); "
+                "wait for that run to end or choose another run_dir"
+            ) from None
+        lock = cls(path, fd)
+        lock._write_holder()
+        cls._held[path] = lock
+        return lock
+
+    def _write_holder(self) -> None:
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, (json.dumps(holder) + "\n").encode(), 0)
+
+    def release(self) -> None:
+        """Drop the lock (the lock file stays; only the lock itself says the folder is busy)."""
+        if self._fd is None:
+            return
+        os.close(self._fd)  # closing the only descriptor releases the flock
+        self._fd = None
+        self._held.pop(self.path, None)
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return f"pid {info['pid']} on host {info['host']} since {info['started']}"
+    except (ValueError, KeyError, TypeError):
+        return "another process (its lock file names none)"
+
+
+@dataclass
+class RunFolder:
+    """An opened run folder: where to resume from (every rank), the lock (rank 0)."""
+
+    path: Path
+    checkpoint: Path | None  # the checkpoint to resume from, None: start at step 0
+    start_step: int  # the first step this start runs (0: the step-0 evaluation)
+    lock: RunLock | None
+
+    def close(self) -> None:
+        """Release the lock at the end of the run."""
+        if self.lock is not None:
+            self.lock.release()
+
+
+def open_run_folder(
+    run_dir: str | Path,
+    cfg: Any,
+    resume: bool = True,
+    allow_config_change: bool | None = None,
+) -> RunFolder:
+    """Take ``run_dir`` for a run with config ``cfg`` (a config dataclass; None: no settings
+    check, for a folder every start rewrites whole), before any model loads.
+
+    resume: continue after the folder's latest complete checkpoint when there is one; otherwise
+    the run starts at step 0 and replaces what an earlier run logged. allow_config_change:
+    default ``cfg.allow_config_change``. Rank 0 locks the folder, checks and records the
+    settings and environment and trims metrics.jsonl; every rank gets the resume point.
+    Raises ``RunFolderError`` (a ``ConfigError``) when another run holds the folder or the
+    settings differ without ``allow_config_change``.
+    """
+    path = Path(run_dir)
+    checkpoint = find_latest_checkpoint(path) if resume else None
+    last_step = checkpoint_step(checkpoint) if checkpoint is not None else -1
+    folder = RunFolder(path, checkpoint, last_step + 1, None)
+    if current_rank() != 0:
+        return folder
+    if allow_config_change is None:
+        allow_config_change = bool(getattr(cfg, "allow_config_change", False))
+    folder.lock = RunLock.acquire(path)
+    try:
+        if cfg is not None:
+            config = redact_secrets(config_to_dict(cfg))
+            check_settings(path, config, folder.start_step, allow_config_change)
+        write_environment(path, folder.start_step)
+        trim_run(path, last_step)
+    except BaseException:
+        folder.close()
+        raise
+    return folder
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The step a complete checkpoint folder was saved at (its trainer_state.json)."""
+    state = checkpoint / "trainer_state.json"
+    try:
+        return int(json.loads(state.read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RunFolderError(f"{state}: unreadable trainer state: {err!r}") from None
+
+
+def check_settings(run_dir: Path, config: dict, start_step: int, allow_change: bool) -> None:
+    """Compare ``config`` with the folder's settings; write config.yaml on the first start,
+    refuse a difference or (``allow_change``) record it in config_changes.jsonl."""
+    saved_file = run_dir / CONFIG_FILE
+    if not saved_file.exists():
+        _write_atomic(saved_file, yaml.safe_dump(config, sort_keys=False))
+        return
+    try:
+        saved = yaml.safe_load(saved_file.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise RunFolderError(f"{saved_file}: not valid YAML: {err}") from None
+    changes_file = run_dir / CHANGES_FILE
+    if changes_file.exists():
+        accepted = read_jsonl(changes_file, key="config")
+        if accepted:
+            saved = accepted[-1]["config"]
+    changes = config_diff(saved if isinstance(saved, dict) else {}, config)
+    if not changes:
+        return
+    lines = "\n".join(f"  {key}: {_show(old)} -> {_show(new)}" for key, old, new in changes)
+    if not allow_change:
+        raise RunFolderError(
+            f"run_dir {run_dir} holds a run with other settings ({saved_file}"
+            f"{' and ' + CHANGES_FILE if changes_file.exists() else ''}); saved -> new:\n{lines}\n"
+            "set allow_config_change=true to continue with the new settings (the change is "
+            f"recorded in {CHANGES_FILE}), or choose another run_dir"
+        )
+    record = {
+        "time": _now(),
+        "from_step": start_step,
+        "changes": [{"key": k, "saved": old, "new": new} for k, old, new in changes],
+        "config": config,
+    }
+    with changes_file.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    print(
+        f"[run] {run_dir}: settings changed from step {start_step} on (recorded in "
+        f"{changes_file}):\n{lines}",
+        flush=True,
+    )
+
+
+def config_diff(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, saved, new)`` for every setting that differs (keys in ``NOT_SETTINGS``
+    aside; a key only one side has is a difference, shown as ``<absent>``)."""
+    a, b = _flatten(saved), _flatten(new)
+    out = []
+    for key in [*a, *(k for k in b if k not in a)]:
+        if key in NOT_SETTINGS:
+            continue
+        old, value = a.get(key, _ABSENT), b.get(key, _ABSENT)
+        if not _same(old, value):
+            out.append((key, old, value))
+    return out
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+_ABSENT = _Absent()
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as YAML reads them back: tuples are lists, NaN equals NaN, 1 equals 1.0."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return type(a) is type(b) and a == b or (_number(a) and _number(b) and a == b)
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, _Absent) else json.dumps(value)
+
+
+def write_environment(run_dir: Path, start_step: int) -> None:
+    """env.json on the first start (kept after); every start appends a row to env_history.jsonl."""
+    env = environment()
+    if not (run_dir / ENV_FILE).exists():
+        _write_atomic(run_dir / ENV_FILE, json.dumps(env, indent=1))
+    with (run_dir / ENV_HISTORY_FILE).open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"time": _now(), "from_step": start_step, **env}) + "\n")
+
+
+def trim_run(run_dir: Path, last_step: int) -> None:
+    """Keep what the run logged up to ``last_step`` (the checkpoint it resumes from; -1: none):
+    metrics.jsonl rows with a larger step are dropped (atomically), as are per-step files
+    (samples/, dev_results/) of later steps. A torn last line of metrics.jsonl is dropped."""
+    metrics = run_dir / METRICS_FILE
+    if metrics.exists():
+        rows = read_jsonl(metrics, key="step")
+        kept = [r for r in rows if r["step"] <= last_step]
+        text = "".join(json.dumps(r) + "\n" for r in kept)
+        if text != metrics.read_text(encoding="utf-8"):
+            _write_atomic(metrics, text)
+        if len(kept) < len(rows):
+            after = "a checkpoint" if last_step < 0 else f"step {last_step}"
+            print(
+                f"[run] {metrics}: dropped {len(rows) - len(kept)} rows logged after {after} "
+                "(this start runs those steps again)",
+                flush=True,
+            )
+    for name in PER_STEP_FOLDERS:
+        folder = run_dir / name
+        if not folder.is_dir():
+            continue
+        for f in folder.iterdir():
+            m = _STEP_FILE.fullmatch(f.name)
+            if m and int(m.group(1)) > last_step and f.is_file():
+                f.unlink()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """``text`` into a temporary file beside ``path``, then renamed over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+__all__ = [
+    "RunFolder",
+    "RunFolderError",
+    "RunLock",
+    "check_settings",
+    "config_diff",
+    "open_run_folder",
+    "trim_run",
+]

@@ -30,16 +30,27 @@ from common.train import TrainConfig, TrainEngine, progress
 
 
 def gold_trajectories(
-    examples: Sequence[QAExample], tokenizer, retriever: Retriever, cfg: AgentConfig
+    examples: Sequence[QAExample],
+    tokenizer,
+    retriever: Retriever,
+    cfg: AgentConfig,
+    shortcut_rate: float = 0.0,
+    seed: int = 0,
 ) -> list[Trajectory]:
     """One gold trajectory per example that has ``metadata["gold_queries"]``.
 
-    All hop-h queries go to the retriever in one call, as in a rollout turn.
+    All hop-h queries go to the retriever in one call, as in a rollout turn. With
+    ``shortcut_rate`` > 0 the teacher is deliberately weak: that share of the bridge questions
+    (drawn with ``seed``) stop after the first search and answer with the first hop's entity
+    (``gold_queries[1]``, named in the documents just read): the classic under-searching
+    mistake, a decision that RL can unlearn.
     """
     protocol = get_protocol(cfg.protocol)
     usable = [ex for ex in examples if ex.metadata.get("gold_queries")]
     if not usable:
         raise ValueError("no example has metadata['gold_queries']: nothing to warm start on")
+    rng = random.Random(seed)
+    plans = [_teacher_plan(ex, shortcut_rate, rng) for ex in usable]
     trajs = [
         Trajectory(
             f"gold:{ex.id}",
@@ -51,12 +62,12 @@ def gold_trajectories(
         )
         for ex in usable
     ]
-    max_hops = max(len(ex.metadata["gold_queries"]) for ex in usable)
+    max_hops = max(len(queries) for queries, _ in plans)
     for hop in range(max_hops):
         active = [
-            (t, ex.metadata["gold_queries"][hop])
-            for t, ex in zip(trajs, usable, strict=True)
-            if hop < len(ex.metadata["gold_queries"])
+            (t, queries[hop])
+            for t, (queries, _) in zip(trajs, plans, strict=True)
+            if hop < len(queries)
         ]
         results = retriever.search([q for _, q in active], cfg.topk)
         for (t, q), docs in zip(active, results, strict=True):
@@ -66,13 +77,22 @@ def gold_trajectories(
             t.steps.append(Step("search", start, len(t.response_ids), query=q, docs=list(docs)))
             t.num_searches += 1
             t.append(observation_ids(tokenizer, protocol, docs, cfg.max_obs_tokens), False)
-    for t in trajs:
-        ids = encode_text(tokenizer, protocol.format_answer(t.golden_answers[0]))
+    for t, (_, answer) in zip(trajs, plans, strict=True):
+        ids = encode_text(tokenizer, protocol.format_answer(answer))
         start = len(t.response_ids)
         t.append(ids, sampled=True, logprobs=[0.0] * len(ids))
         t.steps.append(Step("answer", start, len(t.response_ids)))
-        t.answer, t.done = t.golden_answers[0], True
+        t.answer, t.done = answer, True
     return trajs
+
+
+def _teacher_plan(ex: QAExample, shortcut_rate: float, rng: random.Random) -> tuple[list, str]:
+    """(queries, answer) the teacher writes for ``ex``: the gold path, or the shortcut."""
+    queries = list(ex.metadata["gold_queries"])
+    draw = rng.random()  # one draw per example, so the choice for one does not shift the others
+    if ex.metadata.get("type") == "bridge" and len(queries) > 1 and draw < shortcut_rate:
+        return queries[:1], queries[1]
+    return queries, ex.golden_answers[0]
 
 
 def sft_loss(
@@ -140,12 +160,26 @@ class WarmStartConfig:
 
     world: str = field(default="runs/tinyworld/seed0", metadata={"help": "tiny world folder"})
     out: str = field(default="runs/warmstart/tiny", metadata={"help": "output folder"})
-    seed: int = field(default=0, metadata={"help": "data order and init seed"})
-    steps: int = field(default=600, metadata={"help": "optimizer steps"})
-    batch_size: int = field(default=16, metadata={"help": "trajectories per optimizer step"})
+    seed: int = field(default=0, metadata={"help": "data order and init seed", "ge": 0})
+    steps: int = field(default=600, metadata={"help": "optimizer steps", "ge": 1})
+    batch_size: int = field(
+        default=16, metadata={"help": "trajectories per optimizer step", "ge": 1}
+    )
     context_weight: float = field(
         default=0.0,
-        metadata={"help": "weight of the LM loss on prompt and document tokens (0: agent only)"},
+        metadata={
+            "help": "weight of the LM loss on prompt and document tokens (0: agent only)",
+            "ge": 0,
+        },
+    )
+    shortcut_rate: float = field(
+        default=0.0,
+        metadata={
+            "help": "share of bridge questions the teacher answers after one search with the "
+            "first hop's entity (a weak teacher, for RL to correct; 0: gold paths only)",
+            "ge": 0,
+            "le": 1,
+        },
     )
     agent: AgentConfig = field(default_factory=AgentConfig)
     train: TrainConfig = field(
@@ -165,7 +199,9 @@ def run_warm_start(cfg: WarmStartConfig) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(world / "model")
     model = AutoModelForCausalLM.from_pretrained(world / "model", dtype=torch.float32)
     retriever = BM25Retriever.from_corpus(world / "corpus.jsonl")
-    trajs = gold_trajectories(load_qa(world / "train.jsonl"), tokenizer, retriever, cfg.agent)
+    trajs = gold_trajectories(
+        load_qa(world / "train.jsonl"), tokenizer, retriever, cfg.agent, cfg.shortcut_rate, cfg.seed
+    )
     cfg.train.total_steps = cfg.steps
     cfg.train.seed = cfg.seed
     engine = TrainEngine(model, cfg.train)

@@ -37,3 +37,41 @@ def test_context_weight_adds_the_lm_loss_of_every_other_real_token(tiny_world):
     assert loss0.item() == pytest.approx(own_nll.item(), rel=1e-6)
     assert nll0.item() == nll1.item() == pytest.approx(own_nll.item(), rel=1e-6)
     assert loss1.item() == pytest.approx((own_nll + 0.5 * other_nll).item(), rel=1e-6)
+
+
+def test_weak_teacher_answers_the_first_hop_of_the_chosen_bridge_questions(tiny_world):
+    from transformers import AutoTokenizer
+
+    from common.data import load_qa
+    from common.retrieval.bm25 import BM25Retriever
+    from common.rollout.agent import AgentConfig
+    from common.warmstart import gold_trajectories
+
+    examples = load_qa(tiny_world / "train.jsonl")[:40]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world / "model")
+    retriever = BM25Retriever.from_corpus(tiny_world / "corpus.jsonl")
+    cfg = AgentConfig(instruction="Question: {question}\n", max_obs_tokens=64)
+    gold = gold_trajectories(examples, tokenizer, retriever, cfg)
+    weak = gold_trajectories(examples, tokenizer, retriever, cfg, shortcut_rate=0.5, seed=3)
+    again = gold_trajectories(examples, tokenizer, retriever, cfg, shortcut_rate=0.5, seed=3)
+    bridges = [i for i, ex in enumerate(examples) if ex.metadata["type"] == "bridge"]
+    assert len(bridges) >= 8
+    short = []
+    for i, (ex, g, w) in enumerate(zip(examples, gold, weak, strict=True)):
+        queries = ex.metadata["gold_queries"]
+        assert g.answer == ex.golden_answers[0] and g.num_searches == len(queries)
+        if w.num_searches < len(queries):  # the shortcut: one search, then the bridge entity
+            short.append(i)
+            assert (w.num_searches, w.answer) == (1, queries[1])
+            assert [s.query for s in w.steps if s.kind == "search"] == queries[:1]
+            cut = g.steps[1].start  # the same first search and documents, then the answer
+            assert w.steps[-1].start == cut and w.response_ids[:cut] == g.response_ids[:cut]
+        else:
+            assert w.response_ids == g.response_ids
+    assert set(short) <= set(bridges)
+    assert 0.2 * len(bridges) <= len(short) <= 0.8 * len(bridges)
+    assert [t.response_ids for t in again] == [
+        t.response_ids for t in weak
+    ]  # the seed fixes the choice
+    every = gold_trajectories(examples, tokenizer, retriever, cfg, shortcut_rate=1.0)
+    assert [i for i, t in enumerate(every) if t.num_searches == 1 < gold[i].num_searches] == bridges

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
-from collections.abc import Mapping
+import unicodedata
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from common.data import QAExample, load_qa
@@ -14,14 +17,63 @@ from eviback.oracle import EvidenceOracle
 from eviback.prompts import STAGE_A_DEFAULT, STAGE_B_DEFAULT
 from eviback.teacher import Teacher, TeacherPolicy, TwoStageTeacher
 
+SELECTIONS = ("random", "sha256")
+
+
+def normalize_question(text: str) -> str:
+    """The release's question key: NFKC, case-folded, whitespace collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def selection_key(original_id: str, question: str, source: str, seed: int) -> str:
+    """The release's rank of a question within its source: the SHA-256 hex digest of the
+    canonical JSON (sorted keys, no spaces, UTF-8) of ``{seed, source, id, question}``, with the
+    question normalised (``normalize_question``)."""
+    identity = {"seed": seed, "source": source, "id": original_id,
+                "question": normalize_question(question)}  # fmt: skip
+    text = json.dumps(identity, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def stable_selection(
+    examples: Sequence[QAExample], source: str, count: int, seed: int
+) -> list[QAExample]:
+    """The release's draw of ``count`` questions from one source: drop questions with no
+    non-blank gold answer, keep one example per normalised question (the lowest key), rank by
+    ``selection_key`` and take the first ``count``. ``source`` is the release's name of the
+    source (it enters the key); ids are the files' ids, after the ``source:`` prefix."""
+    best: dict[str, tuple[str, QAExample]] = {}
+    for ex in examples:
+        question = normalize_question(ex.question)
+        if not question or not any(a.strip() for a in ex.golden_answers):
+            continue
+        key = selection_key(ex.id.split(":", 1)[-1], ex.question, source, seed)
+        if question not in best or key < best[question][0]:
+            best[question] = (key, ex)
+    ranked = sorted(best.values(), key=lambda pair: pair[0])
+    if len(ranked) < count:
+        raise ValueError(
+            f"quota {source}={count} exceeds the {len(ranked)} distinct answerable questions"
+        )
+    return [ex for _, ex in ranked[:count]]
+
 
 def load_questions(
-    files: Mapping[str, str], quotas: Mapping[str, int], seed: int
+    files: Mapping[str, str],
+    quotas: Mapping[str, int],
+    seed: int,
+    selection: str = "random",
+    release_names: Mapping[str, str] | None = None,
 ) -> list[QAExample]:
-    """Every file's examples (ids ``{source}:{id}``), cut to its quota by a seeded draw.
+    """Every file's examples (ids ``{source}:{id}``), cut to its quota.
 
-    A quota naming no file, or larger than its file, is an error.
+    ``selection="random"``: a draw seeded by ``seed`` and the source name. ``"sha256"``: the
+    release's draw (``stable_selection``, ``seed`` = its selection seed), with each source under
+    its release name (``release_names``, e.g. 2wiki -> 2wikimultihopqa). A quota naming no
+    file, or larger than its file, is an error.
     """
+    if selection not in SELECTIONS:
+        raise ValueError(f"question selection must be one of {SELECTIONS}, got {selection!r}")
     unknown = sorted(set(quotas) - set(files))
     if unknown:
         raise ValueError(f"quotas name sources without a file: {', '.join(unknown)}")
@@ -34,9 +86,27 @@ def load_questions(
                 raise ValueError(
                     f"quota {source}={quota} exceeds the {len(examples)} questions in {path}"
                 )
-            examples = random.Random(f"{seed}:{source}").sample(examples, quota)
+            if selection == "sha256":
+                name = (release_names or {}).get(source, source)
+                try:
+                    examples = stable_selection(examples, name, quota, seed)
+                except ValueError as e:
+                    raise ValueError(f"{path}: {e}") from None
+            else:
+                examples = random.Random(f"{seed}:{source}").sample(examples, quota)
         out.extend(examples)
     return out
+
+
+def select_questions(assets: AssetsConfig, kind: str, seed: int) -> list[QAExample]:
+    """The ``train`` or ``eval`` question set of ``assets`` with its quotas, drawn as
+    ``assets.selection`` says (sha256: with that set's selection seed; random: with ``seed``)."""
+    files, quotas, selection_seed = {
+        "train": (assets.train_files, assets.train_quotas, assets.train_selection_seed),
+        "eval": (assets.eval_files, assets.eval_quotas, assets.eval_selection_seed),
+    }[kind]
+    draw_seed = selection_seed if assets.selection == "sha256" else seed
+    return load_questions(files, quotas, draw_seed, assets.selection, assets.release_names)
 
 
 def source_of(example_id: str) -> str:

@@ -58,6 +58,24 @@ class AssetsConfig:
         default_factory=dict,
         metadata={"help": "questions drawn per benchmark (seeded); empty = all", "ge": 1},
     )
+    selection: Literal["sha256", "random"] = field(
+        default="sha256",
+        metadata={
+            "help": "how quotas pick questions: sha256 (the release: dedup, then SHA-256 rank "
+            "with the selection seeds) | random (a draw seeded by `seed`)"
+        },
+    )
+    train_selection_seed: int = field(
+        default=26041755,
+        metadata={"help": "sha256 selection seed of the training questions", "ge": 0},
+    )
+    eval_selection_seed: int = field(
+        default=42, metadata={"help": "sha256 selection seed of the evaluation questions", "ge": 0}
+    )
+    release_names: dict[str, str] = field(
+        default_factory=lambda: {"2wiki": "2wikimultihopqa"},
+        metadata={"help": "source name -> the release's name, which enters the SHA-256 key"},
+    )
     corpus: str = field(
         default="", metadata={"help": "corpus jsonl (BM25 in process) or an index folder"}
     )
@@ -129,6 +147,9 @@ class EvalConfig:
     model: str = field(
         default="",
         metadata={"help": "model to evaluate; empty = run_dir's latest checkpoint, else assets"},
+    )
+    max_turns: int = field(
+        default=0, metadata={"help": "agent turns at evaluation; 0 = agent.max_turns", "ge": 0}
     )
     bootstrap_resamples: int = field(
         default=10_000, metadata={"help": "paired bootstrap draws", "ge": 1}

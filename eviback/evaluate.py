@@ -19,7 +19,7 @@ from pathlib import Path
 
 from common.metrics import exact_match, f1_score
 from common.rollout import AgentConfig, Trajectory, run_agent
-from eviback.assets import build_retriever, load_questions, source_of
+from eviback.assets import build_retriever, select_questions, source_of
 from eviback.config import EviBackConfig
 from eviback.reward import rollout_facts
 
@@ -226,14 +226,17 @@ def run_eval(cfg: EviBackConfig) -> dict:
     cfg.check_assets(("model", "eval", "retrieval"))
     if cfg.eval.compare_to and not Path(cfg.eval.compare_to).is_file():
         raise FileNotFoundError(f"eval.compare_to: {cfg.eval.compare_to} not found")
-    examples = load_questions(cfg.assets.eval_files, cfg.assets.eval_quotas, cfg.seed)
+    examples = select_questions(cfg.assets, "eval", cfg.seed)
     rank, world, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = None
     if cfg.engine.backend == "hf":
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     engine = build_engine(cfg.engine, model_path, model, tokenizer, cfg.seed)
-    greedy = AgentConfig(**{**vars(cfg.agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
+    turns = cfg.eval.max_turns or cfg.agent.max_turns
+    greedy = AgentConfig(
+        **{**vars(cfg.agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_turns": turns}
+    )
     retriever = build_retriever(cfg.assets)
     trajs = run_agent(engine, tokenizer, retriever, examples[rank::world], 1, greedy, "eval:")
     results = gather_shards([question_result(t, cfg.em_well_formed) for t in trajs], world)

@@ -37,7 +37,7 @@ from common.train import (
     progress,
 )
 from common.train.run_folder import open_run_folder
-from eviback.assets import build_retriever, build_teacher, load_questions
+from eviback.assets import build_retriever, build_teacher, load_questions, select_questions
 from eviback.config import EviBackConfig, TeacherConfig
 from eviback.prompts import rounds_from_trajectory
 from eviback.reward import (
@@ -229,7 +229,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     cfg.train.total_steps = cfg.steps
     cfg.train.seed = cfg.seed
     a = cfg.assets
-    train_set = load_questions(a.train_files, a.train_quotas, cfg.seed)
+    train_set = select_questions(a, "train", cfg.seed)
     dev_set = load_questions(a.dev_files, {}, cfg.seed)
     dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
     run_dir = Path(cfg.run_dir)

@@ -56,7 +56,7 @@ class AgentConfig:
             "ge": 0,
         },
     )
-    invalid_eos: str = field(
+    invalid_eos: Literal["continue", "end"] = field(
         default="continue",
         metadata={
             "help": "a turn without an action that ends its message: continue (corrective "

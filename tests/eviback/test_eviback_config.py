@@ -21,6 +21,38 @@ def test_paper_configs(scale):
     assert c.assets.train_quotas == {"nq": 2040, "hotpotqa": 1416, "musique": 897, "2wiki": 747}
     assert sum(c.assets.eval_quotas.values()) == 3500 and len(c.assets.eval_files) == 7
     assert (c.teacher.beta, c.teacher.gamma, c.teacher.lam, c.teacher.top_m) == (0.1, 0.1, 0.1, 5)
+    # the release's loop: no KL loss, token-mean, 12,000 + 4,096 tokens, 1,024 a turn, 10 turns
+    # at evaluation, weight decay 0.01, teacher timeout 180 s, seed 42, its question selection
+    assert (c.loss.kl_coef, c.loss.aggregation, c.train.weight_decay) == (0.0, "token_mean", 0.01)
+    assert (c.agent.max_context, c.agent.max_response_tokens, c.engine.max_model_len) == (
+        16096, 4096, 16096,
+    )  # fmt: skip
+    assert (c.agent.max_turn_tokens, c.eval.max_turns, c.teacher.timeout, c.seed) == (
+        1024, 10, 180.0, 42,
+    )  # fmt: skip
+    assert (c.assets.selection, c.assets.train_selection_seed, c.assets.eval_selection_seed) == (
+        "sha256", 26041755, 42,
+    )  # fmt: skip
+    assert c.assets.release_names == {"2wiki": "2wikimultihopqa"} and c.em_well_formed
+    # five Wikipedia-2018 passages (at most 853 Qwen tokens with the frame, README) fit
+    assert c.agent.max_obs_tokens >= 853 and c.agent.invalid_eos == "continue"
+    assert c.agent.max_turn_tokens + c.agent.max_obs_tokens <= c.agent.max_response_tokens
+
+
+def test_search_r1_values_are_a_documented_alternative():
+    c = load_config(EviBackConfig, CONFIGS / "search_r1_values.yaml")
+    assert (c.loss.kl_coef, c.loss.aggregation, c.train.weight_decay) == (
+        0.001, "seq_mean_token_mean", 0.0,
+    )  # fmt: skip
+    assert (c.agent.max_turns, c.eval.max_turns, c.agent.max_turn_tokens) == (4, 4, 500)
+    assert (c.agent.max_obs_tokens, c.agent.max_context, c.engine.max_model_len) == (
+        500,
+        4096,
+        4096,
+    )
+    assert (c.seed, c.teacher.timeout) == (0, 60.0)
+    paper = load_config(EviBackConfig, CONFIGS / "qwen3_1.7b.yaml")
+    assert c.assets == paper.assets and c.teacher.lam == paper.teacher.lam  # same data and reward
 
 
 def test_tiny_config_is_offline():

@@ -146,6 +146,10 @@ class CERConfig:
     """A CER (or baseline reward) GRPO-family run on single-turn math / free-form questions."""
 
     run_dir: str = field(default="runs/cer/tiny/cer", metadata={"help": "output folder"})
+    allow_config_change: bool = field(
+        default=False,
+        metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},
+    )
     seed: int = field(default=0, metadata={"help": "data order, init and sampling seed"})
     torch_threads: int = field(
         default=0, metadata={"help": "torch CPU threads (0 = torch's default)"}

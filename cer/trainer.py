@@ -33,7 +33,6 @@ from cer.evaluate import evaluate_problems, load_problems, problem_results
 from cer.group_reward import Group, group_rewards, verifier_name
 from cer.rollout import sample_groups
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
-from common.config import dump_config
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rl_loop import (
     all_ranks_mean,
@@ -50,9 +49,9 @@ from common.train import (
     MetricsLogger,
     TrainEngine,
     progress,
-    write_env_json,
 )
 from common.train.distributed import init_distributed
+from common.train.run_folder import open_run_folder
 
 ALL_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
 
@@ -88,10 +87,6 @@ def train_cer(cfg: CERConfig) -> dict:
 
     check_assets(cfg.assets, ["model", "train", "dev"])
     train_cfg = cfg.train
-    tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
-    model = AutoModelForCausalLM.from_pretrained(cfg.assets.model, dtype=torch.float32)
-    # Before the engine wraps the model (and before ZeRO-3 could partition it).
-    frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.reward.frozen_scorer else None
     train_cfg.seed = cfg.seed
     train_cfg.total_steps = cfg.steps
     _, world, _ = init_distributed()
@@ -105,14 +100,17 @@ def train_cer(cfg: CERConfig) -> dict:
             f"loss.micro_batch_size = {cfg.loss.micro_batch_size}"
         )
     train_cfg.grad_accum = batch // cfg.loss.micro_batch_size
+    run_dir = Path(cfg.run_dir)
+    # No resume: a rerun starts at step 0 and replaces what the folder logged.
+    folder = open_run_folder(run_dir, cfg, resume=False)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
+    model = AutoModelForCausalLM.from_pretrained(cfg.assets.model, dtype=torch.float32)
+    # Before the engine wraps the model (and before ZeRO-3 could partition it).
+    frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.reward.frozen_scorer else None
     train = TrainEngine(model, train_cfg, reference=cfg.loss.kl_coef > 0)
     if frozen is not None:
         frozen.to(train.device)
-    run_dir = Path(cfg.run_dir)
     if train.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, run_dir / "config.yaml")
-        write_env_json(run_dir)
         (run_dir / "samples").mkdir(exist_ok=True)
     engine = build_engine(
         cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
@@ -237,6 +235,7 @@ def train_cer(cfg: CERConfig) -> dict:
         logger.close()
         plot_curve(evals, run_dir / "dev_curve.png", cfg.reward.type)
         (run_dir / "dev_evals.json").write_text(json.dumps(evals, indent=1))
+    folder.close()
     return {"before": evals[0], "after": evals[-1], "evals": evals, "run_dir": str(run_dir)}
 
 

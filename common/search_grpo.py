@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from common.config import dump_config, load_config
+from common.config import load_config
 from common.data import load_qa
 from common.retrieval.bm25 import BM25Retriever
 from common.retrieval.client import HTTPRetriever
@@ -42,12 +42,11 @@ from common.train import (
     MetricsLogger,
     TrainConfig,
     TrainEngine,
-    find_latest_checkpoint,
     iter_named_weights,
     load_checkpoint,
     progress,
-    write_env_json,
 )
+from common.train.run_folder import open_run_folder
 
 
 @dataclass
@@ -74,6 +73,10 @@ class GRPOConfig:
     keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept"})
     resume: bool = field(
         default=True, metadata={"help": "continue from run_dir's latest checkpoint if there is one"}
+    )
+    allow_config_change: bool = field(
+        default=False,
+        metadata={"help": "continue run_dir under other settings (recorded in config_changes.jsonl)"},
     )
     samples_per_step: int = field(default=4, metadata={"help": "rollouts written to samples/"})
     agent: AgentConfig = field(default_factory=AgentConfig)
@@ -121,13 +124,11 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     cfg.train.grad_accum = batch // cfg.loss.micro_batch_size
     cfg.train.seed = cfg.seed
     run_dir = Path(cfg.run_dir)
+    folder = open_run_folder(run_dir, cfg, cfg.resume)  # lock, settings, trimmed log
     tokenizer = AutoTokenizer.from_pretrained(cfg.path("model"))
     model = AutoModelForCausalLM.from_pretrained(cfg.path("model"), dtype=torch.float32)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
     if train.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, run_dir / "config.yaml")
-        write_env_json(run_dir)
         (run_dir / "samples").mkdir(exist_ok=True)
     engine = build_engine(
         cfg.engine, cfg.path("model"), train.model, tokenizer, cfg.seed + train.rank
@@ -163,7 +164,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             print(f"[grpo] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
 
     start = 1
-    latest = find_latest_checkpoint(run_dir) if cfg.resume else None
+    latest = folder.checkpoint
     if latest is not None:
         # the data order is a function of (seed, step), so the step is the data position
         start = load_checkpoint(train, latest)["step"] + 1
@@ -220,6 +221,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         plot_curve(evals, run_dir / "dev_curve.png")
     if not evals:  # resumed at the end: evaluate once
         run_eval(cfg.steps)
+    folder.close()
     return {
         "before": evals[0],
         "after": evals[-1],

@@ -201,6 +201,10 @@ class EviBackConfig:
         default=False,
         metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},
     )
+    allow_config_change: bool = field(
+        default=False,
+        metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},
+    )
     seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
     steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
     questions_per_step: int = field(

@@ -65,26 +65,52 @@ def rows_at(run_dir: Path, step: int) -> list[dict]:
 
 @pytest.mark.slow
 def test_interrupted_run_resumes_to_the_same_weights(tiny_world, tmp_path):
-    """One process, HF engine: 1 step, then 1 more after a restart == 2 steps straight."""
+    """One process, HF engine: a run killed after logging step 2 but before its checkpoint, then
+    restarted == 2 steps straight, in weights and in metrics.jsonl (each step logged once)."""
+    import shutil
+
     import torch
     from transformers import AutoModelForCausalLM
 
     from common.config import load_config
     from common.search_grpo import GRPOConfig, train_grpo
+    from common.train import read_metrics
+    from common.train.run_folder import RunFolderError
 
-    def run(run_dir: Path, steps: int) -> dict:
-        over = small_run(tiny_world, run_dir, "hf") + [f"steps={steps}", "save_every=1"]
+    def run(run_dir: Path, steps: int, *more: str) -> dict:
+        over = small_run(tiny_world, run_dir, "hf") + [f"steps={steps}", "save_every=1", *more]
         return train_grpo(load_config(GRPOConfig, CONFIG, over))
 
     straight = run(tmp_path / "straight", 2)
-    run(tmp_path / "resumed", 1)
-    resumed = run(tmp_path / "resumed", 2)
+    killed = tmp_path / "resumed"
+    run(killed, 2)
+    # the state a kill leaves between step 2's log lines and its checkpoint's commit, mid-line
+    shutil.rmtree(killed / "checkpoints" / "step_2")
+    (killed / "checkpoints" / "latest").write_text("step_1\n")
+    with (killed / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "rew')
+    with pytest.warns(UserWarning, match="dropped a torn last line"):
+        resumed = run(killed, 2)
     for a, b in zip(straight["model"].parameters(), resumed["model"].parameters(), strict=True):
         assert torch.equal(a, b)
-    again = AutoModelForCausalLM.from_pretrained(tmp_path / "resumed" / "checkpoints" / "step_2")
+    again = AutoModelForCausalLM.from_pretrained(killed / "checkpoints" / "step_2")
     assert all(
         torch.equal(a, b)
         for a, b in zip(again.parameters(), resumed["model"].parameters(), strict=True)
     )
-    # the first process evaluated at steps 0 and 1 (its last), the resumed one at step 2
-    assert [e["step"] for e in resumed["evals"]] == [0, 1, 2]
+    # the step-0 evaluation comes from the log, the resumed process evaluated at step 2 (its last)
+    assert [e["step"] for e in resumed["evals"]] == [0, 2]
+
+    def untimed(run_dir: Path) -> list[dict]:
+        rows = read_metrics(run_dir / "metrics.jsonl")
+        return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
+
+    rows = untimed(killed)
+    kinds = [(r["step"], "dev/em" in r) for r in rows]
+    assert kinds == [(0, True), (1, False), (2, False), (2, True)]
+    assert rows == untimed(tmp_path / "straight")
+    # the finished run started again with other settings stops before any work, naming the key
+    starts = (killed / "env_history.jsonl").read_text().count("\n")
+    with pytest.raises(RunFolderError, match=r"(?m)^  steps: 2 -> 3$"):
+        run(killed, 3)
+    assert (killed / "env_history.jsonl").read_text().count("\n") == starts

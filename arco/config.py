@@ -12,12 +12,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from arco.environment import EnvironmentConfig
-from arco.rubric_prompt import DEFAULT_TASK, PREFIX_MODES, REQUEST_TEMPLATE, SYSTEM_TEMPLATE
+from arco.rubric_prompt import (
+    DEFAULT_TASK,
+    PREFIX_MODES,
+    REQUEST_TEMPLATE,
+    RUBRIC_MODES,
+    SYSTEM_TEMPLATE,
+)
 from common.rl_loop import EngineConfig
 from common.rollout import AgentConfig
 from common.train import TrainConfig
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+METHODS = ("arco", "outcome_only", "prm")
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 HOW_TO_GET = {
@@ -102,6 +109,18 @@ class RubricConfig:
             "RL bug), none (w/o-Prefix ablation)"
         },
     )
+    mode: str = field(
+        default="adaptive",
+        metadata={
+            "help": "adaptive: μ writes K criteria per step (ARCO); fixed: the K criteria of "
+            "criteria_file for every step (w/o-Adaptive ablation); none: one score per step "
+            "from the prompt alone, no criteria (w/o-Rubric ablation, the PRM baseline)"
+        },
+    )
+    criteria_file: str = field(
+        default="",
+        metadata={"help": "mode=fixed: text file, one criterion a line (# comments), K lines"},
+    )
     max_new_tokens: int = field(default=128, metadata={"help": "criteria tokens, greedy"})
     max_obs_chars: int = field(
         default=0, metadata={"help": "observations cut to this many characters (0: whole)"}
@@ -118,7 +137,16 @@ class RubricConfig:
     def templates(self) -> dict[str, str]:
         return {"task": self.task, "system": self.system, "request": self.request}
 
+    @property
+    def head_k(self) -> int:
+        """Scores per step from the head: K, or one without a rubric (mode none)."""
+        return 1 if self.mode == "none" else self.k
+
     def __post_init__(self) -> None:
+        if self.mode not in RUBRIC_MODES:
+            raise ValueError(f"rubric.mode={self.mode!r}; choose one of {RUBRIC_MODES}")
+        if self.mode == "fixed" and not self.criteria_file:
+            raise ValueError("rubric.mode=fixed needs rubric.criteria_file (one criterion a line)")
         if self.prefix not in PREFIX_MODES:
             raise ValueError(f"rubric.prefix={self.prefix!r}; choose one of {PREFIX_MODES}")
         if not 1 <= self.k <= 8:
@@ -193,6 +221,13 @@ class RLConfig:
     pi_lr_dense: float = field(default=3e-6, metadata={"help": "π lr, dense phase"})
     mu_lr: float = field(default=1e-5, metadata={"help": "μ adapter lr (0: frozen μ)"})
     head_lr: float = field(default=5e-4, metadata={"help": "μ head lr (0 with mu_lr: frozen μ)"})
+    freeze_rubric: bool = field(
+        default=False,
+        metadata={
+            "help": "frozen μ (no co-evolution): μ's loss is not computed in RL, so its adapter "
+            "and head get no gradient"
+        },
+    )
     micro_batch_size: int = field(default=16, metadata={"help": "trajectories per backward"})
     score_batch_size: int = field(default=32, metadata={"help": "rubric sequences per forward"})
 
@@ -216,6 +251,15 @@ class ArcoConfig:
         default="runs/arco/tiny/warmup", metadata={"help": "warmup output (adapters + head)"}
     )
     run_dir: str = field(default="runs/arco/tiny", metadata={"help": "RL output folder"})
+    method: str = field(
+        default="arco",
+        metadata={
+            "help": "arco; outcome_only (every RL step a GRPO step on EM, no μ: the Search-R1 "
+            "baseline; its dense steps become sparse ones, the same budget); prm (AgentPRM "
+            "baseline: implies rubric.mode=none and rl.freeze_rubric=true, a scalar step score "
+            "trained in warmup, frozen in RL)"
+        },
+    )
     seed: int = field(default=0, metadata={"help": "data order and sampling seed"})
     eval_every: int = field(default=10, metadata={"help": "dev evaluation every k RL steps"})
     eval_questions: int = field(default=200, metadata={"help": "dev questions evaluated"})
@@ -233,6 +277,17 @@ class ArcoConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method={self.method!r}; choose one of {METHODS}")
+        if self.method == "prm":
+            if self.rubric.mode == "fixed":
+                raise ValueError("method=prm scores steps without criteria; drop rubric.mode=fixed")
+            self.rubric.mode = "none"
+            self.rl.freeze_rubric = True
+        if self.method == "outcome_only":  # the same budget: every step a sparse (GRPO) step
+            self.rl.sparse_steps += self.rl.dense_steps
+            self.rl.dense_steps = 0
+            self.rl.freeze_rubric = True
         if self.eval_every < 1 or self.eval_questions < 1 or self.keep_checkpoints < 1:
             raise ValueError("eval_every, eval_questions and keep_checkpoints must be >= 1")
         if self.train.zero_stage == 3:
@@ -264,6 +319,12 @@ class ArcoConfig:
         open_corpus = "retrieval" in needs and self.env.setting == "open" and not a.retrieval_url
         if open_corpus and not (a.corpus and Path(a.corpus).exists()):
             problems.append(f"assets.corpus: {a.corpus!r} not found; {HOW_TO_GET['corpus']}")
+        crit = self.rubric.criteria_file
+        if "model" in needs and self.rubric.mode == "fixed" and not Path(crit).is_file():
+            problems.append(
+                f"rubric.criteria_file: {crit!r} not found; write one criterion a line "
+                "(arco/criteria/tiny.txt is the tiny world's)"
+            )
         if "warmup" in needs and not (Path(self.warmup_dir) / "arco.json").is_file():
             problems.append(
                 f"warmup_dir: {self.warmup_dir!r} has no arco.json; {HOW_TO_GET['warmup']}"

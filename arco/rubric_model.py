@@ -65,6 +65,7 @@ class ArcoModel(nn.Module):
         self.lm = lm
         self.head = head
         self.lora = dict(lora)
+        self.rubric_meta: dict[str, Any] | None = None  # rubric mode/prefix μ was trained under
         for name, p in self.lm.named_parameters():
             p.requires_grad_(_trained_lora(name))
         self._trainable = {n for n, p in self.named_parameters() if p.requires_grad}
@@ -100,16 +101,25 @@ class ArcoModel(nn.Module):
             scores = self.head(mean_pool(out.hidden_states[-1], pool_mask))
         return out.logits, scores
 
+    def freeze_rubric(self) -> None:
+        """μ out of training (frozen μ, the PRM baseline, outcome-only): the rubric adapter and
+        the head stop requiring gradients, so no loss can reach them and no optimizer holds them."""
+        for name, p in self.named_parameters():
+            if name.startswith("head.") or (name.startswith("lm.") and ".rubric." in name):
+                p.requires_grad_(False)
+                self._trainable.discard(name)
+
     def groups(self, lrs: Mapping[str, float]) -> list[dict[str, Any]]:
         """AdamW parameter groups: ``policy`` (π's adapter), ``rubric`` (μ's adapter) and
-        ``head``, at the rates in ``lrs``."""
+        ``head``, at the rates in ``lrs``; a group left without trainable parameters is left
+        out."""
         named = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
         parts = {
             "policy": [p for n, p in named if n.startswith("lm.") and ".policy." in n],
             "rubric": [p for n, p in named if n.startswith("lm.") and ".rubric." in n],
             "head": [p for n, p in named if n.startswith("head.")],
         }
-        return [{"name": k, "params": v, "lr": lrs[k]} for k, v in parts.items()]
+        return [{"name": k, "params": v, "lr": lrs[k]} for k, v in parts.items() if v]
 
     @torch.no_grad()
     def sync_references(self) -> None:
@@ -167,6 +177,7 @@ def build_arco_model(
                 raise ValueError(f"{folder}: adapter {name!r} lacks {missing[:3]}...")
         head.load_state_dict(load_file(str(folder / HEAD_FILE)))
     model = ArcoModel(lm, head, spec)
+    model.rubric_meta = meta.get("rubric")
     model.sync_references()
     model.use("policy")
     return model
@@ -183,7 +194,8 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
 
 def save_arco(model: ArcoModel, folder: str | Path) -> Path:
     """``adapters/<name>/`` (peft format, all four), ``rubric_head/head.safetensors`` and
-    ``arco.json``."""
+    ``arco.json`` (LoRA settings, K, and ``model.rubric_meta``: the rubric settings μ was
+    trained under, when known)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.lm.save_pretrained(
@@ -197,6 +209,8 @@ def save_arco(model: ArcoModel, folder: str | Path) -> Path:
         str(folder / HEAD_FILE),
     )
     meta = {"lora": _plain(model.lora), "k": model.k}
+    if model.rubric_meta is not None:
+        meta["rubric"] = _plain(model.rubric_meta)
     (folder / META_FILE).write_text(json.dumps(meta, indent=1))
     return folder
 

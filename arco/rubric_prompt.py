@@ -5,6 +5,10 @@ left and the action a_t, and writes exactly K short criteria as ``{"criteria": [
 ``prefix="after"`` reproduces the public release's RL rollouts, which build the prompt after the
 environment step: the history then already holds a_t and its observation and the budget is off
 by one. ``prefix="none"`` is the w/o-Prefix ablation: the question and the action only.
+
+Where the criteria come from is the rubric's ``mode``: ``adaptive`` (μ writes them), ``fixed``
+(the same dataset-level criteria for every step, read by ``read_criteria_file``; w/o-Adaptive) or
+``none`` (no criteria: the prompt without its request is scored alone; w/o-Rubric and the PRM).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ DEFAULT_TASK = (
     "one up; once none remain, the agent must finish with an answer."
 )
 PREFIX_MODES = ("before", "after", "none")
+RUBRIC_MODES = ("adaptive", "fixed", "none")
 
 SYSTEM_TEMPLATE = (
     "You write rubrics for judging one step of an agent's trajectory. A rubric is a short list of "
@@ -65,7 +70,8 @@ def rubric_messages(
     """The [system, user] chat messages asking μ for the K criteria of step ``t``.
 
     ``system`` (with ``{task}``) and ``request`` (with ``{k}`` and ``{example}``) default to the
-    paper's wording; a tiny model gets shorter ones from its config.
+    paper's wording; a tiny model gets shorter ones from its config. An empty ``request`` leaves
+    the request out (rubric mode ``none``: the prompt is scored without criteria).
 
     ``prefix``: "before" shows steps < t and the budget before a_t; "after" (the release's RL
     bug) also shows step t's own action and observation and the budget minus one; "none" shows
@@ -85,7 +91,8 @@ def rubric_messages(
         parts.append(f"Trajectory so far:\n{_history(shown)}")
         parts.append(f"Searches remaining before this action: {budget}")
     parts.append(f"Action being evaluated: {step.action}")
-    parts.append(request.format(k=k, example=format_criteria(["..."] * k)))
+    if request:
+        parts.append(request.format(k=k, example=format_criteria(["..."] * k)))
     return [
         {"role": "system", "content": system.format(task=task)},
         {"role": "user", "content": "\n\n".join(parts)},
@@ -95,6 +102,19 @@ def rubric_messages(
 def format_criteria(criteria: Sequence[str]) -> str:
     """The JSON text μ is trained to write: ``{"criteria": [...]}``."""
     return json.dumps({"criteria": list(criteria)}, ensure_ascii=False)
+
+
+def read_criteria_file(path: str, k: int) -> list[str]:
+    """The fixed criteria of the w/o-Adaptive ablation: one a line, blank lines and ``#`` lines
+    skipped; exactly ``k`` of them, else a one-line error naming the file."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line.strip() for line in f]
+    criteria = [line for line in lines if line and not line.startswith("#")]
+    if len(criteria) != k:
+        raise ValueError(
+            f"{path}: {len(criteria)} criteria, rubric.k={k} needs exactly {k} (one a line)"
+        )
+    return criteria
 
 
 def strip_thinking(text: str) -> str:

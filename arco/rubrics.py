@@ -12,8 +12,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from arco.rubric_prompt import parse_criteria, rubric_messages, rubric_prompt_ids
+from arco.rubric_prompt import (
+    format_criteria,
+    parse_criteria,
+    rubric_messages,
+    rubric_prompt_ids,
+)
 from arco.steps import Episode
+from common.rollout.agent import encode_text
 from common.rollout.engine import SamplingConfig
 
 
@@ -28,6 +34,7 @@ class RubricItem:
     criteria: list[str] | None = None  # None: invalid rubric (not exactly K non-empty)
     scores: list[float] = field(default_factory=list)  # d_t, K values in [-1, 1]
     target_scores: list[float] | None = None  # warmup: the projected teacher scores
+    written: bool = True  # criteria are μ's to write (mode adaptive); False: fixed or none
 
     @property
     def input_ids(self) -> list[int]:
@@ -45,10 +52,24 @@ def rubric_items(
     k: int,
     prefix: str = "before",
     max_obs_chars: int = 0,
+    mode: str = "adaptive",
+    fixed: Sequence[str] | None = None,
     **templates: str,
 ) -> list[RubricItem]:
     """One item per step of every episode, trajectory-major (``templates``: ``task``,
-    ``system``, ``request`` for ``rubric_messages``)."""
+    ``system``, ``request`` for ``rubric_messages``).
+
+    ``mode``: ``adaptive`` leaves the criteria for μ to write; ``fixed`` gives every item the
+    criteria ``fixed`` (JSON + EOS, as μ would write them); ``none`` drops the request from the
+    prompt and gives no criteria, so the head scores the prompt alone.
+    """
+    if mode == "none":
+        templates = {**templates, "request": ""}
+    preset: list[int] = []
+    if mode == "fixed":
+        if fixed is None or len(fixed) != k:
+            raise ValueError(f"rubric mode fixed needs {k} criteria, got {fixed!r}")
+        preset = encode_text(tokenizer, format_criteria(fixed)) + [tokenizer.eos_token_id]
     items = []
     for i, ep in enumerate(episodes):
         steps = ep.steps
@@ -56,7 +77,12 @@ def rubric_items(
             steps = [replace(s, observation=s.observation[:max_obs_chars]) for s in steps]
         for t in range(len(steps)):
             messages = rubric_messages(ep.question, steps, t, k, prefix, **templates)
-            items.append(RubricItem(i, t, rubric_prompt_ids(tokenizer, messages)))
+            item = RubricItem(i, t, rubric_prompt_ids(tokenizer, messages))
+            if mode != "adaptive":
+                item.written = False
+                item.criteria_ids = list(preset)
+                item.criteria = list(fixed) if mode == "fixed" else []
+            items.append(item)
     return items
 
 
@@ -82,7 +108,8 @@ def rubric_batch(
     items: Sequence[RubricItem], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded [prompt + criteria] ids, the attention mask (= the pooling mask) [B, T], and
-    the criteria mask [B, T-1] (1 where position t predicts a criteria token)."""
+    the criteria mask [B, T-1] (1 where position t predicts a criteria token μ writes; all 0 for
+    an item whose criteria are not μ's: fixed or none)."""
     width = max(len(it.input_ids) for it in items)
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     attn = torch.zeros((len(items), width), dtype=torch.long)
@@ -91,7 +118,8 @@ def rubric_batch(
         seq = it.input_ids
         ids[r, : len(seq)] = torch.tensor(seq)
         attn[r, : len(seq)] = 1
-        crit[r, len(it.prompt_ids) - 1 : len(seq) - 1] = 1.0
+        if it.written:
+            crit[r, len(it.prompt_ids) - 1 : len(seq) - 1] = 1.0
     return ids.to(device), attn.to(device), crit.to(device)
 
 

@@ -33,6 +33,7 @@ from arco.losses import (
     token_kl,
 )
 from arco.rubric_model import ArcoModel, build_arco_model
+from arco.rubric_prompt import read_criteria_file
 from arco.rubrics import (
     RubricItem,
     rubric_batch,
@@ -41,7 +42,7 @@ from arco.rubrics import (
     step_rewards,
     write_criteria,
 )
-from arco.steps import episode_from_trajectory
+from arco.steps import Episode, episode_from_trajectory
 from common.config import dump_config
 from common.data import load_qa
 from common.rl import logprobs_from_logits
@@ -92,6 +93,42 @@ def push_adapters(engine, model: ArcoModel) -> None:
     if hasattr(engine, "push_adapter"):
         for name in ("policy", "rubric"):
             engine.push_adapter(name, model.lm, name)
+
+
+def rubric_settings(cfg: ArcoConfig) -> dict:
+    """What μ's training depends on, written into ``arco.json`` and checked when loading it."""
+    return {"mode": cfg.rubric.mode, "prefix": cfg.rubric.prefix, "k": cfg.rubric.k}
+
+
+def check_rubric_matches(cfg: ArcoConfig, model: ArcoModel, where: str) -> None:
+    """μ loaded from ``where`` must have been trained for this config's rubric: the head's size,
+    the mode, and the prefix (before and after differ only by the release's RL bug)."""
+    if model.k != cfg.rubric.head_k:
+        raise ValueError(
+            f"{where}: its head gives {model.k} scores a step; rubric.mode={cfg.rubric.mode} "
+            f"rubric.k={cfg.rubric.k} needs {cfg.rubric.head_k} (run the warmup with these)"
+        )
+    meta = model.rubric_meta or {}
+    if "mode" in meta and meta["mode"] != cfg.rubric.mode:
+        raise ValueError(
+            f"{where}: μ was trained with rubric.mode={meta['mode']}, this run has "
+            f"{cfg.rubric.mode} (run the warmup with the same rubric settings)"
+        )
+    prefixes = {meta.get("prefix", cfg.rubric.prefix), cfg.rubric.prefix}
+    if len(prefixes) > 1 and "none" in prefixes:
+        raise ValueError(
+            f"{where}: μ was trained with rubric.prefix={meta['prefix']}, this run has "
+            f"{cfg.rubric.prefix} (run the warmup with the same rubric settings)"
+        )
+
+
+def make_rubric_items(cfg: ArcoConfig, episodes: Sequence[Episode], tokenizer) -> list[RubricItem]:
+    """μ's items for every step of ``episodes`` under the config's rubric (mode, prefix, K)."""
+    r = cfg.rubric
+    fixed = read_criteria_file(r.criteria_file, r.k) if r.mode == "fixed" else None
+    return rubric_items(
+        episodes, tokenizer, r.k, r.prefix, r.max_obs_chars, r.mode, fixed, **r.templates()
+    )
 
 
 def all_ranks(obj):
@@ -207,7 +244,7 @@ def rubric_loss(
     decomp = decomposition_loss(step_scores, step_mask, outcomes, weights)  # [n_trajs]
     loss = decomp.sum()
     stats = {"mu_decomp_loss": decomp.mean().item(), "mu_kl": 0.0}
-    if beta > 0:
+    if beta > 0 and crit.any():  # fixed criteria or none: nothing of μ's to hold near μ_ref
         with torch.no_grad():
             ref_logits, _ = train.model("rubric_ref", ids, attn)
         kl = masked_token_mean(token_kl(logits[:, :-1], ref_logits[:, :-1], direction), crit)
@@ -228,8 +265,10 @@ def update(
     timings: dict[str, float],
 ) -> dict[str, float]:
     """One optimizer step on L_π + L_μ over the batch, cut into micro-batches of trajectories
-    (the engine averages micro-batches, so each one's sum is divided by its size)."""
+    (the engine averages micro-batches, so each one's sum is divided by its size). With
+    ``rl.freeze_rubric`` (frozen μ, PRM, outcome-only) L_μ is not computed."""
     mbs = cfg.rl.micro_batch_size
+    train_mu = not cfg.rl.freeze_rubric
     weights = global_class_weights(rewards, train.rank)
     by_traj: dict[int, list[RubricItem]] = {}
     for it in items:
@@ -249,17 +288,19 @@ def update(
         )
         t1 = time.perf_counter()
         mb_items = [it for i in chunk for it in by_traj.get(i, [])]
-        l_mu, s_mu = rubric_loss(
-            train,
-            mb_items,
-            rewards[start : chunk.stop].to(train.device),
-            weights[start : chunk.stop].to(train.device),
-            len(chunk),
-            start,
-            cfg.rl.mu_kl_coef,
-            cfg.rl.kl_direction,
-            pad_id,
-        )
+        l_mu, s_mu = torch.zeros((), device=train.device), {}
+        if train_mu:
+            l_mu, s_mu = rubric_loss(
+                train,
+                mb_items,
+                rewards[start : chunk.stop].to(train.device),
+                weights[start : chunk.stop].to(train.device),
+                len(chunk),
+                start,
+                cfg.rl.mu_kl_coef,
+                cfg.rl.kl_direction,
+                pad_id,
+            )
         t2 = time.perf_counter()
         train.backward((l_pi + l_mu) / len(chunk))
         info = train.step()
@@ -290,10 +331,12 @@ def rubric_metrics(
     s = step_rewards(items, n)
     err = [abs(sum(s[i]) - rewards[i].item()) for i in range(n)]
     out = {
-        "criteria_valid_rate": sum(it.criteria is not None for it in items) / max(len(items), 1),
         "decomposition_error": sum(err) / max(n, 1),
         "steps_per_trajectory": len(items) / max(n, 1),
     }
+    written = [it for it in items if it.written]
+    if written:  # only μ's own criteria can be invalid (mode adaptive)
+        out["criteria_valid_rate"] = sum(it.criteria is not None for it in written) / len(written)
     by_bucket: dict[str, list[float]] = {}
     for i in range(n):
         for b, v in zip(position_buckets(kinds[i], invalid_bucket), s[i], strict=True):
@@ -320,31 +363,37 @@ def write_samples(
     """The first ``k`` trajectories, readable: each action with its criteria, scores, advantage."""
     rows = []
     for i, ep in enumerate(episodes[:k]):
-        mine = sorted((it for it in items if it.traj == i), key=lambda it: it.step)
+        mine = {it.step: it for it in items if it.traj == i}  # none without μ (outcome-only)
         rows.append(
             {
                 "question": ep.question,
                 "golden_answers": ep.golden_answers,
                 "answer": ep.answer,
                 "reward": ep.reward,
-                "sum_step_scores": sum(it.step_reward for it in mine),
+                "sum_step_scores": sum(it.step_reward for it in mine.values()),
                 "steps": [
                     {
                         "kind": st.kind,
                         "action": st.action,
                         "observation": st.observation,
                         "searches_left": st.searches_left,
-                        "criteria": it.criteria,
-                        "criteria_valid": it.criteria is not None,
-                        "scores": [round(x, 4) for x in it.scores],
-                        "step_score": round(it.step_reward, 4),
+                        **(_rubric_view(mine[t]) if t in mine else {}),
                         "advantage": round(a, 4),
                     }
-                    for st, it, a in zip(ep.steps, mine, step_adv[i], strict=True)
+                    for t, (st, a) in enumerate(zip(ep.steps, step_adv[i], strict=True))
                 ],
             }
         )
     path.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
+
+
+def _rubric_view(it: RubricItem) -> dict:
+    return {
+        "criteria": it.criteria,
+        "criteria_valid": it.criteria is not None,
+        "scores": [round(x, 4) for x in it.scores],
+        "step_score": round(it.step_reward, 4),
+    }
 
 
 def data_cursor(step: int, rl, world: int, rank: int) -> int:
@@ -379,7 +428,14 @@ def train_arco(cfg: ArcoConfig) -> dict:
     run_dir = Path(cfg.run_dir)
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.k, cfg.warmup_dir)
+    model = build_arco_model(
+        cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, cfg.warmup_dir
+    )
+    uses_mu = cfg.method != "outcome_only"
+    if uses_mu:
+        check_rubric_matches(cfg, model, cfg.warmup_dir)
+    if cfg.rl.freeze_rubric:
+        model.freeze_rubric()
     lrs = {"policy": rl.pi_lr_sparse, "rubric": rl.mu_lr, "head": rl.head_lr}
     train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))
     if train.is_main:
@@ -446,20 +502,15 @@ def train_arco(cfg: ArcoConfig) -> dict:
         timings["rollout"] = time.perf_counter() - t0
         rewards = em_rewards(trajs).float()
         episodes = [episode_from_trajectory(t, tokenizer, cfg.env.max_searches) for t in trajs]
-        items = rubric_items(
-            episodes,
-            tokenizer,
-            cfg.rubric.k,
-            cfg.rubric.prefix,
-            cfg.rubric.max_obs_chars,
-            **cfg.rubric.templates(),
-        )
-        t0 = time.perf_counter()
-        write_criteria(engine, items, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
-        timings["rubric_generation"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        score_items(train.model, items, pad_id, rl.score_batch_size)
-        timings["scoring"] = time.perf_counter() - t0
+        items = make_rubric_items(cfg, episodes, tokenizer) if uses_mu else []
+        if cfg.rubric.mode == "adaptive" and items:
+            t0 = time.perf_counter()
+            write_criteria(engine, items, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
+            timings["rubric_generation"] = time.perf_counter() - t0
+        if items:
+            t0 = time.perf_counter()
+            score_items(train.model, items, pad_id, rl.score_batch_size)
+            timings["scoring"] = time.perf_counter() - t0
         kinds = [[s.kind for s in t.steps] for t in trajs]
         if dense:
             step_adv = global_dense_advantages(
@@ -476,7 +527,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
         metrics = {
             "phase_dense": float(dense),
             **rollout_metrics(trajs),
-            **rubric_metrics(items, kinds, rewards, rl.invalid_bucket),
+            **(rubric_metrics(items, kinds, rewards, rl.invalid_bucket) if uses_mu else {}),
             "reward": rewards.mean().item(),
             **upd,
             **{f"time/{k}": v for k, v in timings.items()},

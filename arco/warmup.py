@@ -32,7 +32,7 @@ from arco.losses import rubric_sft_loss
 from arco.projection import decomposition_holds, project_scores
 from arco.rubric_model import ArcoModel, build_arco_model, save_arco
 from arco.rubric_prompt import format_criteria
-from arco.rubrics import RubricItem, rubric_batch, rubric_items
+from arco.rubrics import RubricItem, rubric_batch
 from arco.steps import Episode, episode_from_trajectory
 from arco.teacher import StepAnnotation, annotate, oracle_annotation, teacher_rollouts
 from common.data import QAExample, load_qa
@@ -181,6 +181,17 @@ def collect_llm(
     return trajs, episodes, result.annotations, counts
 
 
+def sft_targets(projected: Sequence[float], head_k: int) -> list[float]:
+    """The head's warmup targets for one step from its K projected teacher scores: the scores
+    themselves, or for a one-score head (rubric mode none: w/o Rubric, the PRM baseline) their
+    mean, the projected step score, so that Σ_t target_t = R as the projection guarantees."""
+    if head_k == len(projected):
+        return [float(x) for x in projected]
+    if head_k == 1:
+        return [float(sum(projected) / len(projected))]
+    raise ValueError(f"a head of {head_k} scores cannot learn {len(projected)} teacher scores")
+
+
 def project_and_filter(
     episodes: Sequence[Episode], annotations: Sequence[list[StepAnnotation] | None], tol: float
 ) -> tuple[list[int], list[int], dict[str, int]]:
@@ -320,7 +331,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     """The whole warmup; returns ``warmup_dir``."""
     from transformers import AutoTokenizer
 
-    from arco.trainer import build_engine, push_adapters
+    from arco.trainer import build_engine, make_rubric_items, push_adapters, rubric_settings
 
     needs = ("model", "train_file", "retrieval", "teacher")
     cfg.check_assets(needs)
@@ -339,7 +350,8 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     select = [train_set[i] for i in order[w.questions : w.questions + w.select_questions]]
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.k)
+    model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k)
+    model.rubric_meta = rubric_settings(cfg)
     cfg.train.seed = cfg.seed
     cfg.train.lr = w.pi_lr
     cfg.train.weight_decay = w.weight_decay
@@ -390,18 +402,12 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     else:  # e.g. an untrained agent that never answers right: π stays as it is
         report["pi_sft"] = {"skipped": "no trajectory with R = 1 and more than one step"}
         print("[arco warmup] π SFT skipped: no trajectory with R = 1 and > 1 step", flush=True)
-    mu_items = rubric_items(
-        [episodes[i] for i in mu_idx],
-        tokenizer,
-        cfg.rubric.k,
-        cfg.rubric.prefix,
-        cfg.rubric.max_obs_chars,
-        **cfg.rubric.templates(),
-    )
+    mu_items = make_rubric_items(cfg, [episodes[i] for i in mu_idx], tokenizer)
     for it in mu_items:
         ann = annotations[mu_idx[it.traj]][it.step]
-        it.criteria_ids = encode_text(tokenizer, format_criteria(ann.criteria)) + [eos_id]
-        it.target_scores = list(ann.scores)
+        if it.written:  # mode adaptive: μ learns to write the teacher's criteria
+            it.criteria_ids = encode_text(tokenizer, format_criteria(ann.criteria)) + [eos_id]
+        it.target_scores = sft_targets(ann.scores, cfg.rubric.head_k)
     report["mu_sft"] = sft_rubric(train, mu_items, cfg, pad_id, logger)
     model.sync_references()
     if train.is_main:

@@ -1,0 +1,83 @@
+"""The PRM and outcome-only baselines end to end in ARCO's trainer on the tiny world (HF engine):
+the PRM's warmup trains a one-score head without criteria, its RL leaves μ untouched; the
+outcome-only run is all sparse steps with no μ at all."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_arco_run import CONFIG, overrides
+
+from arco.config import ArcoConfig
+from arco.rubric_model import HEAD_FILE
+from common.config import load_config
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").open() if '"reward"' in line]
+
+
+def _adapter(folder: Path, name: str) -> dict[str, torch.Tensor]:
+    return load_file(str(folder / "adapters" / name / "adapter_model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def prm_warmed(tiny_world, tmp_path_factory) -> Path:
+    """One PRM warmup (rubric mode none, one score a step) for both baselines: outcome-only
+    never reads μ, so any warmup serves it."""
+    from arco.warmup import run_warmup
+
+    out = tmp_path_factory.mktemp("prm")
+    run_warmup(load_config(ArcoConfig, CONFIG, overrides(tiny_world, out, "hf") + ["method=prm"]))
+    return out
+
+
+@pytest.mark.slow
+def test_prm_warmup_and_frozen_rl(tiny_world, prm_warmed):
+    from arco.trainer import train_arco
+
+    over = overrides(tiny_world, prm_warmed, backend="hf") + ["method=prm"]
+    warm = prm_warmed / "warmup"
+    meta = json.loads((warm / "arco.json").read_text())
+    assert meta["k"] == 1 and meta["rubric"]["mode"] == "none"
+    assert load_file(str(warm / HEAD_FILE))["net.4.weight"].shape[0] == 1
+    report = json.loads((warm / "report.json").read_text())
+    assert all(e["criteria_ce"] == 0.0 for e in report["mu_sft"]["epochs"])  # nothing to write
+    out = train_arco(load_config(ArcoConfig, CONFIG, over))
+    ckpt = Path(out["run_dir"]) / "checkpoints" / "step_2"
+    for name in ("rubric",):  # μ is the warmup's, bit for bit
+        for key, t in _adapter(warm, name).items():
+            assert torch.equal(t, _adapter(ckpt, name)[key]), key
+    for key, t in load_file(str(warm / HEAD_FILE)).items():
+        assert torch.equal(t, load_file(str(ckpt / HEAD_FILE))[key]), key
+    assert any(
+        not torch.equal(t, _adapter(ckpt, "policy")[k]) for k, t in _adapter(warm, "policy").items()
+    )
+    rows = _rows(Path(out["run_dir"]))
+    assert [r["phase_dense"] for r in rows] == [0.0, 1.0]
+    assert all("decomposition_error" in r and "criteria_valid_rate" not in r for r in rows)
+    assert all("mu_decomp_loss" not in r for r in rows)
+    sample = json.loads((Path(out["run_dir"]) / "samples" / "step_00002.json").read_text())
+    assert all(len(s["scores"]) == 1 and s["criteria"] == [] for s in sample[0]["steps"])
+    # an ARCO run cannot start from the PRM's warmup
+    with pytest.raises(ValueError, match="gives 1 scores a step"):
+        train_arco(load_config(ArcoConfig, CONFIG, over[:-1] + [f"run_dir={prm_warmed / 'x'}"]))
+
+
+@pytest.mark.slow
+def test_outcome_only_is_all_grpo_steps_without_mu(tiny_world, prm_warmed, tmp_path):
+    from arco.trainer import train_arco
+
+    over = overrides(tiny_world, prm_warmed, backend="hf")
+    over += [f"run_dir={tmp_path / 'run'}", "method=outcome_only"]
+    out = train_arco(load_config(ArcoConfig, CONFIG, over))
+    rows = _rows(Path(out["run_dir"]))
+    assert [r["phase_dense"] for r in rows] == [0.0, 0.0]  # 1 sparse + 1 dense -> 2 sparse
+    assert all("decomposition_error" not in r and "time/rubric_generation" not in r for r in rows)
+    ckpt = Path(out["run_dir"]) / "checkpoints" / "step_2"
+    for key, t in _adapter(prm_warmed / "warmup", "rubric").items():
+        assert torch.equal(t, _adapter(ckpt, "rubric")[key]), key

@@ -49,11 +49,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warmup written to {run_warmup(cfg)}")
         elif args.command == "train":
             from arco.trainer import train_arco
+            from common.rl_loop import result_line
 
-            out = train_arco(cfg)
-            b, a = out["before"], out["after"]
-            print(f"dev EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> {a['f1']:.3f}; "
-                  f"{out['run_dir']}")  # fmt: skip
+            print(result_line(train_arco(cfg)))
         else:
             from arco.evaluate import run_eval
 

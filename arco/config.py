@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from arco.environment import EnvironmentConfig
 from arco.rubric_prompt import (
@@ -80,9 +81,11 @@ class AssetsConfig:
 class LoraSpec:
     """The LoRA adapters of π and μ (same settings for both)."""
 
-    r: int = field(default=8, metadata={"help": "rank (release: 8 for the 4B model)"})
-    lora_alpha: int = field(default=32, metadata={"help": "alpha (scale alpha / r)"})
-    lora_dropout: float = field(default=0.05, metadata={"help": "dropout on the LoRA input"})
+    r: int = field(default=8, metadata={"help": "rank (release: 8 for the 4B model)", "ge": 1})
+    lora_alpha: int = field(default=32, metadata={"help": "alpha (scale alpha / r)", "ge": 1})
+    lora_dropout: float = field(
+        default=0.05, metadata={"help": "dropout on the LoRA input", "ge": 0, "lt": 1}
+    )
     target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "v_proj"],
         metadata={"help": "modules adapted (release: q_proj, v_proj)"},
@@ -101,8 +104,8 @@ class LoraSpec:
 class RubricConfig:
     """μ's criteria: how many, from which prefix, how long."""
 
-    k: int = field(default=3, metadata={"help": "criteria per step (K)"})
-    prefix: str = field(
+    k: int = field(default=3, metadata={"help": "criteria per step (K)", "ge": 1, "le": 8})
+    prefix: Literal["before", "after", "none"] = field(
         default="before",
         metadata={
             "help": "state in the rubric prompt: before the action (paper), after it (release "
@@ -121,9 +124,9 @@ class RubricConfig:
         default="",
         metadata={"help": "mode=fixed: text file, one criterion a line (# comments), K lines"},
     )
-    max_new_tokens: int = field(default=128, metadata={"help": "criteria tokens, greedy"})
+    max_new_tokens: int = field(default=128, metadata={"help": "criteria tokens, greedy", "ge": 1})
     max_obs_chars: int = field(
-        default=0, metadata={"help": "observations cut to this many characters (0: whole)"}
+        default=0, metadata={"help": "observations cut to this many characters (0: whole)", "ge": 0}
     )
     task: str = field(default=DEFAULT_TASK, metadata={"help": "task text in μ's system prompt"})
     system: str = field(
@@ -157,33 +160,40 @@ class RubricConfig:
 class WarmupConfig:
     """Supervised warmup: teacher trajectories, hindsight annotation, projection, π and μ SFT."""
 
-    teacher: str = field(
+    teacher: Literal["oracle", "llm"] = field(
         default="oracle",
         metadata={"help": "oracle (tiny world: the world annotates) | llm (OpenAI-compatible)"},
     )
-    questions: int = field(default=1000, metadata={"help": "training questions played"})
-    samples: int = field(default=3, metadata={"help": "teacher trajectories per question"})
-    temperature: float = field(default=1.0, metadata={"help": "the playing teacher's"})
+    questions: int = field(default=1000, metadata={"help": "training questions played", "ge": 1})
+    samples: int = field(default=3, metadata={"help": "teacher trajectories per question", "ge": 1})
+    temperature: float = field(default=1.0, metadata={"help": "the playing teacher's", "ge": 0})
     select_questions: int = field(
         default=100,
-        metadata={"help": "held-out training questions that choose π's epoch (never dev)"},
+        metadata={"help": "held-out training questions that choose π's epoch (never dev)", "ge": 1},
     )
     decomposition_tol: float = field(
-        default=0.05, metadata={"help": "μ SFT keeps trajectories with |Σ_t mean_k − R| < tol"}
+        default=0.05,
+        metadata={"help": "μ SFT keeps trajectories with |Σ_t mean_k − R| < tol", "gt": 0},
     )
-    pi_epochs: int = field(default=6, metadata={"help": "π SFT epochs"})
-    pi_lr: float = field(default=1e-5, metadata={"help": "π SFT learning rate"})
-    pi_batch: int = field(default=64, metadata={"help": "π SFT trajectories per step"})
-    mu_epochs: int = field(default=10, metadata={"help": "μ SFT epochs"})
-    mu_lr: float = field(default=5e-5, metadata={"help": "μ SFT adapter learning rate"})
-    head_lr: float = field(default=1e-3, metadata={"help": "μ SFT head learning rate"})
-    mu_batch: int = field(default=32, metadata={"help": "μ SFT steps (rubric prompts) per step"})
-    score_weight: float = field(default=10.0, metadata={"help": "weight of the score MSE"})
-    warmup_ratio: float = field(default=0.03, metadata={"help": "share of steps warming up"})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clip"})
-    teacher_concurrency: int = field(default=16, metadata={"help": "LLM requests in flight"})
-    teacher_timeout_s: float = field(default=60.0, metadata={"help": "per request"})
+    pi_epochs: int = field(default=6, metadata={"help": "π SFT epochs", "ge": 1})
+    pi_lr: float = field(default=1e-5, metadata={"help": "π SFT learning rate", "gt": 0})
+    pi_batch: int = field(default=64, metadata={"help": "π SFT trajectories per step", "ge": 1})
+    mu_epochs: int = field(default=10, metadata={"help": "μ SFT epochs", "ge": 1})
+    mu_lr: float = field(default=5e-5, metadata={"help": "μ SFT adapter learning rate", "gt": 0})
+    head_lr: float = field(default=1e-3, metadata={"help": "μ SFT head learning rate", "gt": 0})
+    mu_batch: int = field(
+        default=32, metadata={"help": "μ SFT steps (rubric prompts) per step", "ge": 1}
+    )
+    score_weight: float = field(default=10.0, metadata={"help": "weight of the score MSE", "ge": 0})
+    warmup_ratio: float = field(
+        default=0.03, metadata={"help": "share of steps warming up", "ge": 0, "lt": 1}
+    )
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay", "ge": 0})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clip", "ge": 0})
+    teacher_concurrency: int = field(
+        default=16, metadata={"help": "LLM requests in flight", "ge": 1}
+    )
+    teacher_timeout_s: float = field(default=60.0, metadata={"help": "per request", "gt": 0})
 
     def __post_init__(self) -> None:
         if self.teacher not in ("oracle", "llm"):
@@ -197,17 +207,21 @@ class WarmupConfig:
 class RLConfig:
     """Co-evolution RL: a sparse phase, then a dense phase; π and μ updated on every batch."""
 
-    sparse_steps: int = field(default=90, metadata={"help": "steps of the sparse phase"})
-    dense_steps: int = field(default=150, metadata={"help": "steps of the dense phase"})
-    sparse_questions: int = field(default=16, metadata={"help": "questions per sparse batch"})
-    sparse_n: int = field(default=4, metadata={"help": "rollouts per question (sparse)"})
-    dense_questions: int = field(
-        default=64, metadata={"help": "questions per dense batch (1 each)"}
+    sparse_steps: int = field(default=90, metadata={"help": "steps of the sparse phase", "ge": 0})
+    dense_steps: int = field(default=150, metadata={"help": "steps of the dense phase", "ge": 0})
+    sparse_questions: int = field(
+        default=16, metadata={"help": "questions per sparse batch", "ge": 1}
     )
-    c: float = field(default=0.5, metadata={"help": "dense advantage scale c"})
-    pi_kl_coef: float = field(default=0.05, metadata={"help": "KL(π‖π_ref) weight, dense phase"})
-    mu_kl_coef: float = field(default=0.05, metadata={"help": "β: KL(μ‖μ_ref) weight"})
-    kl_direction: str = field(
+    sparse_n: int = field(default=4, metadata={"help": "rollouts per question (sparse)", "ge": 1})
+    dense_questions: int = field(
+        default=64, metadata={"help": "questions per dense batch (1 each)", "ge": 1}
+    )
+    c: float = field(default=0.5, metadata={"help": "dense advantage scale c", "ge": 0})
+    pi_kl_coef: float = field(
+        default=0.05, metadata={"help": "KL(π‖π_ref) weight, dense phase", "ge": 0}
+    )
+    mu_kl_coef: float = field(default=0.05, metadata={"help": "β: KL(μ‖μ_ref) weight", "ge": 0})
+    kl_direction: Literal["forward", "reverse"] = field(
         default="forward",
         metadata={"help": "forward = KL(current‖ref) (paper); reverse = KL(ref‖current) (release)"},
     )
@@ -217,10 +231,12 @@ class RLConfig:
             "help": "invalid steps get their own baseline bucket (false: release's terminal)"
         },
     )
-    pi_lr_sparse: float = field(default=1e-5, metadata={"help": "π lr, sparse phase"})
-    pi_lr_dense: float = field(default=3e-6, metadata={"help": "π lr, dense phase"})
-    mu_lr: float = field(default=1e-5, metadata={"help": "μ adapter lr (0: frozen μ)"})
-    head_lr: float = field(default=5e-4, metadata={"help": "μ head lr (0 with mu_lr: frozen μ)"})
+    pi_lr_sparse: float = field(default=1e-5, metadata={"help": "π lr, sparse phase", "gt": 0})
+    pi_lr_dense: float = field(default=3e-6, metadata={"help": "π lr, dense phase", "gt": 0})
+    mu_lr: float = field(default=1e-5, metadata={"help": "μ adapter lr (0: frozen μ)", "ge": 0})
+    head_lr: float = field(
+        default=5e-4, metadata={"help": "μ head lr (0 with mu_lr: frozen μ)", "ge": 0}
+    )
     freeze_rubric: bool = field(
         default=False,
         metadata={
@@ -228,8 +244,12 @@ class RLConfig:
             "and head get no gradient"
         },
     )
-    micro_batch_size: int = field(default=16, metadata={"help": "trajectories per backward"})
-    score_batch_size: int = field(default=32, metadata={"help": "rubric sequences per forward"})
+    micro_batch_size: int = field(
+        default=16, metadata={"help": "trajectories per backward", "ge": 1}
+    )
+    score_batch_size: int = field(
+        default=32, metadata={"help": "rubric sequences per forward", "ge": 1}
+    )
 
     def __post_init__(self) -> None:
         if self.kl_direction not in ("forward", "reverse"):
@@ -260,13 +280,21 @@ class ArcoConfig:
             "trained in warmup, frozen in RL)"
         },
     )
-    seed: int = field(default=0, metadata={"help": "data order and sampling seed"})
-    eval_every: int = field(default=10, metadata={"help": "dev evaluation every k RL steps"})
-    eval_questions: int = field(default=200, metadata={"help": "dev questions evaluated"})
-    save_every: int = field(default=0, metadata={"help": "checkpoint every k steps (0: end only)"})
-    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept"})
+    seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
+    eval_every: int = field(
+        default=10,
+        metadata={
+            "help": "dev evaluation every k RL steps, before training and at the last step (0: never)",
+            "ge": 0,
+        },
+    )
+    eval_questions: int = field(default=200, metadata={"help": "dev questions evaluated", "ge": 1})
+    save_every: int = field(
+        default=0, metadata={"help": "checkpoint every k steps (0: at the last step only)", "ge": 0}
+    )
+    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
     resume: bool = field(default=True, metadata={"help": "continue from the latest checkpoint"})
-    samples_per_step: int = field(default=4, metadata={"help": "trajectories in samples/"})
+    samples_per_step: int = field(default=4, metadata={"help": "trajectories in samples/", "ge": 0})
     env: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -288,8 +316,10 @@ class ArcoConfig:
             self.rl.sparse_steps += self.rl.dense_steps
             self.rl.dense_steps = 0
             self.rl.freeze_rubric = True
-        if self.eval_every < 1 or self.eval_questions < 1 or self.keep_checkpoints < 1:
-            raise ValueError("eval_every, eval_questions and keep_checkpoints must be >= 1")
+        if self.eval_every < 0 or self.eval_questions < 1 or self.keep_checkpoints < 1:
+            raise ValueError("eval_every must be >= 0, eval_questions and keep_checkpoints >= 1")
+        if self.steps < 1:
+            raise ValueError("rl.sparse_steps + rl.dense_steps must be >= 1")
         if self.train.zero_stage == 3:
             raise ValueError(
                 "train.zero_stage=3: ARCO trains LoRA adapters and a small head on a frozen base; "

@@ -18,6 +18,7 @@ release's extra yes/no match in the answer's first 3 characters is not counted).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from common.retrieval import HTTPRetriever, Retriever
 from common.rollout import AgentConfig
@@ -30,18 +31,19 @@ SETTINGS = ("distractor", "open")
 class EnvironmentConfig:
     """Where the agent searches and how much."""
 
-    setting: str = field(
+    setting: Literal["distractor", "open"] = field(
         default="open",
         metadata={"help": "distractor (each question's own paragraphs) | open (a corpus)"},
     )
     max_searches: int = field(
-        default=3, metadata={"help": "turns before the forced-finish turn (invalid ones count)"}
+        default=3,
+        metadata={"help": "turns before the forced-finish turn (invalid ones count)", "ge": 1},
     )
-    protocol: str = field(
+    protocol: Literal["react", "search_r1"] = field(
         default="react", metadata={"help": "open setting: react | search_r1 (distractor: react)"}
     )
     topk: int = field(
-        default=3, metadata={"help": "open setting: documents per search (distractor: 1)"}
+        default=3, metadata={"help": "open setting: documents per search (distractor: 1)", "ge": 1}
     )
 
     def __post_init__(self) -> None:

@@ -477,7 +477,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
         evals.extend(logged_evals(run_dir / "metrics.jsonl", before=start))
         if train.is_main:
             print(f"[arco] resumed from {latest} at step {start}", flush=True)
-    else:
+    elif cfg.eval_every:  # 0: no dev evaluation
         run_eval(0)
     for step in progress(range(start, cfg.steps + 1), desc="arco", total=cfg.steps - start + 1):
         dense = step > rl.sparse_steps
@@ -547,11 +547,11 @@ def train_arco(cfg: ArcoConfig) -> dict:
         logger.close()
         if evals:
             plot_curve(evals, run_dir / "dev_curve.png")
-    if not evals:
+    if not evals and cfg.eval_every:  # resumed at the end: evaluate once
         run_eval(cfg.steps)
     return {
-        "before": evals[0],
-        "after": evals[-1],
+        "before": evals[0] if evals else None,
+        "after": evals[-1] if evals else None,
         "evals": evals,
         "run_dir": str(run_dir),
         "model": train.model,

@@ -96,7 +96,10 @@ def main(argv: list[str] | None = None) -> int:
 
             out = train_cer(cfg)
             b, a = out["before"], out["after"]
-            print(f"dev accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f}; {out['run_dir']}")
+            if b is None:
+                print(f"no dev evaluation (eval_every=0); {out['run_dir']}")
+            else:
+                print(f"dev accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f}; {out['run_dir']}")
         else:
             from cer.evaluate import run_eval
 

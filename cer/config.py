@@ -36,7 +36,7 @@ class AssetsConfig:
     train: str = field(
         default="runs/cer/tiny/task/train.jsonl", metadata={"help": "training problems"}
     )
-    train_format: str = field(
+    train_format: Literal["auto", "math", "answer", "webinstruct", "mmlu_pro", "supergpqa"] = field(
         default="auto", metadata={"help": "cer.data format of the train file (auto: by its keys)"}
     )
     train_filter: Literal["none", "webinstruct_paper"] = field(
@@ -65,7 +65,8 @@ class RewardConfig:
         metadata={"help": "exact | rule (math-verify / letter) | cer | rule+cer | verifree"},
     )
     m: int | None = field(
-        default=None, metadata={"help": "solutions CER averages over (null = the whole group G)"}
+        default=None,
+        metadata={"help": "solutions CER averages over (null = the whole group G)", "ge": 1},
     )
     frozen_scorer: bool = field(
         default=False,
@@ -80,7 +81,8 @@ class RewardConfig:
         },
     )
     scorer_batch_size: int = field(
-        default=64, metadata={"help": "rows (prompts, or solutions with their answers) a forward"}
+        default=64,
+        metadata={"help": "rows (prompts, or solutions with their answers) a forward", "ge": 1},
     )
 
 
@@ -88,7 +90,9 @@ class RewardConfig:
 class LossConfig(GRPOLossConfig):
     """The clipped policy loss (CER: summed over tokens, averaged over sequences)."""
 
-    aggregation: str = field(
+    aggregation: Literal[
+        "seq_mean_token_sum", "seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"
+    ] = field(
         default="seq_mean_token_sum",
         metadata={
             "help": "seq_mean_token_sum | seq_mean_token_mean | token_mean | "
@@ -101,22 +105,26 @@ class LossConfig(GRPOLossConfig):
 class SamplingSettings:
     """Rollout sampling during training."""
 
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus mass"})
-    top_k: int = field(default=0, metadata={"help": "0 = no top-k cut"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature", "ge": 0})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus mass", "gt": 0, "le": 1})
+    top_k: int = field(default=0, metadata={"help": "0 = no top-k cut", "ge": 0})
 
 
 @dataclass
 class EvalConfig:
     """`cer eval` and the periodic dev evaluation."""
 
-    k: int = field(default=16, metadata={"help": "samples per problem for avg@k"})
-    temperature: float = field(default=0.6, metadata={"help": "avg@k sampling temperature"})
-    top_p: float = field(default=0.95, metadata={"help": "avg@k nucleus mass"})
-    top_k: int = field(default=20, metadata={"help": "avg@k top-k"})
+    k: int = field(default=16, metadata={"help": "samples per problem for avg@k", "ge": 1})
+    temperature: float = field(
+        default=0.6, metadata={"help": "avg@k sampling temperature", "ge": 0}
+    )
+    top_p: float = field(default=0.95, metadata={"help": "avg@k nucleus mass", "gt": 0, "le": 1})
+    top_k: int = field(default=20, metadata={"help": "avg@k top-k", "ge": 0})
     greedy: bool = field(default=True, metadata={"help": "also evaluate one greedy sample"})
-    max_tokens: int = field(default=8192, metadata={"help": "response tokens at evaluation"})
-    max_examples: int = field(default=0, metadata={"help": "per benchmark (0 = all)"})
+    max_tokens: int = field(
+        default=8192, metadata={"help": "response tokens at evaluation", "ge": 1}
+    )
+    max_examples: int = field(default=0, metadata={"help": "per benchmark (0 = all)", "ge": 0})
     out: str = field(default="", metadata={"help": "output folder (default <run_dir>/eval)"})
 
 
@@ -124,13 +132,14 @@ class EvalConfig:
 class WarmupConfig:
     """Supervised warm start on worked solutions (tiny task; the paper starts from a base model)."""
 
-    steps: int = field(default=400, metadata={"help": "optimizer steps"})
-    batch_size: int = field(default=16, metadata={"help": "solutions per optimizer step"})
+    steps: int = field(default=400, metadata={"help": "optimizer steps", "ge": 1})
+    batch_size: int = field(default=16, metadata={"help": "solutions per optimizer step", "ge": 1})
     context_weight: float = field(
         default=0.0,
         metadata={
             "help": "weight of a language-modelling loss on the prompt tokens (question and "
-            "context), added to the solution-token NLL; 0: solution tokens only"
+            "context), added to the solution-token NLL; 0: solution tokens only",
+            "ge": 0,
         },
     )
     out: str = field(
@@ -150,27 +159,42 @@ class CERConfig:
         default=False,
         metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},
     )
-    seed: int = field(default=0, metadata={"help": "data order, init and sampling seed"})
+    seed: int = field(default=0, metadata={"help": "data order, init and sampling seed", "ge": 0})
     torch_threads: int = field(
-        default=0, metadata={"help": "torch CPU threads (0 = torch's default)"}
+        default=0, metadata={"help": "torch CPU threads (0 = torch's default)", "ge": 0}
     )
-    steps: int = field(default=30, metadata={"help": "RL steps (one optimizer step each)"})
-    prompts_per_step: int = field(default=8, metadata={"help": "B: prompts per step (all ranks)"})
-    group_size: int = field(default=8, metadata={"help": "G: samples per prompt"})
+    steps: int = field(default=30, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
+    prompts_per_step: int = field(
+        default=8, metadata={"help": "B: prompts per step (all ranks)", "ge": 1}
+    )
+    group_size: int = field(default=8, metadata={"help": "G: samples per prompt", "ge": 1})
     max_prompt_tokens: int = field(
-        default=2048, metadata={"help": "longer prompts are left out (counted and logged)"}
+        default=2048, metadata={"help": "longer prompts are left out (counted and logged)", "ge": 1}
     )
-    max_response_tokens: int = field(default=4096, metadata={"help": "sampled tokens per answer"})
+    max_response_tokens: int = field(
+        default=4096, metadata={"help": "sampled tokens per answer", "ge": 1}
+    )
     advantage: Literal["rloo", "grpo"] = field(
         default="rloo",
         metadata={"help": "rloo: r - leave-one-out mean (no std); grpo: (r - mean) / std"},
     )
-    eval_every: int = field(default=10, metadata={"help": "greedy dev eval every k steps"})
-    eval_questions: int = field(default=200, metadata={"help": "dev problems in that eval"})
-    save_every: int = field(default=0, metadata={"help": "checkpoint every k steps (0: end)"})
-    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept"})
+    eval_every: int = field(
+        default=10,
+        metadata={
+            "help": "greedy dev evaluation every k steps, before training and at the last step (0: never)",
+            "ge": 0,
+        },
+    )
+    eval_questions: int = field(
+        default=200, metadata={"help": "dev problems in that eval", "ge": 1}
+    )
+    save_every: int = field(
+        default=0, metadata={"help": "checkpoint every k steps (0: at the last step only)", "ge": 0}
+    )
+    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
     samples_per_step: int = field(
-        default=1, metadata={"help": "groups written to samples/ with every reward type's value"}
+        default=1,
+        metadata={"help": "groups written to samples/ with every reward type's value", "ge": 0},
     )
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -180,6 +204,13 @@ class CERConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+
+    def __post_init__(self) -> None:
+        if self.reward.m is not None and self.reward.m > self.group_size:
+            raise ValueError(
+                f"reward.m={self.reward.m} exceeds group_size={self.group_size}: CER averages "
+                "over at most the group's G solutions"
+            )
 
 
 class MissingAssetError(FileNotFoundError):

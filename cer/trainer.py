@@ -157,7 +157,8 @@ def train_cer(cfg: CERConfig) -> dict:
                 flush=True,
             )
 
-    run_eval(0)
+    if cfg.eval_every:  # 0: no dev evaluation
+        run_eval(0)
     for step in progress(range(1, cfg.steps + 1), desc=f"cer[{cfg.reward.type}]", total=cfg.steps):
         t_step = time.perf_counter()
         base = ((step - 1) * train.world_size + train.rank) * rank_b
@@ -233,10 +234,12 @@ def train_cer(cfg: CERConfig) -> dict:
         end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
     if logger:
         logger.close()
-        plot_curve(evals, run_dir / "dev_curve.png", cfg.reward.type)
+        if evals:
+            plot_curve(evals, run_dir / "dev_curve.png", cfg.reward.type)
         (run_dir / "dev_evals.json").write_text(json.dumps(evals, indent=1))
     folder.close()
-    return {"before": evals[0], "after": evals[-1], "evals": evals, "run_dir": str(run_dir)}
+    before, after = (evals[0], evals[-1]) if evals else (None, None)
+    return {"before": before, "after": after, "evals": evals, "run_dir": str(run_dir)}
 
 
 def write_samples(

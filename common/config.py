@@ -14,9 +14,16 @@ writes what it changes; lists and scalars replace. Overrides ``key.sub=value`` c
 is read with ``yaml.safe_load`` (``true``, ``3``, ``[1, 2]``, ``null``). A mapping given as an
 override replaces the one in the file (``files={a: x.jsonl}``); ``files.a=x.jsonl`` sets one entry.
 
+Ranges: a number field's metadata may bound it, ``field(default=1, metadata={"help": ...,
+"ge": 1})`` with ``ge`` / ``gt`` / ``le`` / ``lt`` (>=, >, <=, <); in a list, tuple or dict field
+the bounds apply to every element. They are checked when the config is built, and
+``describe_config`` shows them. Choices are ``Literal[...]`` types. Checks across fields belong in
+the dataclass's ``__post_init__``, raising ``ValueError``.
+
 Every mistake is a ``ConfigError`` naming the dotted key and where it came from (the file or the
 command line): an unknown key (with the closest valid key), a wrong type (with the expected type
-and the value), a missing required field.
+and the value), a value out of its range (with the range), a choice not among the choices, a
+missing required field, a failed ``__post_init__`` check.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from common.redact import redact_secrets
 
 T = TypeVar("T")
 COMMAND_LINE = "command line"
+BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 
 class ConfigError(ValueError):
@@ -104,13 +112,53 @@ def dump_config(cfg: Any, path: str | Path) -> None:
 
 
 def describe_config(cls: type) -> str:
-    """One line per dotted key: ``key  type  default  help`` (for a CLI's --help)."""
-    rows = [(k, _type_name(t), d, f.metadata.get("help", "")) for k, t, f, d in _leaves(cls, "")]
-    widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
+    """One line per dotted key: ``key  type  range  default  help`` (for a CLI's --help)."""
+    rows = [
+        (k, _type_name(t), range_text(f), d, f.metadata.get("help", ""))
+        for k, t, f, d in _leaves(cls, "")
+    ]
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(4)]
     return "\n".join(
-        ("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]).rstrip()
+        ("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]).rstrip()
         for r in rows
     )
+
+
+def range_text(f: dataclasses.Field) -> str:
+    """A field's bounds as text: ``>= 1``, ``> 0``, ``[0, 1]``, ``(0, 1]``; ``""`` when unbounded."""
+    lower = [(k, f.metadata[k]) for k in ("ge", "gt") if k in f.metadata]
+    upper = [(k, f.metadata[k]) for k in ("le", "lt") if k in f.metadata]
+    if lower and upper:
+        (lk, lo), (uk, hi) = lower[0], upper[0]
+        return f"{'[' if lk == 'ge' else '('}{lo}, {hi}{']' if uk == 'le' else ')'}"
+    return " ".join(f"{BOUNDS[k]} {v}" for k, v in lower + upper)
+
+
+def _in_range(f: dataclasses.Field, value: float) -> bool:
+    m = f.metadata
+    return (
+        ("ge" not in m or value >= m["ge"])
+        and ("gt" not in m or value > m["gt"])
+        and ("le" not in m or value <= m["le"])
+        and ("lt" not in m or value < m["lt"])
+    )
+
+
+def _check_range(f: dataclasses.Field, value: Any, key: str, ctx: _Context) -> None:
+    """Raise a ConfigError when ``value`` (or an element of it) is outside the field's bounds."""
+    if not any(k in f.metadata for k in BOUNDS):
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_range(f, v, f"{key}.{k}", ctx)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _check_range(f, v, f"{key}[{i}]", ctx)
+    elif isinstance(value, int | float) and not isinstance(value, bool) and not _in_range(f, value):
+        raise ConfigError(
+            f"config key {key!r} (from {ctx.where(key)}): {value!r} is out of range; "
+            f"allowed: {range_text(f)}"
+        )
 
 
 def _read_yaml(path: Path, sources: dict[str, str], chain: tuple[Path, ...]) -> dict[str, Any]:
@@ -164,8 +212,14 @@ class _Context:
         for n in range(len(parts), 0, -1):
             source = self.sources.get(".".join(parts[:n]).split("[")[0])
             if source:
-                return f"the {source}" if source == COMMAND_LINE else f"file {source}"
-        return "defaults"
+                return self._name(source)
+        # a section that only its own keys set (``trian.lr=1`` sets ``trian.lr``, not ``trian``)
+        below = [s for k, s in self.sources.items() if k.startswith(key.split("[")[0] + ".")]
+        return self._name(below[-1]) if below else "defaults"
+
+    @staticmethod
+    def _name(source: str) -> str:
+        return f"the {source}" if source == COMMAND_LINE else f"file {source}"
 
     def unknown(self, key: str) -> ConfigError:
         valid = [k for k, *_ in _leaves(self.root, "")]
@@ -255,6 +309,7 @@ def _build(cls: type, value: Any, key: str, ctx: _Context) -> Any:
             if dataclasses.is_dataclass(default) and isinstance(v, dict):
                 v = _merge(config_to_dict(default), v, "", {})  # partial section over its default
             kwargs[name] = _convert(hints[name], v, sub, ctx)
+            _check_range(f, kwargs[name], sub, ctx)
         elif default is dataclasses.MISSING and dataclasses.is_dataclass(hints[name]):
             kwargs[name] = _build(hints[name], {}, sub, ctx)
         elif default is dataclasses.MISSING:

@@ -36,9 +36,11 @@ class EngineConfig:
     """The rollout engine."""
 
     backend: Literal["vllm", "hf"] = field(default="vllm", metadata={"help": "vllm | hf"})
-    max_model_len: int = field(default=1024, metadata={"help": "engine context length"})
-    kv_cache_mib: int = field(default=128, metadata={"help": "KV cache size on CPU (MiB)"})
-    gpu_memory_utilization: float = field(default=0.4, metadata={"help": "GPU share for vLLM"})
+    max_model_len: int = field(default=1024, metadata={"help": "engine context length", "ge": 1})
+    kv_cache_mib: int = field(default=128, metadata={"help": "KV cache size on CPU (MiB)", "ge": 1})
+    gpu_memory_utilization: float = field(
+        default=0.4, metadata={"help": "GPU share for vLLM", "gt": 0, "le": 1}
+    )
     sleep_during_update: bool = field(
         default=False, metadata={"help": "free vLLM's GPU memory during the update (GPU only)"}
     )
@@ -48,18 +50,24 @@ class EngineConfig:
 class LossConfig:
     """The clipped policy loss."""
 
-    eps_low: float = field(default=0.2, metadata={"help": "lower clip range"})
-    eps_high: float = field(default=0.2, metadata={"help": "upper clip range (DAPO: 0.28)"})
-    aggregation: str = field(
+    eps_low: float = field(default=0.2, metadata={"help": "lower clip range", "ge": 0, "lt": 1})
+    eps_high: float = field(
+        default=0.2, metadata={"help": "upper clip range (DAPO: 0.28)", "ge": 0}
+    )
+    aggregation: Literal[
+        "seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"
+    ] = field(
         default="seq_mean_token_mean",
         metadata={
             "help": "seq_mean_token_mean | token_mean | seq_mean_token_sum | seq_mean_token_sum_norm"
         },
     )
     kl_coef: float = field(
-        default=0.0, metadata={"help": "k3 KL penalty weight (0 = no reference)"}
+        default=0.0, metadata={"help": "k3 KL penalty weight (0 = no reference)", "ge": 0}
     )
-    micro_batch_size: int = field(default=16, metadata={"help": "trajectories per backward"})
+    micro_batch_size: int = field(
+        default=16, metadata={"help": "trajectories per backward", "ge": 1}
+    )
 
 
 def build_engine(
@@ -195,9 +203,9 @@ def end_of_step(
     step: int, cfg: Any, train: TrainEngine, run_dir: Path, tokenizer, run_eval: Callable
 ) -> None:
     """The RL loops' schedule after step ``step``: ``run_eval(step)`` every ``cfg.eval_every``
-    steps and at the last one; a checkpoint every ``cfg.save_every`` steps (0: none) and at the
-    last one, keeping ``cfg.keep_checkpoints``."""
-    if step % cfg.eval_every == 0 or step == cfg.steps:
+    steps and at the last one (``eval_every=0``: never); a checkpoint every ``cfg.save_every``
+    steps (0: none) and at the last one, keeping ``cfg.keep_checkpoints``."""
+    if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
         run_eval(step)
     if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
         save_checkpoint(
@@ -208,6 +216,18 @@ def end_of_step(
             keep_last=cfg.keep_checkpoints,
             tokenizer=tokenizer,
         )
+
+
+def result_line(out: dict) -> str:
+    """A trainer's summary: ``dev EM 0.100 -> 0.200, F1 ...; run_dir``, or that it had no dev
+    evaluation (``eval_every=0``)."""
+    b, a = out["before"], out["after"]
+    if b is None:
+        return f"no dev evaluation (eval_every=0); {out['run_dir']}"
+    return (
+        f"dev EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> {a['f1']:.3f}; "
+        f"{out['run_dir']}"
+    )
 
 
 def evaluate(

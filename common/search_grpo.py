@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from common.config import load_config
-from common.data import load_qa
+from common.config import ConfigError, load_config
+from common.data import DataError, load_qa
 from common.retrieval.bm25 import BM25Retriever
 from common.retrieval.client import HTTPRetriever
 from common.rl import group_normalized_advantages
@@ -33,6 +33,7 @@ from common.rl_loop import (
     evaluate,
     logged_evals,
     plot_curve,
+    result_line,
     rollout_metrics,
     update_and_push,
     write_samples,
@@ -63,26 +64,47 @@ class GRPOConfig:
         metadata={"help": "a Search-R1 /retrieve endpoint to use instead of in-process BM25"},
     )
     run_dir: str = field(default="runs/grpo/tiny", metadata={"help": "output folder"})
-    seed: int = field(default=0, metadata={"help": "data order and sampling seed"})
-    steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)"})
-    questions_per_step: int = field(default=8, metadata={"help": "questions per rank per step"})
-    n: int = field(default=8, metadata={"help": "rollouts per question (group size)"})
-    eval_every: int = field(default=10, metadata={"help": "evaluate on dev every k steps"})
-    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated"})
-    save_every: int = field(default=0, metadata={"help": "checkpoint every k steps (0: end only)"})
-    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept"})
+    seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
+    steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
+    questions_per_step: int = field(
+        default=8, metadata={"help": "questions per rank per step", "ge": 1}
+    )
+    n: int = field(default=8, metadata={"help": "rollouts per question (group size)", "ge": 1})
+    eval_every: int = field(
+        default=10,
+        metadata={
+            "help": "dev evaluation every k steps, before training and at the last step (0: never)",
+            "ge": 0,
+        },
+    )
+    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated", "ge": 1})
+    save_every: int = field(
+        default=0, metadata={"help": "checkpoint every k steps (0: at the last step only)", "ge": 0}
+    )
+    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
     resume: bool = field(
         default=True, metadata={"help": "continue from run_dir's latest checkpoint if there is one"}
     )
     allow_config_change: bool = field(
         default=False,
-        metadata={"help": "continue run_dir under other settings (recorded in config_changes.jsonl)"},
+        metadata={
+            "help": "continue run_dir under other settings (recorded in config_changes.jsonl)"
+        },
     )
-    samples_per_step: int = field(default=4, metadata={"help": "rollouts written to samples/"})
+    samples_per_step: int = field(
+        default=4, metadata={"help": "rollouts written to samples/", "ge": 0}
+    )
     agent: AgentConfig = field(default_factory=AgentConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        if (self.questions_per_step * self.n) % self.loss.micro_batch_size:
+            raise ValueError(
+                f"questions_per_step*n = {self.questions_per_step * self.n} is not a multiple of "
+                f"loss.micro_batch_size = {self.loss.micro_batch_size}"
+            )
 
     def path(self, name: str) -> str:
         explicit = {
@@ -101,12 +123,14 @@ class GRPOConfig:
 
     def check_assets(self) -> None:
         """Fail before any expensive work when an input is missing, saying how to get it."""
+        keys = {"model": "model", "train": "train_file", "dev": "dev_file", "corpus": "corpus"}
         for name in ("model", "train", "dev") + (() if self.retrieval_url else ("corpus",)):
             p = Path(self.path(name))
             if not p.exists():
                 raise FileNotFoundError(
                     f"{name} not found at {p}. Build the tiny world with "
-                    f"`python -m common.tinyworld build --out {self.world}` or set `{name}`."
+                    f"`python -m common.tinyworld build --out {self.world}` or set "
+                    f"`{keys[name]}=...`."
                 )
 
 
@@ -115,12 +139,10 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg.check_assets()
-    batch = cfg.questions_per_step * cfg.n
-    if batch % cfg.loss.micro_batch_size:
-        raise ValueError(
-            f"questions_per_step*n = {batch} is not a multiple of "
-            f"loss.micro_batch_size = {cfg.loss.micro_batch_size}"
-        )
+    # the data is read before the run folder opens and any model loads: a bad row costs nothing
+    train_set = load_qa(cfg.path("train"))
+    dev_set = load_qa(cfg.path("dev"))[: cfg.eval_questions]
+    batch = cfg.questions_per_step * cfg.n  # a multiple of loss.micro_batch_size (__post_init__)
     cfg.train.grad_accum = batch // cfg.loss.micro_batch_size
     cfg.train.seed = cfg.seed
     run_dir = Path(cfg.run_dir)
@@ -173,7 +195,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         evals.extend(logged_evals(run_dir / "metrics.jsonl", before=start))
         if train.is_main:
             print(f"[grpo] resumed from {latest} at step {start}", flush=True)
-    else:
+    elif cfg.eval_every:  # 0: no dev evaluation
         run_eval(0)
     for step in progress(range(start, cfg.steps + 1), desc="grpo", total=cfg.steps):
         t_step = time.perf_counter()
@@ -218,20 +240,22 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
     if logger:
         logger.close()
-        plot_curve(evals, run_dir / "dev_curve.png")
-    if not evals:  # resumed at the end: evaluate once
+        if evals:
+            plot_curve(evals, run_dir / "dev_curve.png")
+    if not evals and cfg.eval_every:  # resumed at the end: evaluate once
         run_eval(cfg.steps)
     folder.close()
     return {
-        "before": evals[0],
-        "after": evals[-1],
+        "before": evals[0] if evals else None,
+        "after": evals[-1] if evals else None,
         "evals": evals,
         "run_dir": str(run_dir),
         "model": train.model,
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """The command line; a bad setting, a missing input or a bad QA file is one line and exit 2."""
     import argparse
 
     from common.config import describe_config
@@ -245,12 +269,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=None, help="YAML config")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    cfg = load_config(GRPOConfig, args.config, args.overrides)
-    out = train_grpo(cfg)
-    b, a = out["before"], out["after"]
-    print(
-        f"dev EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> {a['f1']:.3f}; {out['run_dir']}"
-    )
+    try:
+        out = train_grpo(load_config(GRPOConfig, args.config, args.overrides))
+    except (ConfigError, DataError, FileNotFoundError) as e:
+        print(f"search_grpo: error: {e}", file=sys.stderr)
+        return 2
+    print(result_line(out))
+    return 0
 
 
 if __name__ == "__main__":

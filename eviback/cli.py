@@ -70,12 +70,10 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     cfg = load_config(EviBackConfig, args.config, args.overrides)
     if args.command == "train":
+        from common.rl_loop import result_line
         from eviback.trainer import train_eviback
 
-        out = train_eviback(cfg)
-        b, a = out["before"], out["after"]
-        print(f"dev EM {b['em']:.3f} -> {a['em']:.3f}, F1 {b['f1']:.3f} -> {a['f1']:.3f}; "
-              f"{out['run_dir']}")  # fmt: skip
+        print(result_line(train_eviback(cfg)))
     elif args.command == "eval":
         from eviback.evaluate import markdown_table, run_eval
 

@@ -14,13 +14,15 @@ SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": 
 class TrainConfig:
     """AdamW, its learning-rate schedule, and how gradients are accumulated, clipped and sharded."""
 
-    lr: float = field(default=1e-6, metadata={"help": "peak learning rate of AdamW"})
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW decoupled weight decay"})
+    lr: float = field(default=1e-6, metadata={"help": "peak learning rate of AdamW", "gt": 0})
+    weight_decay: float = field(
+        default=0.0, metadata={"help": "AdamW decoupled weight decay", "ge": 0}
+    )
     betas: tuple[float, float] = field(
-        default=(0.9, 0.999), metadata={"help": "AdamW (beta1, beta2)"}
+        default=(0.9, 0.999), metadata={"help": "AdamW (beta1, beta2)", "ge": 0, "lt": 1}
     )
     warmup_steps: int = field(
-        default=0, metadata={"help": "optimizer steps of linear warmup from 0 to lr"}
+        default=0, metadata={"help": "optimizer steps of linear warmup from 0 to lr", "ge": 0}
     )
     scheduler: Literal["constant", "linear", "cosine"] = field(
         default="constant",
@@ -29,23 +31,27 @@ class TrainConfig:
         },
     )
     total_steps: int = field(
-        default=1000, metadata={"help": "optimizer steps of the run; decay schedules end here"}
+        default=1000,
+        metadata={"help": "optimizer steps of the run; decay schedules end here", "ge": 1},
     )
     grad_accum: int = field(
-        default=1, metadata={"help": "micro-batches (backward calls) per optimizer step"}
+        default=1, metadata={"help": "micro-batches (backward calls) per optimizer step", "ge": 1}
     )
     max_grad_norm: float = field(
-        default=1.0, metadata={"help": "clip the global gradient L2 norm to this; 0 disables"}
+        default=1.0,
+        metadata={"help": "clip the global gradient L2 norm to this; 0 disables", "ge": 0},
     )
     zero_stage: int = field(
-        default=2, metadata={"help": "DeepSpeed ZeRO stage (0-3) when world size > 1"}
+        default=2,
+        metadata={"help": "DeepSpeed ZeRO stage (0-3) when world size > 1", "ge": 0, "le": 3},
     )
     bf16: bool | Literal["auto"] = field(
         default="auto",
         metadata={"help": "bf16 weights with fp32 master weights; auto: on GPU only"},
     )
     seed: int = field(
-        default=0, metadata={"help": "seed of python, numpy and torch RNGs set by the engine"}
+        default=0,
+        metadata={"help": "seed of python, numpy and torch RNGs set by the engine", "ge": 0},
     )
     gradient_checkpointing: bool = field(
         default=False, metadata={"help": "recompute activations in backward to save memory"}

@@ -79,15 +79,19 @@ def load_math_examples(path: str | Path, format: str = "auto", source: str | Non
         format = _detect_format(rows[0][1], f"{where}, {rows[0][0]}")
     parse_row = _PARSERS[format]
     loaded = Loaded([])
+    seen: dict[str, str] = {}  # id -> the label of the row that first had it
     for n, (label, row) in enumerate(rows):
         at = f"{where}, {label}"
         if not isinstance(row, dict):
             raise DataError(f"{at}: expected a JSON object, got {type(row).__name__}")
+        raw_id = next((row[k] for k in _ID_KEYS if k in row), n)
+        if str(raw_id) in seen:  # the rule of common.data: ids are unique within a file
+            raise DataError(f"{at}: duplicate id {str(raw_id)!r} (first at {seen[str(raw_id)]})")
+        seen[str(raw_id)] = label
         example = parse_row(row, at)
         if isinstance(example, str):
             loaded.skipped.append(f"{at}: {example}")
             continue
-        raw_id = next((row[k] for k in _ID_KEYS if k in row), n)
         example.id = f"{source}:{raw_id}" if source else str(raw_id)
         loaded.examples.append(example)
     if loaded.skipped:

@@ -157,6 +157,21 @@ def test_bad_rows_name_file_line_and_field(tmp_path, rows, format, message):
     assert str(path) in str(err.value)
 
 
+@pytest.mark.parametrize("key", ["id", "unique_id", "idx"])
+def test_repeated_ids_are_rejected_naming_both_lines(tmp_path, key):
+    """The rule of common.data.load_qa: an id appears once in a file (a repeat would pair two
+    problems' results in a comparison, or drop one)."""
+    rows = [{key: 7, "problem": "p", "answer": "1"}, {key: 8, "problem": "q", "answer": "2"}]
+    path = _write(tmp_path, [*rows, {key: 7, "problem": "r", "answer": "3"}])
+    with pytest.raises(DataError) as err:
+        load_math_examples(path)
+    assert str(err.value) == f"{path}, line 3: duplicate id '7' (first at line 1)"
+    assert [ex.id for ex in load_math_examples(_write(tmp_path, rows)).examples] == [
+        "bad:7",
+        "bad:8",
+    ]
+
+
 def test_bad_json_list_names_the_line(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('[\n  {"problem": "p", "answer": "1"},\n  {"problem": }\n]\n')

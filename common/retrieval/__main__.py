@@ -15,7 +15,7 @@ import time
 
 from common.retrieval.base import CorpusError, CorpusRetriever
 from common.retrieval.index_folder import build_index, is_index_folder, load_index
-from common.retrieval.server import ServerLimits, serve
+from common.retrieval.server import ServerLimits, bind, serve
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -49,6 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-queries", type=int, default=512, help="queries a request")
     srv.add_argument("--max-query-chars", type=int, default=2048, help="characters a query")
     srv.add_argument("--max-topk", type=int, default=100, help="largest topk a request may ask")
+    srv.add_argument(
+        "--max-body-bytes", type=int, default=2**20, help="larger request bodies get a 413"
+    )
     srv.add_argument("--no-mmap", action="store_true", help="read the index into memory")
     srv.add_argument(
         "--bm25-backend",
@@ -83,9 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.index or args.corpus):
             raise FileNotFoundError("serve needs --corpus or --index")
         start = time.perf_counter()
+        try:  # before the index loads: a port in use is found at once
+            sock = bind(args.host, args.port)
+        except OSError as e:
+            raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
         retriever = _open_for_serving(args)
-        # The first search compiles bm25s's numba kernels; do it before taking requests.
-        retriever.search(["warm up"], 1)
+        # The first search compiles bm25s's numba kernels; do it before taking requests, with
+        # words the index holds (a query of unknown words never reaches the kernels).
+        retriever.search([warmup_query(retriever)], 1)
         print(
             f"serving {len(retriever):,} docs on http://{args.host}:{args.port}/retrieve "
             f"(ready in {time.perf_counter() - start:.1f}s)",
@@ -94,9 +102,20 @@ def main(argv: list[str] | None = None) -> int:
     except (CorpusError, FileNotFoundError, ImportError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    limits = ServerLimits(args.topk, args.max_queries, args.max_query_chars, args.max_topk)
-    serve(retriever, len(retriever), args.host, args.port, limits)
+    limits = ServerLimits(
+        args.topk, args.max_queries, args.max_query_chars, args.max_topk, args.max_body_bytes
+    )
+    serve(retriever, len(retriever), args.host, args.port, limits, sock)
     return 0
+
+
+def warmup_query(retriever: CorpusRetriever) -> str:
+    """The title and first words of the corpus's first passage: a query that matches."""
+    docs = getattr(retriever, "docs", None)
+    if docs is None or not len(docs):
+        return "warm up"
+    doc = docs.take([[0]], [[0.0]])[0][0]
+    return " ".join(f"{doc.title} {doc.text}".split()[:16])
 
 
 if __name__ == "__main__":

@@ -5,18 +5,22 @@ optional, the server's default; `return_scores` false by default) and answers
 `{"result": [[{"document": {"id", "contents"}, "score"}, ...], ...]}` with scores or
 `{"result": [[{"id", "contents"}, ...], ...]}` without. `GET /health` answers
 `{"status": "ok", "num_docs": N}`. A bad request gets a 4xx with a JSON `detail` naming the
-field; the server keeps serving.
+field (an unknown field is one: `"topK"` is not `"topk"`); a body over `max_body_bytes` gets a
+413 before it is read whole, one that is not UTF-8 a 400; the server keeps serving.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
 from dataclasses import dataclass
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from common.retrieval.base import Retriever, doc_contents
 
@@ -27,18 +31,19 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 @dataclass(frozen=True)
 class ServerLimits:
-    """Per-request bounds; requests beyond them get a 422."""
+    """Per-request bounds; requests beyond them get a 422 (a body over max_body_bytes: 413)."""
 
     default_topk: int = 3
     max_queries: int = 512
     max_query_chars: int = 2048
     max_topk: int = 100
+    max_body_bytes: int = 2**20  # 512 queries of 2048 characters need up to ~1.1 MB
 
 
 class RetrieveRequest(BaseModel):
     """Search-R1's request body; strict, so `"3"` is not a topk and `1` is not a query."""
 
-    model_config = ConfigDict(strict=True)
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     queries: list[str]
     topk: int | None = None
@@ -65,6 +70,11 @@ def _check(req: RetrieveRequest, limits: ServerLimits) -> int:
 async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     # FastAPI's default answer lists every pydantic error in full; one short line that
     # names the first bad field is what a client's log needs.
+    unknown = [str(e["loc"][-1]) for e in exc.errors() if e["type"] == "extra_forbidden"]
+    if unknown:
+        allowed = ", ".join(RetrieveRequest.model_fields)
+        detail = f"unknown field{'s' * (len(unknown) > 1)} {', '.join(unknown)}; allowed: {allowed}"
+        return JSONResponse({"detail": detail}, status_code=422)
     err = exc.errors()[0]
     if err["type"] == "json_invalid":
         reason = err.get("ctx", {}).get("error", "")
@@ -83,10 +93,76 @@ async def _failed(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+class BodyLimit:
+    """ASGI middleware: read the request body (at most `max_bytes` of it) before the app sees
+    it; a larger one gets a 413 without being read further (a declared Content-Length over the
+    limit: without reading any), a body that is not UTF-8 a 400 naming the first bad byte."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length", b"").decode("latin-1").strip()
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(send, 413, self._too_large(int(declared)))
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > self.max_bytes:
+                await self._reject(send, 413, self._too_large(size, more))
+                return
+        body = b"".join(chunks)
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            detail = (
+                f"body: not UTF-8 (byte 0x{body[e.start]:02x} at offset {e.start}); send UTF-8 JSON"
+            )
+            await self._reject(send, 400, detail)
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:
+                return await receive()
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self, size: int, more: bool = False) -> str:
+        got = f"{'over ' if more else ''}{size} bytes"
+        return f"body: at most {self.max_bytes} bytes (max_body_bytes), got {got}"
+
+    @staticmethod
+    async def _reject(send: Send, status: int, detail: str) -> None:
+        payload = json.dumps({"detail": detail}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+
+
 def create_app(retriever: Retriever, num_docs: int, limits: ServerLimits | None = None) -> FastAPI:
     """The FastAPI app serving `retriever` (`num_docs` is reported by /health)."""
     limits = limits or ServerLimits()
     app = FastAPI(title="retrieval server (Search-R1 protocol)")
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(Exception, _failed)
 
@@ -115,16 +191,35 @@ def create_app(retriever: Retriever, num_docs: int, limits: ServerLimits | None 
     return app
 
 
+def bind(host: str = "127.0.0.1", port: int = 8000) -> socket.socket:
+    """A listening socket on `host:port`; an address in use is an `OSError` here, before the
+    server announces anything."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(
     retriever: Retriever,
     num_docs: int,
     host: str = "127.0.0.1",
     port: int = 8000,
     limits: ServerLimits | None = None,
+    sock: socket.socket | None = None,
 ) -> None:
-    """Run the server until interrupted (loopback only unless `host` says otherwise)."""
+    """Run the server until interrupted (loopback only unless `host` says otherwise), on `sock`
+    when given (from `bind`), else on a socket bound here."""
     import uvicorn
 
     if host not in LOOPBACK:
         log.warning("serving on %s: reachable from the network, with no authentication", host)
-    uvicorn.run(create_app(retriever, num_docs, limits), host=host, port=port, log_level="warning")
+    sock = sock or bind(host, port)
+    app = create_app(retriever, num_docs, limits)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])

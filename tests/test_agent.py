@@ -385,6 +385,24 @@ def test_context_limit_forces_the_answer_early(serve, agent_world, tok, retrieve
     assert len(searches) == 1
 
 
+def test_response_budget_forces_the_answer_early(serve, agent_world, tok, retriever, cases):
+    """max_response_tokens (the release's response budget) bounds the response alone: room for
+    turn 1 and its observation, none for a second, however long the context may be."""
+    case = cases[0]
+    path = search_then_answer(tok, case)
+    model = scripted(agent_world, tok, path)
+    cfg = AgentConfig(
+        max_turns=3, max_turn_tokens=16, max_obs_tokens=40, temperature=0.0,
+        max_context=100_000, max_response_tokens=16 + 40,
+    )  # fmt: skip
+    (t,), _, searches = rollout(serve(model), tok, retriever, [case.example], 1, cfg)
+    search = path[1 : path.index(tag(tok, "</search>")) + 1]
+    obs = observation_ids(tok, SEARCH_R1, retriever.search([case.query], 3)[0], 40)
+    force = encode_text(tok, SEARCH_R1.force_answer_message())
+    assert_layout(t, [(search, True), (obs, False), (force, False), (path[1:-1], True)], model)
+    assert (t.num_searches, t.answer, t.used_forced_turn) == (1, case.answer, True)
+
+
 def test_groups_are_reported_as_soon_as_they_finish(serve, agent_world, tok, retriever, cases):
     """A question whose rollouts end early is passed to on_group_done while the others go on."""
     case = cases[0]

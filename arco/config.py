@@ -294,6 +294,10 @@ class ArcoConfig:
     )
     keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
     resume: bool = field(default=True, metadata={"help": "continue from the latest checkpoint"})
+    allow_config_change: bool = field(
+        default=False,
+        metadata={"help": "continue run_dir under other settings (recorded in config_changes.jsonl)"},
+    )
     samples_per_step: int = field(default=4, metadata={"help": "trajectories in samples/", "ge": 0})
     env: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)

@@ -43,7 +43,6 @@ from arco.rubrics import (
     write_criteria,
 )
 from arco.steps import Episode, episode_from_trajectory
-from common.config import dump_config
 from common.data import load_qa
 from common.rl import logprobs_from_logits
 from common.rl_loop import (
@@ -61,11 +60,10 @@ from common.rollout.batch import collate
 from common.train import (
     MetricsLogger,
     TrainEngine,
-    find_latest_checkpoint,
     load_checkpoint,
     progress,
-    write_env_json,
 )
+from common.train.run_folder import open_run_folder
 
 
 def build_engine(cfg: ArcoConfig, model: ArcoModel, tokenizer, seed: int):
@@ -426,6 +424,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
     cfg.train.seed = cfg.seed
     cfg.train.lr = rl.pi_lr_sparse
     run_dir = Path(cfg.run_dir)
+    folder = open_run_folder(run_dir, cfg, cfg.resume)  # lock, settings, trimmed log
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     model = build_arco_model(
@@ -440,8 +439,6 @@ def train_arco(cfg: ArcoConfig) -> dict:
     train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))
     if train.is_main:
         (run_dir / "samples").mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, run_dir / "config.yaml")
-        write_env_json(run_dir)
     retriever, agent_cfg = build_environment(
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
     )
@@ -470,7 +467,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
             print(f"[arco] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
 
     start = 1
-    latest = find_latest_checkpoint(run_dir) if cfg.resume else None
+    latest = folder.checkpoint
     if latest is not None:
         start = load_checkpoint(train, latest)["step"] + 1
         push_adapters(engine, model)
@@ -549,6 +546,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
             plot_curve(evals, run_dir / "dev_curve.png")
     if not evals and cfg.eval_every:  # resumed at the end: evaluate once
         run_eval(cfg.steps)
+    folder.close()
     return {
         "before": evals[0] if evals else None,
         "after": evals[-1] if evals else None,

@@ -44,7 +44,8 @@ from common.rollout.agent import build_prompt_ids, encode_text
 from common.rollout.batch import collate
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step
-from common.train import MetricsLogger, TrainEngine, write_env_json
+from common.train import MetricsLogger, TrainEngine
+from common.train.run_folder import open_run_folder
 
 
 def _lr_factor(step: int, total: int, warmup: int) -> float:
@@ -348,6 +349,9 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         )
     played = [train_set[i] for i in order[: w.questions]]
     select = [train_set[i] for i in order[w.questions : w.questions + w.select_questions]]
+    # A warmup always starts afresh: locked, its log replaced, no settings check (every file
+    # in warmup_dir is rewritten by this run).
+    folder = open_run_folder(out, None, resume=False)
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k)
@@ -360,8 +364,6 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     cfg.train.grad_accum = 1
     lrs = {"policy": w.pi_lr, "rubric": w.mu_lr, "head": w.head_lr}
     train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))
-    out.mkdir(parents=True, exist_ok=True)
-    write_env_json(out)
     logger = MetricsLogger(out) if train.is_main else None
     retriever, agent_cfg = build_environment(
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
@@ -415,6 +417,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     if logger:
         logger.close()
+    folder.close()
     return out
 
 

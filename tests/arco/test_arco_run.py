@@ -11,7 +11,7 @@ import torch
 
 from arco.cli import main
 from arco.config import ArcoConfig
-from common.config import load_config
+from common.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "arco" / "configs" / "tiny.yaml"
@@ -127,17 +127,23 @@ def test_interrupted_run_resumes_to_the_same_weights(warmed, tiny_world, tmp_pat
     """HF engine (seeded per call): 1 step, then 1 more after a restart == 2 steps straight."""
     from arco.trainer import train_arco
 
-    def run(run_dir: Path, dense: int) -> dict:
+    def run(run_dir: Path, dense: int, *more: str) -> dict:
         over = overrides(tiny_world, warmed, backend="hf") + [
             f"run_dir={run_dir}",
             f"rl.dense_steps={dense}",
             "save_every=1",
+            *more,
         ]
         return train_arco(load_config(ArcoConfig, CONFIG, over))
 
     straight = run(tmp_path / "straight", 1)
     run(tmp_path / "resumed", 0)
-    resumed = run(tmp_path / "resumed", 1)
+    # continuing for more steps is a change of settings: refused unless said, then recorded
+    with pytest.raises(ConfigError, match=r"(?m)^  rl.dense_steps: 0 -> 1$"):
+        run(tmp_path / "resumed", 1)
+    resumed = run(tmp_path / "resumed", 1, "allow_config_change=true")
+    [change] = [json.loads(line) for line in (tmp_path / "resumed" / "config_changes.jsonl").open()]
+    assert {"key": "rl.dense_steps", "saved": 0, "new": 1} in change["changes"]
     a = dict(straight["model"].named_parameters())
     b = dict(resumed["model"].named_parameters())
     changed = 0

@@ -29,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from common.redact import redact
+
 log = logging.getLogger(__name__)
 
 Messages = list[dict[str, str]]
@@ -71,7 +73,7 @@ class _Failure(Exception):
     """A request that failed; ``retry`` says whether another attempt may succeed."""
 
     def __init__(self, message: str, retry: bool, retry_after: float = 0.0):
-        super().__init__(message)
+        super().__init__(redact(message))  # the URL may carry a credential
         self.retry = retry
         self.retry_after = retry_after
 
@@ -119,7 +121,7 @@ class LLMClient:
 
     def __repr__(self) -> str:
         return (
-            f"LLMClient(base_url={self.base_url!r}, model={self.model!r}, "
+            f"LLMClient(base_url={redact(self.base_url)!r}, model={self.model!r}, "
             f"api_key_env={self.api_key_env!r}, key_set={self.__key is not None})"
         )
 

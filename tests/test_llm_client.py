@@ -188,6 +188,18 @@ def test_unreachable_server_becomes_error_result():
     assert c.stats.failures == 2 and c.stats.requests == 4
 
 
+def test_a_credential_in_the_url_is_masked_in_errors_and_repr(caplog):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there
+    caplog.set_level(logging.DEBUG)
+    c = client(f"http://user:URLKEY1@127.0.0.1:{port}/v1?api_key=URLKEY2", retries=1)
+    [result] = c.chat_many([msgs("a")])
+    assert f"connection error at http://user:***@127.0.0.1:{port}/v1?api_key=***" in result.error
+    shown = [result.error, repr(c), caplog.text]
+    assert all("URLKEY" not in s for s in shown)
+
+
 def test_cache_serves_second_call_from_disk(srv, tmp_path):
     state, url = srv
     c = client(url, cache_dir=tmp_path)

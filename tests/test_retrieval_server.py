@@ -227,6 +227,75 @@ def test_serve_on_a_port_in_use_is_one_error_line(tmp_path):
     assert result.stderr.strip() == expected
 
 
+def test_body_over_the_limit_gets_413_before_it_is_read(server):
+    big = json.dumps({"queries": ["Ed Wood " * 250] * 600}).encode()  # 1.2 MB
+    response = httpx.post(server + "/retrieve", content=big, headers=JSON)
+    assert response.status_code == 413
+    assert response.json()["detail"] == (
+        f"body: at most {2**20} bytes (max_body_bytes), got {len(big)} bytes"
+    )
+    # no Content-Length (chunked): cut off once past the limit
+    chunks = (b" " * 10_000 for _ in range(1000))  # 10 MB
+    response = httpx.post(server + "/retrieve", content=chunks, headers=JSON)
+    assert response.status_code == 413
+    assert response.json()["detail"].startswith(f"body: at most {2**20} bytes")
+    good = httpx.post(server + "/retrieve", json={"queries": ["Ed Wood"], "topk": 1})
+    assert good.status_code == 200 and len(good.json()["result"][0]) == 1
+
+
+def test_client_reports_a_too_large_body(threaded_server):
+    url = threaded_server(FlakyRetriever(failures=0), ServerLimits(max_body_bytes=100))
+    with HTTPRetriever(url, retries=0) as client:
+        assert client.search(["short"], 1)[0][0].text == "short"
+        with pytest.raises(RetrievalError, match=r"HTTP 413\): body: at most 100 bytes"):
+            client.search(["q" * 200], 1)
+
+
+def test_warm_up_query_uses_words_of_the_corpus(corpus, tiny_world):
+    from common.retrieval.__main__ import warmup_query
+
+    for path in (corpus, tiny_world / "corpus.jsonl"):
+        retriever = BM25Retriever.from_corpus(path, backend="numpy")
+        assert retriever.search([warmup_query(retriever)], 1)[0], path
+    # the words the warm-up used to search for are not in the tiny world at all
+    assert retriever.search(["warm up"], 1) == [[]]
+
+
+def test_readme_curl_example_works_on_the_seed_0_world(tiny_world, threaded_server):
+    readme = (ROOT / "README.md").read_text()
+    [(header, body)] = re.findall(r"curl -s \S+/retrieve -H '([^']*)' -d '([^']*)'", readme)
+    assert "--corpus runs/tinyworld/seed0/corpus.jsonl" in readme
+    url = threaded_server(BM25Retriever.from_corpus(tiny_world / "corpus.jsonl", backend="numpy"))
+    name, value = header.split(": ")
+    response = httpx.post(url + "/retrieve", content=body, headers={name: value})
+    assert response.status_code == 200, response.text
+    query = json.loads(body)["queries"][0]
+    top = response.json()["result"][0][0]
+    assert top["document"]["contents"].startswith(f'"{query}"\n') and top["score"] > 0
+
+
+def test_serve_on_a_port_in_use_is_one_error_line(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                *(sys.executable, "-m", "common.retrieval", "serve"),
+                *("--corpus", str(DATA / "wiki18_sample_corpus.jsonl"), "--port", str(port)),
+                *("--bm25-backend", "numpy"),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    assert result.returncode == 2
+    assert "serving" not in result.stdout
+    expected = f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert result.stderr.strip() == expected
+
+
 def test_client_reports_rejected_request(server):
     with HTTPRetriever(server) as client, pytest.raises(RetrievalError, match="HTTP 422.*topk"):
         client.search(["a"], 1000)
@@ -238,6 +307,13 @@ def test_unreachable_server_fails_fast_naming_url(free_port):
     with pytest.raises(RetrievalError, match=f"{url}/retrieve failed 2 times"):
         HTTPRetriever(url, timeout=0.5, retries=1, backoff=0.01).search(["q"], 3)
     assert time.monotonic() - start < 3
+
+
+def test_a_credential_in_the_server_url_is_masked_in_errors(free_port):
+    url = f"http://user:URLKEY@127.0.0.1:{free_port()}"
+    with pytest.raises(RetrievalError) as err:
+        HTTPRetriever(url, timeout=0.5, retries=0).search(["q"], 3)
+    assert "URLKEY" not in str(err.value) and "http://user:***@127.0.0.1" in str(err.value)
 
 
 class FlakyRetriever:

@@ -7,11 +7,16 @@ from typing import Any
 
 import httpx
 
+from common.redact import redact
 from common.retrieval.base import CorpusError, Doc, parse_row
 
 
 class RetrievalError(RuntimeError):
-    """The retrieval server could not be reached or gave an unusable answer."""
+    """The retrieval server could not be reached or gave an unusable answer (a credential in
+    the server's URL is masked in the message)."""
+
+    def __init__(self, message: str):
+        super().__init__(redact(message))
 
 
 def parse_response(body: Any, num_queries: int, url: str) -> list[list[Doc]]:

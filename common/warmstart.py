@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +18,8 @@ from typing import Any
 
 import torch
 
-from common.config import describe_config, dump_config, load_config
-from common.data import QAExample, load_qa
+from common.config import ConfigError, describe_config, dump_config, load_config
+from common.data import DataError, QAExample, load_qa
 from common.retrieval.base import Retriever
 from common.retrieval.bm25 import BM25Retriever
 from common.rl import forward_logprobs
@@ -231,7 +232,8 @@ def save_warm_start(
     return out / "model"
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """The command line; a bad setting, a missing input or a bad QA file is one line and exit 2."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -242,8 +244,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=None)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    print(run_warm_start(load_config(WarmStartConfig, args.config, args.overrides)))
+    try:
+        print(run_warm_start(load_config(WarmStartConfig, args.config, args.overrides)))
+    except (ConfigError, DataError, FileNotFoundError) as e:
+        print(f"warmstart: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -331,3 +331,25 @@ def test_search_grpo_bad_qa_file_is_one_line_before_any_model_loads(tmp_path, fa
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert done.stderr.startswith(f"search_grpo: error: {bad}, line 2: field 'question'")
     assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(
+    ("module", "argv", "key"),
+    [
+        ("common.warmstart", ["steps=0"], "steps"),
+        (
+            "cer.cli",
+            ["train", "--config", str(ROOT / "cer/configs/tiny.yaml"), "group_size=0"],
+            "group_size",
+        ),
+        ("eviback.cli", ["train", "n=0"], "n"),
+        ("arco.cli", ["train", "keep_checkpoints=0"], "keep_checkpoints"),
+    ],
+)
+def test_every_command_reports_a_bad_setting_in_one_line(capsys, module, argv, key) -> None:
+    import importlib
+
+    assert importlib.import_module(module).main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, err
+    assert f"config key {key!r} (from the command line)" in err and "Traceback" not in err

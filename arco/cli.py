@@ -1,4 +1,4 @@
-"""The `arco` command: ``python -m arco {warmup,train,eval} [--config FILE] [key=value ...]``."""
+"""The `arco` command: ``python -m arco {warmup,train,eval,diagnose} [--config FILE] [key=value ...]``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ HELPS = {
     "warmup": "teacher trajectories, hindsight annotation, projection, π SFT and μ SFT",
     "train": "co-evolution RL of π and μ (sparse phase, then dense phase) from warmup_dir",
     "eval": "greedy EM/F1 of the latest checkpoint's policy on assets.eval_files (or dev)",
+    "diagnose": "μ's rubrics: action identification against chance, step scores per bucket for "
+    "correct and wrong trajectories (table and plot)",
 }
 
 
@@ -36,6 +38,13 @@ def _parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--config", default=DEFAULT_CONFIG, help=f"YAML (default {DEFAULT_CONFIG})")
         p.add_argument("overrides", nargs="*", help="dotted key=value")
+        if name == "diagnose":
+            p.add_argument(
+                "--checkpoint",
+                default=None,
+                help="an ARCO folder (checkpoints/step_N or warmup_dir); default: the latest "
+                "checkpoint of run_dir, else warmup_dir",
+            )
     return parser
 
 
@@ -52,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
             from common.rl_loop import result_line
 
             print(result_line(train_arco(cfg)))
+        elif args.command == "diagnose":
+            from arco.diagnose import run_diagnose
+
+            out = run_diagnose(cfg, args.checkpoint)
+            print(out["table"] + f"written to {out['out']}")
         else:
             from arco.evaluate import run_eval
 

@@ -263,6 +263,31 @@ class RLConfig:
 
 
 @dataclass
+class DiagnoseConfig:
+    """``arco diagnose``: rollouts of the checkpoint's policy on dev questions, μ's rubrics."""
+
+    questions: int = field(default=100, metadata={"help": "dev questions rolled out"})
+    samples: int = field(
+        default=4,
+        metadata={"help": "rollouts per question; their actions at a step are the candidates"},
+    )
+    temperature: float = field(default=1.0, metadata={"help": "rollout temperature"})
+    max_candidates: int = field(
+        default=4, metadata={"help": "candidate actions per step, the real one included"}
+    )
+    out: str = field(
+        default="", metadata={"help": "output folder (default: <checkpoint>/diagnose)"}
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("questions", "samples"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"diagnose.{name}={getattr(self, name)}; must be >= 1")
+        if self.max_candidates < 2:
+            raise ValueError(f"diagnose.max_candidates={self.max_candidates}; must be >= 2")
+
+
+@dataclass
 class ArcoConfig:
     """One ARCO run: warmup writes ``warmup_dir``; RL trains from it into ``run_dir``."""
 
@@ -296,7 +321,9 @@ class ArcoConfig:
     resume: bool = field(default=True, metadata={"help": "continue from the latest checkpoint"})
     allow_config_change: bool = field(
         default=False,
-        metadata={"help": "continue run_dir under other settings (recorded in config_changes.jsonl)"},
+        metadata={
+            "help": "continue run_dir under other settings (recorded in config_changes.jsonl)"
+        },
     )
     samples_per_step: int = field(default=4, metadata={"help": "trajectories in samples/", "ge": 0})
     env: EnvironmentConfig = field(default_factory=EnvironmentConfig)
@@ -306,6 +333,7 @@ class ArcoConfig:
     rubric: RubricConfig = field(default_factory=RubricConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     rl: RLConfig = field(default_factory=RLConfig)
+    diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:

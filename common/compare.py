@@ -14,7 +14,11 @@ A spec (YAML) names the arms, the seeds and the baseline::
         overrides: [steps=30]
 
 Each run is ``command + run_dir=<out>/<arm>/s<seed> seed=<seed> + overrides``; a run that
-finished before (``<run_dir>/.compare_done``) is not run again. Every trainer writes its dev
+finished before (``<run_dir>/.compare_done``) is not run again. Optional: an arm's ``then`` (a list
+of commands) runs after its command with the same arguments appended (e.g. a diagnostic that
+logs into the run's metrics.jsonl), and ``extra_metrics`` (metrics.jsonl keys, e.g.
+``decomposition_error``) adds each arm's last logged value (mean over seeds) to the report and a
+curve per key (``curves_<key>.png``); an arm that never logs a key shows a dash. Every trainer writes its dev
 evaluations per question (``common.rl_loop.evaluate``), so arms are compared on the same
 questions: for question q, Δ_q = mean over seeds of the arm's final value minus the baseline's
 (with ``start``: the arm's own final minus step-0 value, seed by seed), and the interval is the
@@ -153,6 +157,7 @@ def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
                 statistics.fmean(float(r["valid"]) for r in f.values()) for _, f, _ in results
             ),
             "curve": curve(dirs, f"dev/{metric}"),
+            "extras": {key: extra_metric(dirs, key) for key in spec.get("extra_metrics", [])},
         }
     baseline = spec.get("baseline", "start")
     comparisons = {}
@@ -166,6 +171,19 @@ def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
         comparisons[name] = paired_bootstrap(diffs, resamples)
     return {"metric": metric, "baseline": baseline, "seeds": spec["seeds"], "arms": arms,
             "comparisons": comparisons}  # fmt: skip
+
+
+def extra_metric(run_dirs: Sequence[Path], key: str) -> dict[str, Any] | None:
+    """The last logged value of ``key`` per run, their mean and the curve over the steps every
+    run logged it; None when some run never logs it (an arm without that part)."""
+    last = []
+    for d in run_dirs:
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").open() if line.strip()]
+        values = [r[key] for r in rows if key in r]
+        if not values:
+            return None
+        last.append(float(values[-1]))
+    return {"final": statistics.fmean(last), "per_seed": last, "curve": curve(run_dirs, key)}
 
 
 def diffs_from_start(finals: Sequence[dict], starts: Sequence[dict], metric: str) -> list:
@@ -202,11 +220,21 @@ def markdown(summary: dict[str, Any]) -> str:
             f"| {name} | {a['final_step']} | {a['start']:.3f} | {a['final']:.3f} ± "
             f"{a['final_seed_sd']:.3f} | {seeds} | {a['valid_final']:.2f} | {delta} |"
         )
+    keys = [k for a in summary["arms"].values() for k in a.get("extras", {})]
+    keys = list(dict.fromkeys(keys))
+    if keys:
+        lines += ["", "Last logged value, mean over seeds (– : the arm does not log it).", ""]
+        lines += ["| arm | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+        for name, a in summary["arms"].items():
+            cells = [a["extras"].get(k) for k in keys]
+            text = [f"{c['final']:.3f}" if c else "–" for c in cells]
+            lines.append(f"| {name} | " + " | ".join(text) + " |")
     return "\n".join(lines) + "\n"
 
 
-def plot(summary: dict[str, Any], path: Path) -> Path:
-    """One line per arm (mean over seeds) with the min-max band over seeds."""
+def plot(summary: dict[str, Any], path: Path, key: str | None = None) -> Path:
+    """One line per arm (mean over seeds) with the min-max band over seeds: the dev metric, or
+    the extra metric ``key`` (arms that log it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,11 +242,13 @@ def plot(summary: dict[str, Any], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     for name, a in summary["arms"].items():
-        c = a["curve"]
+        c = a["curve"] if key is None else (a["extras"].get(key) or {}).get("curve")
+        if not c:
+            continue
         ax.plot(c["step"], c["mean"], marker="o", ms=3, label=name)
         ax.fill_between(c["step"], c["low"], c["high"], alpha=0.2)
     ax.set_xlabel("RL step")
-    ax.set_ylabel(f"dev {summary['metric']} (greedy)")
+    ax.set_ylabel(f"dev {summary['metric']} (greedy)" if key is None else key)
     ax.set_title(f"mean and range over seeds {summary['seeds']}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -243,6 +273,13 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     base = spec.get("baseline", "start")
     if base != "start" and base not in names:
         raise ValueError(f"{path}: baseline `{base}` is not an arm ({names}) nor `start`")
+    for i, arm in enumerate(spec["arms"]):
+        then = arm.get("then", [])
+        if not isinstance(then, list) or not all(isinstance(c, list) and c for c in then):
+            raise ValueError(f"{path}: arms[{i}].then must be a list of commands (lists)")
+    extra = spec.get("extra_metrics", [])
+    if not isinstance(extra, list) or not all(isinstance(k, str) for k in extra):
+        raise ValueError(f"{path}: `extra_metrics` must be a list of metrics.jsonl keys")
     return spec
 
 
@@ -255,17 +292,22 @@ def run_arms(spec: dict[str, Any]) -> None:
         if (run_dir / DONE_MARKER).exists():
             print(f"[compare] {i}/{len(todo)} {arm['name']} seed {seed}: done before", flush=True)
             continue
-        cmd = [sys.executable if c == "python" else c for c in arm["command"]]
-        cmd += [f"run_dir={run_dir}", f"seed={seed}", *arm.get("overrides", [])]
+        args = [f"run_dir={run_dir}", f"seed={seed}", *arm.get("overrides", [])]
         run_dir.mkdir(parents=True, exist_ok=True)
-        print(f"[compare] {i}/{len(todo)} {arm['name']} seed {seed}: {' '.join(cmd)}", flush=True)
         t0 = time.perf_counter()
         with (run_dir / "compare.log").open("w") as log:
-            rc = subprocess.run(
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ
-            ).returncode
-        if rc:
-            raise RuntimeError(f"{arm['name']} seed {seed} failed (exit {rc}); see {log.name}")
+            for command in [arm["command"], *arm.get("then", [])]:
+                cmd = [sys.executable if c == "python" else c for c in command] + args
+                print(f"[compare] {i}/{len(todo)} {arm['name']} seed {seed}: {' '.join(cmd)}",
+                      flush=True)  # fmt: skip
+                log.flush()
+                rc = subprocess.run(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ
+                ).returncode
+                if rc:
+                    raise RuntimeError(
+                        f"{arm['name']} seed {seed} failed (exit {rc}); see {log.name}"
+                    )
         (run_dir / DONE_MARKER).write_text(f"{time.perf_counter() - t0:.0f} s\n")
         print(f"[compare]   finished in {time.perf_counter() - t0:.0f} s", flush=True)
 
@@ -276,6 +318,9 @@ def report(spec: dict[str, Any]) -> str:
     text = markdown(summary)
     (out_dir / "comparison.md").write_text(text, encoding="utf-8")
     plot(summary, out_dir / "curves.png")
+    for key in spec.get("extra_metrics", []):
+        if any(a["extras"].get(key) for a in summary["arms"].values()):
+            plot(summary, out_dir / f"curves_{key.replace('/', '_')}.png", key)
     slim = {
         **summary,
         "arms": {

@@ -155,3 +155,36 @@ def test_report_without_results_says_which_run(tmp_path):
     spec = load_spec(_spec(tmp_path))
     with pytest.raises(FileNotFoundError, match="plain/s0: no per-question dev results"):
         summarize(spec)
+
+
+# A stand-in for a diagnostic run after training: logs one more metric at the final step.
+FAKE_THEN = """
+import json, sys
+from pathlib import Path
+args = dict(a.split("=", 1) for a in sys.argv[1:])
+with (Path(args["run_dir"]) / "metrics.jsonl").open("a") as f:
+    f.write(json.dumps({"step": 2, "diag/acc": 0.1 * int(args["seed"])}) + "\\n")
+"""
+
+
+def test_then_commands_and_extra_metrics(tmp_path):
+    spec_path = _spec(tmp_path)
+    (tmp_path / "then.py").write_text(FAKE_THEN)
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["arms"][0]["then"] = [["python", str(tmp_path / "then.py")]]
+    spec["extra_metrics"] = ["diag/acc"]
+    spec_path.write_text(yaml.safe_dump(spec))
+    assert main(["--spec", str(spec_path)]) == 0
+    out = tmp_path / "cmp"
+    summary = json.loads((out / "comparison.json").read_text())
+    plain = summary["arms"]["plain"]["extras"]["diag/acc"]
+    assert plain["per_seed"] == pytest.approx([0.0, 0.1, 0.2])
+    assert plain["final"] == pytest.approx(0.1) and plain["curve"]["step"] == [2]
+    assert summary["arms"]["bonus"]["extras"]["diag/acc"] is None  # never logged: a dash
+    text = (out / "comparison.md").read_text()
+    assert "| arm | diag/acc |" in text and "| plain | 0.100 |" in text and "| bonus | – |" in text
+    assert (out / "curves_diag_acc.png").stat().st_size > 0
+    spec["arms"][0]["then"] = ["python then.py"]
+    spec_path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ValueError, match=r"arms\[0\]\.then must be a list of commands"):
+        load_spec(spec_path)

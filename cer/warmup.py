@@ -21,6 +21,7 @@ from cer.rollout import END_OF_TURN
 from common.rollout.agent import encode_text
 from common.rollout.trajectory import Trajectory
 from common.train import TrainEngine
+from common.train.run_folder import open_run_folder
 from common.warmstart import save_warm_start, warm_start
 
 
@@ -48,6 +49,7 @@ def run_warmup(cfg: CERConfig) -> Path:
 
     check_assets(cfg.assets, ["init_model", "warmstart"])
     w = cfg.warmup
+    folder = open_run_folder(w.out, None, resume=False)  # one warm start at a time in out
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.init_model)
     model = AutoModelForCausalLM.from_pretrained(cfg.assets.init_model, dtype=torch.float32)
     trajs = solution_trajectories(cfg.assets.warmstart, tokenizer)
@@ -66,4 +68,5 @@ def run_warmup(cfg: CERConfig) -> Path:
     saved = save_warm_start(engine, tokenizer, cfg, Path(w.out), history)
     if engine.is_main:
         print(f"[cer warmup] {len(trajs)} solutions, {w.steps} steps; loss {history[-1:]}")
+    folder.close()
     return saved

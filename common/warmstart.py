@@ -28,6 +28,7 @@ from common.rollout.batch import collate
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step, Trajectory
 from common.train import TrainConfig, TrainEngine, progress
+from common.train.run_folder import open_run_folder
 
 
 def gold_trajectories(
@@ -197,6 +198,7 @@ def run_warm_start(cfg: WarmStartConfig) -> Path:
         raise FileNotFoundError(
             f"no tiny world at {world}: run `python -m common.tinyworld build --out {world}`"
         )
+    folder = open_run_folder(cfg.out, None, resume=False)  # one warm start at a time in out
     tokenizer = AutoTokenizer.from_pretrained(world / "model")
     model = AutoModelForCausalLM.from_pretrained(world / "model", dtype=torch.float32)
     retriever = BM25Retriever.from_corpus(world / "corpus.jsonl")
@@ -215,7 +217,9 @@ def run_warm_start(cfg: WarmStartConfig) -> Path:
         cfg.seed,
         context_weight=cfg.context_weight,
     )
-    return save_warm_start(engine, tokenizer, cfg, Path(cfg.out), history)
+    saved = save_warm_start(engine, tokenizer, cfg, Path(cfg.out), history)
+    folder.close()
+    return saved
 
 
 def save_warm_start(

@@ -149,7 +149,9 @@ time.sleep(600)
 
 
 @pytest.mark.slow
-def test_a_second_run_on_a_folder_fails_naming_the_holder_until_it_dies(tmp_path, monkeypatch):
+def test_a_second_run_on_a_folder_fails_naming_the_holder_until_it_dies(
+    tmp_path, monkeypatch, tiny_world
+):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(tmp_path)],
@@ -164,6 +166,11 @@ def test_a_second_run_on_a_folder_fails_naming_the_holder_until_it_dies(tmp_path
         with pytest.raises(RunFolderError, match=re.escape(expected)) as err:
             open_run_folder(tmp_path, None, resume=False)
         assert "\n" not in str(err.value)
+        # a trainer's entry point stops there too, before any model loads (a warm start here)
+        from common.warmstart import WarmStartConfig, run_warm_start
+
+        with pytest.raises(RunFolderError, match=re.escape(expected)):
+            run_warm_start(WarmStartConfig(world=str(tiny_world), out=str(tmp_path)))
         monkeypatch.setenv("RANK", "1")  # a non-zero rank of the holder's own run takes no lock
         assert open_run_folder(tmp_path, None, resume=False).lock is None
         monkeypatch.delenv("RANK")

@@ -4,6 +4,8 @@
 keys of the first row:
 
 - ``flashrag``: ``{id, question, golden_answers, metadata}`` (what ``write_qa_jsonl`` writes);
+  ``supporting_titles`` is added from FlashRAG's HotpotQA / 2Wiki ``supporting_facts`` and
+  MuSiQue ``paragraphs`` when the metadata has them;
 - ``hotpotqa``: the original HotpotQA ``{_id, question, answer, type, level, context
   [[title, [sentences]]], supporting_facts [[title, sent_idx]]}``, or the hub's columnar form
   (``context {title: [...], sentences: [...]}``, ``supporting_facts {title: [...], sent_id: [...]}``);
@@ -233,8 +235,36 @@ Parsed = tuple[Any, str, list[str], dict[str, Any]]  # original id, question, go
 
 
 def _flashrag(row: dict[str, Any]) -> Parsed:
-    metadata = _get(row, "metadata", dict, required=False)
-    return _id(row, "id"), _question(row), _golds(row, "golden_answers"), metadata or {}
+    metadata = dict(_get(row, "metadata", dict, required=False) or {})
+    if "supporting_titles" not in metadata:
+        titles = _flashrag_supporting_titles(metadata)
+        if titles:
+            metadata["supporting_titles"] = titles
+    return _id(row, "id"), _question(row), _golds(row, "golden_answers"), metadata
+
+
+def _flashrag_supporting_titles(metadata: dict[str, Any]) -> list[str]:
+    """The supporting titles FlashRAG keeps in ``metadata``: HotpotQA's and 2Wiki's
+    ``supporting_facts`` (columnar ``{title: [...], sent_id: [...]}`` or ``[[title, i], ...]``),
+    MuSiQue's ``paragraphs`` with ``is_supporting``; [] when there are none (NQ, TriviaQA, ...)."""
+    facts = metadata.get("supporting_facts")
+    if isinstance(facts, dict):
+        titles = facts.get("title")
+        if not isinstance(titles, list) or not all(isinstance(t, str) for t in titles):
+            raise _FieldError("metadata.supporting_facts.title", "expected a list of titles")
+        return list(dict.fromkeys(titles))
+    if isinstance(facts, list):
+        if not all(isinstance(f, list) and f and isinstance(f[0], str) for f in facts):
+            raise _FieldError("metadata.supporting_facts", "expected [[title, sent_id], ...]")
+        return list(dict.fromkeys(f[0] for f in facts))
+    paragraphs = metadata.get("paragraphs")
+    if isinstance(paragraphs, list) and all(isinstance(p, dict) for p in paragraphs):
+        return list(
+            dict.fromkeys(
+                str(p["title"]) for p in paragraphs if p.get("is_supporting") and "title" in p
+            )
+        )
+    return []
 
 
 def _simple(row: dict[str, Any]) -> Parsed:

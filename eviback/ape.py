@@ -18,7 +18,7 @@ import json
 import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ from eviback.prompts import (
     Round,
     TeacherPrompt,
     get_prompt,
+    render_evidence,
     rounds_from_trajectory,
 )
 from eviback.teacher import TeacherItem, TeacherPolicy, TeacherStats, Verdict
@@ -107,6 +108,82 @@ def build_benchmark(
     return rows
 
 
+def has_supporting_facts(example: QAExample) -> bool:
+    """Whether the evidence oracle can label this question (supporting ids or titles known)."""
+    return bool(example.metadata.get("supporting_ids") or example.metadata.get("supporting_titles"))
+
+
+LABELLER_INSTRUCTION = (
+    "You label evidence for a benchmark of search-agent evidence. Read the question and the "
+    "documents a search agent retrieved. Decide from the documents alone whether they support "
+    "one complete answer to the question (supported_answer), miss a fact or a bridge the answer "
+    "needs (insufficient_evidence), or support several incompatible complete answers "
+    "(ambiguous_evidence). The reference answers say what a correct answer looks like; they are "
+    "not evidence: if the documents do not state it, the evidence is insufficient. Reply with "
+    "exactly <reason>one sentence</reason><status>supported_answer|insufficient_evidence|"
+    "ambiguous_evidence</status><answer>the supported answer, empty otherwise</answer> and "
+    "nothing else.\n\nQuestion: {question}\nReference answers: {references}\n\n"
+    "Documents:\n{evidence}"
+)
+
+
+def labeller_messages(item: TeacherItem, top_m: int = 5) -> list[dict[str, str]]:
+    """The controller LLM's labelling request for one benchmark item (questions without
+    supporting facts, e.g. NQ)."""
+    evidence = render_evidence(item.rounds, show_queries=True, top_m=top_m)
+    text = LABELLER_INSTRUCTION.format(
+        question=item.question.strip(), references=" | ".join(item.references), evidence=evidence
+    )
+    return [{"role": "user", "content": text}]
+
+
+def label_rollouts(
+    trajectories: Sequence[Trajectory],
+    examples: Mapping[str, QAExample],
+    oracle: Callable[[TeacherItem], Verdict],
+    llm: Callable[[list[TeacherItem]], list[Verdict]] | None = None,
+) -> tuple[list[BenchmarkRow], dict[str, int]]:
+    """Benchmark rows: the oracle labels the questions with supporting facts; the others are
+    labelled by ``llm`` (one batch; a row whose verdict is invalid is dropped, counted) or, with
+    no ``llm``, left out, counted. Returns the rows and the counts."""
+    known = [t for t in trajectories if t.question_id in examples]
+    if len(known) != len(trajectories):
+        build_benchmark(trajectories, examples, oracle)  # raises, naming the unknown question
+    with_facts = [t for t in known if has_supporting_facts(examples[t.question_id])]
+    without = [t for t in known if not has_supporting_facts(examples[t.question_id])]
+    rows = build_benchmark(with_facts, examples, oracle)
+    counts = {
+        "questions_oracle": len({t.question_id for t in with_facts}),
+        "questions_without_facts": len({t.question_id for t in without}),
+        "rows_oracle": len(rows),
+        "rows_llm": 0,
+        "rows_llm_invalid": 0,
+        "questions_left_out": 0,
+    }
+    if not without:
+        return rows, counts
+    if llm is None:
+        counts["questions_left_out"] = counts["questions_without_facts"]
+        return rows, counts
+    pending: list[TeacherItem] = []
+
+    def collect(item: TeacherItem) -> Verdict:
+        pending.append(item)
+        return Verdict(True, "I", "", "to be labelled")
+
+    unlabelled = build_benchmark(without, examples, collect)
+    verdicts = llm(pending)
+    if len(verdicts) != len(unlabelled):
+        raise ValueError(f"the LLM labeller gave {len(verdicts)} verdicts for {len(pending)} rows")
+    for row, v in zip(unlabelled, verdicts, strict=True):
+        if not v.valid:
+            counts["rows_llm_invalid"] += 1
+            continue
+        rows.append(replace(row, label=v.status, label_answer=v.answer))
+        counts["rows_llm"] += 1
+    return rows, counts
+
+
 def write_benchmark(path: str | Path, rows: Sequence[BenchmarkRow]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         for row in rows:
@@ -167,6 +244,95 @@ def split_by_question(
         [r for r in rows if r.question_id not in holdout],
         [r for r in rows if r.question_id in holdout],
     )
+
+
+def split_by_step(
+    rows: Sequence[BenchmarkRow], holdout_fraction: float = 0.3, seed: int = 0
+) -> tuple[list[BenchmarkRow], list[BenchmarkRow]]:
+    """(dev, holdout) stratified by search step (the release: a holdout quota per step layer,
+    split over the labels by largest remainder), with no question in both.
+
+    A row's layer is its number of search rounds. Layer by layer (fewest rounds first), the
+    holdout quota is ``round(holdout_fraction · rows in the layer)`` and each label's share of it
+    is given by largest remainder; questions are taken in a seeded order for a label still
+    short, and a taken question brings all its rows (which count wherever they fall).
+    """
+    if not 0 < holdout_fraction < 1:
+        raise ValueError(f"holdout_fraction must lie in (0, 1), got {holdout_fraction}")
+    questions = sorted({r.question_id for r in rows})
+    if len(questions) < 2:
+        raise ValueError(f"a dev/holdout split needs at least 2 questions, got {len(questions)}")
+    rank = {q: i for i, q in enumerate(random.Random(seed).sample(questions, len(questions)))}
+    by_question: dict[str, list[BenchmarkRow]] = {}
+    for r in rows:
+        by_question.setdefault(r.question_id, []).append(r)
+    holdout: set[str] = set()
+    for layer in sorted({len(r.rounds) for r in rows}):
+        in_layer = [r for r in rows if len(r.rounds) == layer]
+        counts = {label: sum(r.label == label for r in in_layer) for label in ("S", "I", "A")}
+        quota = largest_remainder(counts, round(holdout_fraction * len(in_layer)))
+        for label in ("S", "I", "A"):
+            for r in sorted(in_layer, key=lambda r: (rank[r.question_id], r.row_id)):
+                taken = sum(x.label == label and x.question_id in holdout for x in in_layer)
+                if taken >= quota[label]:
+                    break
+                if r.label == label and r.question_id not in holdout:
+                    if len(holdout) + 1 >= len(questions):
+                        break  # dev keeps at least one question
+                    holdout.add(r.question_id)
+    return (
+        [r for r in rows if r.question_id not in holdout],
+        [r for r in rows if r.question_id in holdout],
+    )
+
+
+def largest_remainder(counts: Mapping[str, int], total: int) -> dict[str, int]:
+    """``total`` split in proportion to ``counts`` by largest remainder (ties: the order of
+    ``counts``)."""
+    n = sum(counts.values())
+    if n == 0 or total <= 0:
+        return dict.fromkeys(counts, 0)
+    exact = {k: total * c / n for k, c in counts.items()}
+    out = {k: int(v) for k, v in exact.items()}
+    order = sorted(counts, key=lambda k: -(exact[k] - out[k]))
+    for k in order[: total - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
+def diagnostics(rows: Sequence[BenchmarkRow], verdicts: Sequence[Verdict]) -> str:
+    """The report's per-row view of one policy's run: the S/I/A confusion matrix, the gold-S
+    rows with the teacher's answer and its F1 (gold coverage), the missed I (gold I judged S, A
+    or invalid) and the false I (gold S or A judged I)."""
+    m = judge_metrics(rows, verdicts)
+    lines = ["| gold \\ teacher | " + " | ".join(PREDICTED) + " |", "|" + "---|" * 5]
+    for gold in ("S", "I", "A"):
+        lines.append(
+            f"| {gold} | " + " | ".join(str(m.confusion[gold][p]) for p in PREDICTED) + " |"
+        )
+    shown = lambda v: v.status if v.valid else "invalid"  # noqa: E731
+    cover = [
+        f"- `{r.row_id}` gold {list(r.golden_answers)}: teacher {shown(v)} "
+        f"{v.answer!r} (F1 {f1_score(v.answer, r.golden_answers) if shown(v) == 'S' else 0.0:.2f})"
+        for r, v in zip(rows, verdicts, strict=True)
+        if r.label == "S"
+    ]
+    missed = [
+        f"- `{r.row_id}` ({r.question[:80]}): teacher {shown(v)} {v.answer!r}"
+        for r, v in zip(rows, verdicts, strict=True)
+        if r.label == "I" and shown(v) != "I"
+    ]
+    false_i = [
+        f"- `{r.row_id}` gold {r.label} ({r.question[:80]})"
+        for r, v in zip(rows, verdicts, strict=True)
+        if r.label != "I" and shown(v) == "I"
+    ]
+    return "\n".join(
+        ["Confusion (rows: gold label, columns: the teacher's final verdict)", "", *lines, "",
+         f"Gold coverage on gold-S rows: {m.gold_f1_coverage:.4f}", "", *(cover or ["- none"]), "",
+         f"Missed I ({len(missed)})", "", *(missed or ["- none"]), "",
+         f"False I ({len(false_i)})", "", *(false_i or ["- none"])]
+    ) + "\n"  # fmt: skip
 
 
 # --- 2. candidates ---------------------------------------------------------------------------

@@ -1,19 +1,23 @@
 """`eviback ape`: the E2E-APE command loop over the pure parts in ``eviback.ape``.
 
-1. actor rollouts on training questions -> benchmark rows labelled by the evidence oracle ->
-   dev / holdout split by question (``benchmark.jsonl`` is reused when present);
+1. actor rollouts on training questions -> benchmark rows labelled by the evidence oracle where
+   the question has supporting facts, else by the controller LLM (``ape.unlabelled=llm``) or
+   left out, counted -> dev / holdout split by question, stratified by search step
+   (``benchmark.jsonl`` is reused when present);
 2. stage-A and stage-B candidates: proposed by the controller LLM when one is configured, else a
    seeded sample of the grid;
 3. every single-stage candidate, then gated pairs of the best stage-A prompts with every stage-B
    candidate, run ``ape.repeats`` times with the teacher on dev;
 4. selection on dev, one evaluation of the two selected policies on holdout, the frozen policy
-   file (``policy.yaml``) and ``report.md``.
+   file (``policy.yaml``) and ``report.md`` (with the selected policy's confusion matrix, gold
+   coverage and missed-I rows on holdout).
 
 The teacher is always a model behind ``assets.teacher_endpoint``: judging prompts needs one.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,14 +26,17 @@ from common.llm_client import LLMClient
 from eviback.ape import (
     BenchmarkRow,
     CandidateResult,
-    build_benchmark,
     candidate_grid,
     candidate_result,
+    diagnostics,
     gated_policies,
+    label_rollouts,
+    labeller_messages,
     read_benchmark,
     results_table,
     select_best,
     split_by_question,
+    split_by_step,
     write_benchmark,
     write_policy_file,
 )
@@ -37,13 +44,24 @@ from eviback.assets import build_retriever, llm_client, load_questions
 from eviback.config import EviBackConfig
 from eviback.oracle import EvidenceOracle
 from eviback.prompts import INSTRUCTIONS, TeacherPrompt, get_prompt
-from eviback.teacher import TeacherPolicy, TeacherStats, TwoStageTeacher, Verdict
+from eviback.teacher import (
+    TeacherItem,
+    TeacherPolicy,
+    TeacherStats,
+    TwoStageTeacher,
+    Verdict,
+    parse_verdict,
+)
 
 _PROMPT_ID = re.compile(r"\b[AB]-[a-z_]+-[a-z_]+-fs[01]-q[01]-t[01]-[a-z]+-m\d+\b")
 
 
-def rollout_benchmark(cfg: EviBackConfig) -> list[BenchmarkRow]:
-    """Actor rollouts (sampled, ``ape.rollouts`` per question) labelled by the evidence oracle."""
+def rollout_benchmark(
+    cfg: EviBackConfig, labeller: LLMClient | None = None
+) -> tuple[list[BenchmarkRow], dict[str, int]]:
+    """Actor rollouts (sampled, ``ape.rollouts`` per question) labelled by the evidence oracle
+    where the question has supporting facts, else by ``labeller`` (``ape.unlabelled=llm``) or
+    left out; returns the rows and the counts (``label_rollouts``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -61,7 +79,31 @@ def rollout_benchmark(cfg: EviBackConfig) -> list[BenchmarkRow]:
         engine, tokenizer, build_retriever(a), examples, cfg.ape.rollouts, cfg.agent, "ape:"
     )
     oracle = EvidenceOracle(cfg.teacher.top_m)
-    return build_benchmark(trajs, {ex.id: ex for ex in examples}, oracle.label)
+    llm = None if labeller is None else llm_labeller(labeller, cfg.teacher.top_m)
+    return label_rollouts(trajs, {ex.id: ex for ex in examples}, oracle.label, llm)
+
+
+def llm_labeller(client: LLMClient, top_m: int = 5):
+    """Labels benchmark items with the controller LLM (``labeller_messages``), in one batch; a
+    reply that breaks the contract is an invalid verdict."""
+
+    def label(items: list[TeacherItem]) -> list[Verdict]:
+        replies = client.chat_many([labeller_messages(item, top_m) for item in items])
+        return [parse_verdict(r.text) for r in replies]
+
+    return label
+
+
+def label_counts_text(counts: dict[str, int]) -> str:
+    """One line on how the benchmark was labelled (empty counts: a benchmark file given as is)."""
+    if not counts:
+        return "a given benchmark file (no labelling counts)."
+    return (
+        f"{counts['rows_oracle']} rows of {counts['questions_oracle']} questions by the evidence "
+        f"oracle; {counts['questions_without_facts']} questions without supporting facts: "
+        f"{counts['rows_llm']} rows labelled by the controller LLM ({counts['rows_llm_invalid']} "
+        f"replies broke the contract, left out), {counts['questions_left_out']} questions left out."
+    )
 
 
 def controller_candidates(
@@ -113,6 +155,13 @@ def evaluate_policy(
 ) -> CandidateResult:  # fmt: skip
     """``repeats`` runs of the policy on ``rows`` (each run its own cache tag, so a repeat is a
     fresh request) -> metrics, agreement and cost."""
+    return candidate_result(policy, rows, *policy_runs(client, policy, rows, repeats, tag), weights)
+
+
+def policy_runs(
+    client: LLMClient, policy: TeacherPolicy, rows: Sequence[BenchmarkRow], repeats: int, tag: str
+) -> tuple[list[list[Verdict]], list[TeacherStats]]:
+    """The final verdicts (row order) and the teacher's counts of each of ``repeats`` runs."""
     runs: list[list[Verdict]] = []
     costs: list[TeacherStats] = []
     items = [r.item() for r in rows]
@@ -123,7 +172,7 @@ def evaluate_policy(
         judgements, stats = TwoStageTeacher(backend, policy).judge(items)
         runs.append([j.final for j in judgements])
         costs.append(stats)
-    return candidate_result(policy, rows, runs, costs, weights)
+    return runs, costs
 
 
 def run_ape(cfg: EviBackConfig) -> dict:
@@ -136,15 +185,28 @@ def run_ape(cfg: EviBackConfig) -> dict:
         )
     out = Path(cfg.ape.out or Path(cfg.run_dir) / "ape")
     out.mkdir(parents=True, exist_ok=True)
-    bench = out / "benchmark.jsonl"
+    bench, counts_file = out / "benchmark.jsonl", out / "benchmark_counts.json"
+    a = cfg.assets
+    if cfg.ape.unlabelled == "llm" and not (a.controller_endpoint and a.controller_model):
+        raise ValueError(
+            "ape.unlabelled=llm labels questions without supporting facts with the controller "
+            "LLM: set assets.controller_endpoint and assets.controller_model"
+        )
     if bench.is_file():
         rows = read_benchmark(bench)
+        counts = json.loads(counts_file.read_text()) if counts_file.is_file() else {}
     else:
         cfg.check_assets(("model", "train", "retrieval"))
-        rows = rollout_benchmark(cfg)
+        labeller = None
+        if cfg.ape.unlabelled == "llm":
+            labeller = llm_client(
+                a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache"
+            )
+        rows, counts = rollout_benchmark(cfg, labeller)
         write_benchmark(bench, rows)
-    dev, holdout = split_by_question(rows, cfg.ape.holdout_fraction, cfg.seed)
-    a = cfg.assets
+        counts_file.write_text(json.dumps(counts, indent=2))
+    split = split_by_step if cfg.ape.split == "step" else split_by_question
+    dev, holdout = split(rows, cfg.ape.holdout_fraction, cfg.seed)
     teacher = llm_client(a.teacher_endpoint, a.teacher_model, cfg.teacher, out / "cache")
     if a.controller_endpoint:
         controller = llm_client(
@@ -170,8 +232,13 @@ def run_ape(cfg: EviBackConfig) -> dict:
     ]
     selection = select_best(single + gated)
     chosen = [r for r in (selection.single, selection.gated) if r is not None]
-    held = [evaluate_policy(teacher, r.policy, holdout, 1, w, "holdout") for r in chosen]
-    best_holdout = next(h for h in held if h.policy == selection.best.policy)
+    held_runs = [policy_runs(teacher, r.policy, holdout, 1, "holdout") for r in chosen]
+    held = [
+        candidate_result(r.policy, holdout, *runs, w)
+        for r, runs in zip(chosen, held_runs, strict=True)
+    ]
+    best_at = next(i for i, h in enumerate(held) if h.policy == selection.best.policy)
+    best_holdout = held[best_at]
     scores = {
         "dev": selection.best.summary(),
         "holdout": best_holdout.summary(),
@@ -186,7 +253,10 @@ def run_ape(cfg: EviBackConfig) -> dict:
             "",
             f"Benchmark: {len(rows)} rows ({labels}), dev {len(dev)}, holdout {len(holdout)}; "
             f"{source}; "
-            f"{reps} runs per candidate; teacher {a.teacher_model}.",
+            f"{reps} runs per candidate; teacher {a.teacher_model}; holdout split: "
+            f"{cfg.ape.split}.",
+            "",
+            f"Labels: {label_counts_text(counts)}",
             "",
             f"Selected: `{selection.best.policy.strategy_id}` (frozen in `policy.yaml`).",
             "",
@@ -196,6 +266,9 @@ def run_ape(cfg: EviBackConfig) -> dict:
             "## Holdout (selected single-stage and gated, evaluated once)",
             "",
             results_table(held),
+            f"## Holdout rows, selected policy `{selection.best.policy.strategy_id}`",
+            "",
+            diagnostics(holdout, held_runs[best_at][0][0]),
         ]
     )
     (out / "report.md").write_text(report, encoding="utf-8")

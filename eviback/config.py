@@ -171,6 +171,20 @@ class ApeConfig:
     holdout_fraction: float = field(
         default=0.3, metadata={"help": "questions held out", "gt": 0, "lt": 1}
     )
+    unlabelled: Literal["skip", "llm"] = field(
+        default="skip",
+        metadata={
+            "help": "questions without supporting facts (NQ, ...): skip (left out, counted) | "
+            "llm (labelled by the controller LLM)"
+        },
+    )
+    split: Literal["step", "question"] = field(
+        default="step",
+        metadata={
+            "help": "holdout: step (stratified by search step, label quotas by largest "
+            "remainder, as the release) | question (a seeded draw of questions)"
+        },
+    )
     candidates_a: int = field(default=4, metadata={"help": "stage-A prompts tried", "ge": 1})
     candidates_b: int = field(default=2, metadata={"help": "stage-B prompts tried", "ge": 1})
     gated_from_top: int = field(
@@ -197,10 +211,6 @@ class EviBackConfig:
 
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     run_dir: str = field(default="runs/eviback/tiny", metadata={"help": "output folder"})
-    allow_config_change: bool = field(
-        default=False,
-        metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},
-    )
     allow_config_change: bool = field(
         default=False,
         metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},

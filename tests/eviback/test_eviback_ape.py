@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 import yaml
@@ -14,13 +15,18 @@ from eviback.ape import (
     BenchmarkRow,
     build_benchmark,
     candidate_result,
+    diagnostics,
     gated_policies,
     judge_metrics,
+    label_rollouts,
+    labeller_messages,
+    largest_remainder,
     read_benchmark,
     read_policy_file,
     results_table,
     select_best,
     split_by_question,
+    split_by_step,
     status_agreement,
     write_benchmark,
     write_policy_file,
@@ -273,3 +279,112 @@ def test_results_table_lists_best_first():
     assert len(lines) == 4 and lines[0].startswith("| strategy |")
     assert SINGLE_B.strategy_id in lines[2] and "1.0000 (1.0000–1.0000)" in lines[2]
     assert SINGLE_A.strategy_id in lines[3] and "0.4444" in lines[3]
+
+
+# --- paper scale: FlashRAG rows, questions without supporting facts, step strata, diagnostics ---
+
+
+def test_flashrag_rows_keep_their_supporting_titles(tmp_path):
+    """FlashRAG keeps HotpotQA's / 2Wiki's supporting facts (columnar or pairs) and MuSiQue's
+    paragraphs in ``metadata``; the loader turns them into ``supporting_titles``; NQ has none."""
+    from common.data import DataError, load_qa
+
+    rows = [
+        {"id": "h0", "question": "Q0?", "golden_answers": ["a"], "metadata": {
+            "type": "bridge", "supporting_facts": {"title": ["T1", "T2", "T1"], "sent_id": [0, 1, 2]},
+            "context": {"title": ["T1", "T2"], "sentences": [["x."], ["y."]]}}},
+        {"id": "w0", "question": "Q1?", "golden_answers": ["b"],
+         "metadata": {"supporting_facts": [["U1", 0], ["U2", 3]]}},
+        {"id": "m0", "question": "Q2?", "golden_answers": ["c"], "metadata": {"paragraphs": [
+            {"idx": 0, "title": "V1", "paragraph_text": "v1", "is_supporting": False},
+            {"idx": 1, "title": "V2", "paragraph_text": "v2", "is_supporting": True}]}},
+        {"id": "n0", "question": "Q3?", "golden_answers": ["d"], "metadata": {}},
+    ]  # fmt: skip
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = load_qa(path, source="s")
+    assert [ex.metadata.get("supporting_titles") for ex in got] == [
+        ["T1", "T2"], ["U1", "U2"], ["V2"], None,
+    ]  # fmt: skip
+    assert got[0].metadata["type"] == "bridge"  # the rest of the metadata stays
+    bad = {**rows[0], "metadata": {"supporting_facts": {"title": "T1"}}}
+    path.write_text(json.dumps(bad) + "\n")
+    with pytest.raises(DataError, match=r"line 1: field 'metadata.supporting_facts.title'"):
+        load_qa(path, source="s")
+
+
+NQ = QAExample("nq:1", "Where is Zuro?", ["Zuro"], {})
+
+
+def test_label_rollouts_uses_the_oracle_where_it_can_and_counts_the_rest():
+    examples = {"q1": EXAMPLE, "nq:1": NQ}
+    trajs = [traj(0, [("lanterns", [FILM, PERSON])]), traj(0, [("zuro", [OTHER])], "nq:1"),
+             traj(1, [("zuro city", [FILM])], "nq:1")]  # fmt: skip
+    oracle = EvidenceOracle(5).label
+    rows, counts = label_rollouts(trajs, examples, oracle)
+    assert [(r.question_id, r.label) for r in rows] == [("q1", "S")]
+    assert counts == {"questions_oracle": 1, "questions_without_facts": 1, "rows_oracle": 1,
+                      "rows_llm": 0, "rows_llm_invalid": 0, "questions_left_out": 1}  # fmt: skip
+    asked = []
+
+    def llm(items):  # S where the evidence names Zuro, else a contract breach
+        asked.extend(items)
+        return [Verdict(True, "S", "Zuro") if "Zuro" in it.rounds[0].docs[0].text
+                else Verdict(False, None, error="parse") for it in items]  # fmt: skip
+
+    rows, counts = label_rollouts(trajs, examples, oracle, llm)
+    assert [(r.row_id, r.label, r.label_answer) for r in rows] == [
+        ("q1/0/1", "S", "Tamsford"), ("nq:1/0/1", "S", "Zuro"),
+    ]  # fmt: skip
+    assert (counts["rows_llm"], counts["rows_llm_invalid"], counts["questions_left_out"]) == (
+        1,
+        1,
+        0,
+    )
+    assert len(asked) == 2 and list(asked[0].references) == ["Zuro"]
+    text = labeller_messages(asked[0])[0]["content"]
+    assert "Question: Where is Zuro?" in text and "Reference answers: Zuro" in text
+    assert "Doc 1 (Title: Zuro) Zuro is a city." in text
+
+
+def row(qid: str, steps: int, label: str) -> BenchmarkRow:
+    rounds = tuple(Round(f"q{k}", (OTHER,)) for k in range(steps))
+    return BenchmarkRow(f"{qid}/0/{steps}", qid, f"{qid}?", ("x",), rounds, label,
+                        "x" if label == "S" else "")  # fmt: skip
+
+
+def test_largest_remainder_quotas():
+    # 10 · (5, 3, 2) / 10 = (5, 3, 2); 4 · (5, 3, 2) / 10 = (2.0, 1.2, 0.8) -> (2, 1, 1)
+    assert largest_remainder({"S": 5, "I": 3, "A": 2}, 10) == {"S": 5, "I": 3, "A": 2}
+    assert largest_remainder({"S": 5, "I": 3, "A": 2}, 4) == {"S": 2, "I": 1, "A": 1}
+    assert largest_remainder({"S": 1, "I": 1, "A": 1}, 2) == {"S": 1, "I": 1, "A": 0}
+    assert largest_remainder({"S": 0, "I": 0, "A": 0}, 3) == {"S": 0, "I": 0, "A": 0}
+
+
+def test_holdout_is_stratified_by_search_step_with_label_quotas():
+    """One row per question (as the release's benchmark): step 1 holds 10 rows (S 6, I 4), step
+    2 holds 5 (S 1, I 4). With 40%: step 1 quota 4 = S 2.4 -> 2, I 1.6 -> 2 (largest remainder);
+    step 2 quota 2 = S 0.4, I 1.6 -> S 0, I 2."""
+    rows = [row(f"a{i}", 1, "S" if i < 6 else "I") for i in range(10)]
+    rows += [row(f"b{i}", 2, "S" if i < 1 else "I") for i in range(5)]
+    for seed in range(5):
+        dev, holdout = split_by_step(rows, 0.4, seed)
+        assert {r.question_id for r in dev}.isdisjoint(r.question_id for r in holdout)
+        assert len(dev) + len(holdout) == 15
+        strata = Counter((len(r.rounds), r.label) for r in holdout)
+        assert (strata[1, "S"], strata[1, "I"], strata[2, "S"], strata[2, "I"]) == (2, 2, 0, 2)
+    assert split_by_step(rows, 0.4, 1) == split_by_step(rows, 0.4, 1)
+    assert split_by_step(rows, 0.4, 1) != split_by_step(rows, 0.4, 2)
+
+
+def test_diagnostics_lists_confusion_coverage_and_missed_i():
+    rows = [row("s1", 1, "S"), row("s2", 1, "S"), row("i1", 1, "I"), row("i2", 1, "I")]
+    verdicts = [Verdict(True, "S", "x"), Verdict(True, "I"), Verdict(True, "S", "y"),
+                Verdict(False, None, error="parse")]  # fmt: skip
+    text = diagnostics(rows, verdicts)
+    assert "| S | 1 | 1 | 0 | 0 |" in text and "| I | 1 | 0 | 0 | 1 |" in text
+    assert "Gold coverage on gold-S rows: 0.5000" in text
+    assert "- `s1/0/1` gold ['x']: teacher S 'x' (F1 1.00)" in text
+    assert "Missed I (2)" in text and "- `i1/0/1` (i1?): teacher S 'y'" in text
+    assert "- `i2/0/1` (i2?): teacher invalid ''" in text
+    assert "False I (1)" in text and "- `s2/0/1` gold S (s2?)" in text

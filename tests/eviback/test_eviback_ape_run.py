@@ -3,6 +3,7 @@ canned: S with the city when the documents name one, else I; garbage for prompts
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import threading
@@ -15,9 +16,17 @@ from fastapi import FastAPI, Request
 
 from common.config import load_config
 from common.retrieval.base import Doc
-from eviback.ape import BenchmarkRow, candidate_grid, read_policy_file, write_benchmark
+from common.rollout.trajectory import Step, Trajectory
+from eviback.ape import (
+    BenchmarkRow,
+    candidate_grid,
+    label_rollouts,
+    read_policy_file,
+    write_benchmark,
+)
 from eviback.cli import DEFAULT_CONFIG
 from eviback.config import EviBackConfig
+from eviback.oracle import EvidenceOracle
 from eviback.prompts import Round, get_prompt
 
 CITIES = ("Paris", "Rome", "Oslo")
@@ -36,6 +45,13 @@ def canned(prompt: str) -> str:
         return CONTROLLER_A
     if prompt.startswith("We tune the stage-B prompt"):
         return "Sorry, I cannot help with naming prompts."
+    if prompt.startswith("You label evidence"):  # the controller as labeller (NQ rows)
+        if "garble" in prompt:
+            return "S, I think."
+        evidence = prompt.split("Documents:", 1)[-1]
+        found = [c for c in CITIES if re.search(rf"\b{c}\b", evidence)]
+        status = "supported_answer" if found else "insufficient_evidence"
+        return f"<reason>r</reason><status>{status}</status><answer>{''.join(found[:1])}</answer>"
     if "(Title: " not in prompt:  # prompts hiding titles: the teacher rambles
         return "I think the answer is probably Paris."
     evidence = prompt.split("Documents:", 1)[-1]
@@ -157,4 +173,105 @@ def test_ape_without_a_teacher_endpoint_says_so(tmp_path):
     from eviback.ape_run import run_ape
 
     with pytest.raises(ValueError, match="assets.teacher_endpoint"):
+        run_ape(cfg)
+
+
+def flashrag_files(tmp_path: Path) -> dict[str, str]:
+    """Three questions per source in FlashRAG's layout (fictional people): HotpotQA and 2Wiki
+    with columnar supporting facts, MuSiQue with paragraphs, NQ with no supporting facts (its
+    third question makes the labeller break the contract)."""
+    files = {}
+    for source in ("hotpotqa", "2wiki", "musique", "nq"):
+        rows = []
+        for i in range(3):
+            person, city = f"{source} person {i}", CITIES[i]
+            row = {"id": f"train_{i}", "question": f"Where was {person} born?",
+                   "golden_answers": [city], "metadata": {}}  # fmt: skip
+            if source in ("hotpotqa", "2wiki"):
+                row["metadata"] = {"supporting_facts": {"title": [person, f"{person} family"],
+                                                        "sent_id": [0, 0]}}  # fmt: skip
+            elif source == "musique":
+                row["metadata"] = {"paragraphs": [
+                    {"idx": 0, "title": person, "paragraph_text": "p", "is_supporting": True},
+                    {"idx": 1, "title": "elsewhere", "paragraph_text": "q", "is_supporting": False},
+                ]}  # fmt: skip
+            elif i == 2:
+                row["question"] = f"Where was {person} born, garble?"
+            rows.append(row)
+        path = tmp_path / f"{source}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        files[source] = str(path)
+    return files
+
+
+def flashrag_rollouts(examples) -> list[Trajectory]:
+    """Two rollouts a question: one finds both documents (the city named), one only the first."""
+    trajs = []
+    for ex in examples:
+        person, city = ex.question.split(" was ")[1].split(" born")[0], ex.golden_answers[0]
+        found = Doc(f"{ex.id}/1", person, f"{person} was born in {city}.", 1.0)
+        family = Doc(f"{ex.id}/2", f"{person} family", f"The family of {person}.", 0.9)
+        partial = Doc(f"{ex.id}/1", person, f"{person} was born.", 1.0)
+        for k, docs in enumerate(([found, family], [partial])):
+            steps = [Step("search", 0, 1, query=person, docs=docs), Step("answer", 1, 2)]
+            trajs.append(Trajectory(ex.id, k, ex.id, ex.question, ex.golden_answers, [1],
+                                    steps=steps, answer="?"))  # fmt: skip
+    return trajs
+
+
+def test_ape_on_flashrag_format_data(teacher_url, tmp_path):
+    """FlashRAG files: HotpotQA / 2Wiki / MuSiQue labelled by the evidence oracle from their
+    supporting titles, NQ by the controller LLM (one reply breaks the contract: left out,
+    counted); then the whole selection, holdout stratified by step, and the report's lists."""
+    from eviback.ape_run import llm_labeller, run_ape
+    from eviback.assets import llm_client, load_questions
+
+    url, seen = teacher_url
+    examples = load_questions(flashrag_files(tmp_path), {}, 0)
+    assert examples[0].metadata["supporting_titles"] == ["hotpotqa person 0",
+                                                         "hotpotqa person 0 family"]  # fmt: skip
+    assert examples[6].metadata["supporting_titles"] == ["musique person 0"]
+    out, cfg = ape_setup(
+        url, tmp_path, f"assets.controller_endpoint={url}", "assets.controller_model=canned-c",
+        "ape.unlabelled=llm", "ape.gated_from_top=1", "ape.repeats=1",
+    )  # fmt: skip
+    client = llm_client(url, "canned-c", cfg.teacher, None)
+    by_id = {ex.id: ex for ex in examples}
+    rows, counts = label_rollouts(
+        flashrag_rollouts(examples), by_id, EvidenceOracle(5).label, llm_labeller(client)
+    )
+    labels = {r.row_id: (r.label, r.label_answer) for r in rows}
+    # both supporting documents: S; one missing: I (MuSiQue needs one, but the city is gone:
+    # the oracle reads titles only, so S)
+    assert labels["hotpotqa:train_0/0/1"] == ("S", "Paris")
+    assert labels["hotpotqa:train_0/1/1"] == ("I", "")
+    assert labels["musique:train_1/1/1"] == ("S", "Rome")
+    assert labels["nq:train_1/0/1"] == ("S", "Rome") and labels["nq:train_1/1/1"] == ("I", "")
+    assert "nq:train_2/0/1" not in labels  # the labeller broke the contract
+    assert counts == {"questions_oracle": 9, "questions_without_facts": 3, "rows_oracle": 18,
+                      "rows_llm": 4, "rows_llm_invalid": 2, "questions_left_out": 0}  # fmt: skip
+    assert any(p.startswith("You label evidence") for p in seen)
+    write_benchmark(out / "benchmark.jsonl", rows)
+    (out / "benchmark_counts.json").write_text(json.dumps(counts))
+    result = run_ape(cfg)
+    report = (out / "report.md").read_text()
+    assert (
+        "18 rows of 9 questions by the evidence oracle; 3 questions without supporting " in report
+    )
+    assert "4 rows labelled by the controller LLM (2 replies broke the contract" in report
+    assert "holdout split: step" in report
+    assert "Confusion (rows: gold label" in report and "Missed I (" in report
+    policy, scores = read_policy_file(out / "policy.yaml")
+    assert policy == result["selection"].best.policy
+    assert scores["dev_rows"] + scores["holdout_rows"] == 22
+
+
+def test_ape_llm_labelling_needs_a_controller(tmp_path):
+    from eviback.ape_run import run_ape
+
+    cfg = load_config(EviBackConfig, DEFAULT_CONFIG, [
+        f"ape.out={tmp_path}", "assets.teacher_endpoint=http://127.0.0.1:9/v1",
+        "assets.teacher_model=t", "ape.unlabelled=llm",
+    ])  # fmt: skip
+    with pytest.raises(ValueError, match="assets.controller_endpoint"):
         run_ape(cfg)

@@ -266,14 +266,17 @@ class RLConfig:
 class DiagnoseConfig:
     """``arco diagnose``: rollouts of the checkpoint's policy on dev questions, μ's rubrics."""
 
-    questions: int = field(default=100, metadata={"help": "dev questions rolled out"})
+    questions: int = field(default=100, metadata={"help": "dev questions rolled out", "ge": 1})
     samples: int = field(
         default=4,
-        metadata={"help": "rollouts per question; their actions at a step are the candidates"},
+        metadata={
+            "help": "rollouts per question; their actions at a step are the candidates",
+            "ge": 1,
+        },
     )
-    temperature: float = field(default=1.0, metadata={"help": "rollout temperature"})
+    temperature: float = field(default=1.0, metadata={"help": "rollout temperature", "ge": 0})
     max_candidates: int = field(
-        default=4, metadata={"help": "candidate actions per step, the real one included"}
+        default=4, metadata={"help": "candidate actions per step, the real one included", "ge": 2}
     )
     out: str = field(
         default="", metadata={"help": "output folder (default: <checkpoint>/diagnose)"}

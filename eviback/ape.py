@@ -33,9 +33,11 @@ from eviback.prompts import (
     INSTRUCTIONS,
     STAGE_A_DEFAULT,
     STAGE_B_DEFAULT,
+    WRITTEN_PREFIX,
     Round,
     TeacherPrompt,
     get_prompt,
+    register_instruction,
     render_evidence,
     rounds_from_trajectory,
 )
@@ -552,6 +554,11 @@ def write_policy_file(path: str | Path, policy: TeacherPolicy, scores: Mapping[s
     """The frozen policy (strategy id, prompt ids and hashes, gating flags, scores) as YAML
     (``.yaml`` / ``.yml``) or JSON (``.json``)."""
     prompts = {"stage_a": policy.stage_a, "stage_b": policy.stage_b}
+    written = {
+        f"{p.stage}:{p.instruction}": INSTRUCTIONS[p.stage][p.instruction]
+        for p in (get_prompt(v) for v in prompts.values() if v is not None)
+        if p.instruction.startswith(WRITTEN_PREFIX)
+    }
     data = {
         "strategy_id": policy.strategy_id,
         **{
@@ -560,6 +567,7 @@ def write_policy_file(path: str | Path, policy: TeacherPolicy, scores: Mapping[s
         },
         "gate": list(policy.gate),
         "canonicalize": policy.canonicalize,
+        **({"written_instructions": written} if written else {}),
         "scores": dict(scores),
     }
     Path(path).write_text(_dump(Path(path), data), encoding="utf-8")
@@ -577,6 +585,22 @@ def read_policy_file(path: str | Path) -> tuple[TeacherPolicy, dict[str, Any]]:
     for key in ("strategy_id", "stage_a", "stage_b", "gate", "canonicalize"):
         if key not in data:
             raise ValueError(f"{path}: missing key {key!r}")
+    written = data.get("written_instructions") or {}
+    if not isinstance(written, dict):
+        raise ValueError(f"{path}: written_instructions must map 'stage:name' to a text")
+    for key, text in written.items():
+        stage_name, _, name = str(key).partition(":")
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"{path}: written_instructions.{key}: expected a non-empty text")
+        try:
+            registered = register_instruction(stage_name, text)
+        except ValueError as e:
+            raise ValueError(f"{path}: written_instructions.{key}: {e}") from None
+        if registered != name:
+            raise ValueError(
+                f"{path}: written_instructions.{key}: the text does not match its name "
+                f"(it is {registered!r})"
+            )
     ids = {}
     for stage in ("stage_a", "stage_b"):
         entry = data[stage]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from common.llm_client import LLMClient
@@ -43,7 +44,13 @@ from eviback.ape import (
 from eviback.assets import build_retriever, llm_client, load_questions
 from eviback.config import EviBackConfig
 from eviback.oracle import EvidenceOracle
-from eviback.prompts import INSTRUCTIONS, TeacherPrompt, get_prompt
+from eviback.prompts import (
+    INSTRUCTIONS,
+    WRITTEN_PREFIX,
+    TeacherPrompt,
+    get_prompt,
+    register_instruction,
+)
 from eviback.teacher import (
     TeacherItem,
     TeacherPolicy,
@@ -136,6 +143,37 @@ def controller_candidates(
     return found, from_controller
 
 
+_WRITTEN = re.compile(r"<instruction>(.*?)</instruction>", re.S)
+
+
+def controller_written(client: LLMClient, stage: str, k: int) -> list[TeacherPrompt]:
+    """Ask the controller to write ``k`` new instruction texts for ``stage`` (each between
+    ``<instruction>`` and ``</instruction>``); each becomes a registered instruction in the
+    default prompt's layout. Empty, repeated or over-long (> 2,000 characters) texts are
+    dropped."""
+    if k <= 0:
+        return []
+    default = candidate_grid(stage, limit=1)[0]
+    current = INSTRUCTIONS[stage][default.instruction]
+    role = "without the reference answer" if stage == "A" else "given a candidate answer"
+    ask = (
+        f"We tune the instruction of an evidence judge (stage {stage}: it judges, {role}, "
+        "whether the documents a search agent retrieved support one complete answer, miss a "
+        "needed fact, or support several incompatible answers). The current instruction is:\n"
+        f"{current}\n\nWrite {k} alternative instructions with the same task and output "
+        "contract, each between <instruction> and </instruction>, nothing else."
+    )
+    reply = client.chat([{"role": "user", "content": ask}], cache_tag=f"ape-writer-{stage}")
+    found: list[TeacherPrompt] = []
+    for text in _WRITTEN.findall(reply.text or ""):
+        if not text.strip() or len(text) > 2000:
+            continue
+        prompt = replace(default, instruction=register_instruction(stage, text))
+        if prompt not in found and prompt != default:
+            found.append(prompt)
+    return found[:k]
+
+
 def parse_controller_reply(text: str, stage: str) -> list[TeacherPrompt]:
     """The distinct valid prompt ids of ``stage`` named in a controller's reply, in order."""
     found: list[TeacherPrompt] = []
@@ -214,10 +252,14 @@ def run_ape(cfg: EviBackConfig) -> dict:
         )
         prompts_a, n_a = controller_candidates(controller, "A", cfg.ape.candidates_a, cfg.seed)
         prompts_b, n_b = controller_candidates(controller, "B", cfg.ape.candidates_b, cfg.seed)
+        written_a = controller_written(controller, "A", cfg.ape.written_a)
+        written_b = controller_written(controller, "B", cfg.ape.written_b)
+        prompts_a, prompts_b = prompts_a + written_a, prompts_b + written_b
         source = (
             f"candidates from the controller {a.controller_model} (stage A: {n_a} proposed + "
-            f"the default + {len(prompts_a) - n_a - 1} from the grid; stage B: {n_b} + 1 + "
-            f"{len(prompts_b) - n_b - 1})"
+            f"the default + {len(prompts_a) - n_a - 1 - len(written_a)} from the grid + "
+            f"{len(written_a)} written by the controller; stage B: {n_b} + 1 + "
+            f"{len(prompts_b) - n_b - 1 - len(written_b)} + {len(written_b)} written)"
         )
     else:
         prompts_a = candidate_grid("A", limit=cfg.ape.candidates_a, seed=cfg.seed)
@@ -271,5 +313,13 @@ def run_ape(cfg: EviBackConfig) -> dict:
             diagnostics(holdout, held_runs[best_at][0][0]),
         ]
     )
+    written = [
+        f"- `{p.instruction}` (stage {p.stage}): {INSTRUCTIONS[p.stage][p.instruction]}"
+        for p in {*prompts_a, *prompts_b}
+        if p.instruction.startswith(WRITTEN_PREFIX)
+    ]
+    if written:
+        report += "\n## Instructions written by the controller\n\n" + "\n".join(sorted(written))
+        report += "\n"
     (out / "report.md").write_text(report, encoding="utf-8")
     return {"selection": selection, "policy_file": str(out / "policy.yaml"), "out": str(out)}

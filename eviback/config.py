@@ -187,6 +187,20 @@ class ApeConfig:
     )
     candidates_a: int = field(default=4, metadata={"help": "stage-A prompts tried", "ge": 1})
     candidates_b: int = field(default=2, metadata={"help": "stage-B prompts tried", "ge": 1})
+    written_a: int = field(
+        default=2,
+        metadata={
+            "help": "stage-A instructions the controller writes (with a controller)",
+            "ge": 0,
+        },
+    )
+    written_b: int = field(
+        default=1,
+        metadata={
+            "help": "stage-B instructions the controller writes (with a controller)",
+            "ge": 0,
+        },
+    )
     gated_from_top: int = field(
         default=2, metadata={"help": "best stage-A prompts paired with stage B", "ge": 1}
     )

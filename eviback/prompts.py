@@ -136,6 +136,26 @@ INSTRUCTIONS = {
     },
 }
 
+WRITTEN_PREFIX = "ctl_"
+_HEX_TO_LETTERS = str.maketrans("0123456789abcdef", "abcdefghijklmnop")
+
+
+def register_instruction(stage: str, text: str) -> str:
+    """Add an instruction written by the E2E-APE controller to ``INSTRUCTIONS[stage]``; returns
+    its name, ``ctl_`` + the first 10 hex digits of the text's SHA-256 spelled in letters (so a
+    prompt id stays ``[a-z_]``), the same for the same text. A frozen policy file carries the
+    texts it uses and registers them again when read."""
+    if stage not in INSTRUCTIONS:
+        raise ValueError(f"stage must be 'A' or 'B', got {stage!r}")
+    text = text.strip()
+    if not text:
+        raise ValueError("an instruction text cannot be empty")
+    digest = hashlib.sha256(f"{stage}\n{text}".encode()).hexdigest()[:10]
+    name = WRITTEN_PREFIX + digest.translate(_HEX_TO_LETTERS)
+    INSTRUCTIONS[stage][name] = text
+    return name
+
+
 ANSWER_RULES = {
     "span": "The answer is the shortest span copied from the documents that answers the question "
     "(a name, title, date, number, or yes/no).",

@@ -32,7 +32,7 @@ from eviback.ape import (
     write_policy_file,
 )
 from eviback.oracle import EvidenceOracle
-from eviback.prompts import STAGE_A_DEFAULT, STAGE_B_DEFAULT, Round, TeacherPrompt
+from eviback.prompts import STAGE_A_DEFAULT, STAGE_B_DEFAULT, Round, TeacherPrompt, get_prompt
 from eviback.teacher import TeacherPolicy, TeacherStats, Verdict
 
 FILM = Doc("film-1", "Lanterns", "Lanterns is a film directed by Ora Velk.", 2.0)
@@ -388,3 +388,29 @@ def test_diagnostics_lists_confusion_coverage_and_missed_i():
     assert "Missed I (2)" in text and "- `i1/0/1` (i1?): teacher S 'y'" in text
     assert "- `i2/0/1` (i2?): teacher invalid ''" in text
     assert "False I (1)" in text and "- `s2/0/1` gold S (s2?)" in text
+
+
+def test_policy_file_carries_controller_written_instructions(tmp_path):
+    """A policy whose stage A is a controller-written instruction stores the text; reading it in
+    a process that never saw the text registers it again; a changed text is refused."""
+    from eviback.prompts import INSTRUCTIONS, register_instruction
+
+    text = "Only the documents count; say insufficient when a link is missing. Test text."
+    name = register_instruction("A", text)
+    assert name == register_instruction("A", "  " + text + "\n")  # the same text, the same name
+    assert name.startswith("ctl_") and len(name) == 14 and name[4:].isalpha()
+    prompt = TeacherPrompt("A", name)
+    assert text in prompt.text and get_prompt(prompt.id) == prompt
+    policy = TeacherPolicy(prompt.id, STAGE_B_DEFAULT.id)
+    path = tmp_path / "policy.yaml"
+    write_policy_file(path, policy, {"dev": 1.0})
+    assert yaml.safe_load(path.read_text())["written_instructions"] == {f"A:{name}": text}
+    del INSTRUCTIONS["A"][name]  # as in a new process
+    with pytest.raises(ValueError, match="unknown stage-A instruction"):
+        get_prompt(prompt.id)
+    assert read_policy_file(path)[0] == policy and INSTRUCTIONS["A"][name] == text
+    data = yaml.safe_load(path.read_text())
+    data["written_instructions"][f"A:{name}"] = text + " Changed."
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ValueError, match="the text does not match its name"):
+        read_policy_file(path)

@@ -30,6 +30,11 @@ from eviback.oracle import EvidenceOracle
 from eviback.prompts import Round, get_prompt
 
 CITIES = ("Paris", "Rome", "Oslo")
+WRITTEN = {  # what the canned controller writes when asked for instruction texts
+    "A": ["Judge only what the documents state. Written one.",
+          "Be strict: any gap means insufficient. Written two.", ""],
+    "B": ["Check the candidate against the documents. Written three."],
+}  # fmt: skip
 # What the canned controller proposes for stage A: two grid prompts, one invented name, a stage-B
 # prompt, the default again and a repeat (only the first two are kept).
 GRID_A = candidate_grid("A")
@@ -45,6 +50,9 @@ def canned(prompt: str) -> str:
         return CONTROLLER_A
     if prompt.startswith("We tune the stage-B prompt"):
         return "Sorry, I cannot help with naming prompts."
+    if prompt.startswith("We tune the instruction"):  # the controller writes instructions
+        stage = prompt.split("(stage ", 1)[1][0]
+        return "\n".join(f"<instruction>{t}</instruction>" for t in WRITTEN[stage])
     if prompt.startswith("You label evidence"):  # the controller as labeller (NQ rows)
         if "garble" in prompt:
             return "S, I think."
@@ -275,3 +283,31 @@ def test_ape_llm_labelling_needs_a_controller(tmp_path):
     ])  # fmt: skip
     with pytest.raises(ValueError, match="assets.controller_endpoint"):
         run_ape(cfg)
+
+
+def test_ape_with_controller_written_instructions(teacher_url, tmp_path):
+    """The controller writes instruction texts; they are judged beside the grid's prompts, named
+    in the report, and a frozen policy that uses one carries its text."""
+    from eviback.ape_run import controller_written, run_ape
+    from eviback.assets import llm_client
+    from eviback.prompts import INSTRUCTIONS, register_instruction
+
+    url, _ = teacher_url
+    out, cfg = ape_setup(
+        url, tmp_path, f"assets.controller_endpoint={url}", "assets.controller_model=writer",
+        "ape.gated_from_top=1", "ape.repeats=1", "ape.written_a=3", "ape.written_b=1",
+    )  # fmt: skip
+    client = llm_client(url, "writer", cfg.teacher, None)
+    written = controller_written(client, "A", 3)
+    assert [INSTRUCTIONS["A"][p.instruction] for p in written] == WRITTEN["A"][:2]  # "" dropped
+    assert all(p.instruction.startswith("ctl_") and p.show_titles for p in written)
+    assert written[0].instruction == register_instruction("A", WRITTEN["A"][0])  # stable name
+    assert get_prompt(written[0].id) == written[0]
+    run_ape(cfg)
+    report = (out / "report.md").read_text()
+    assert "+ 2 written by the controller; stage B" in report
+    assert "## Instructions written by the controller" in report
+    for p in written:
+        assert p.id in report  # judged on dev
+    policy, _ = read_policy_file(out / "policy.yaml")
+    assert get_prompt(policy.stage_a).show_titles

@@ -190,6 +190,13 @@ class WarmupConfig:
     )
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay", "ge": 0})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clip", "ge": 0})
+    policy_from: str = field(
+        default="",
+        metadata={
+            "help": "take π from this earlier warmup's folder instead of π SFT (μ is still "
+            "trained here): every arm of a comparison starts from one π"
+        },
+    )
     teacher_concurrency: int = field(
         default=16, metadata={"help": "LLM requests in flight", "ge": 1}
     )
@@ -390,6 +397,9 @@ class ArcoConfig:
                 f"rubric.criteria_file: {crit!r} not found; write one criterion a line "
                 "(arco/criteria/tiny.txt is the tiny world's)"
             )
+        src = self.warmup.policy_from
+        if "teacher" in needs and src and not (Path(src) / "arco.json").is_file():
+            problems.append(f"warmup.policy_from: {src!r} has no arco.json; {HOW_TO_GET['warmup']}")
         if "warmup" in needs and not (Path(self.warmup_dir) / "arco.json").is_file():
             problems.append(
                 f"warmup_dir: {self.warmup_dir!r} has no arco.json; {HOW_TO_GET['warmup']}"

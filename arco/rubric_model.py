@@ -159,7 +159,6 @@ def build_arco_model(
     references become copies of the loaded adapters. Without it: fresh adapters (B = 0, so π = μ
     = base) and a fresh head.
     """
-    from peft import load_peft_weights, set_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
     meta = read_meta(init_from) if init_from else {"lora": dict(lora), "k": k}
@@ -169,18 +168,25 @@ def build_arco_model(
     head = ScoreHead(base.config.hidden_size, int(meta["k"]))
     if init_from:
         folder = Path(init_from)
-        for name in TRAINED:
-            state = load_peft_weights(str(folder / "adapters" / name), device="cpu")
-            result = set_peft_model_state_dict(lm, state, adapter_name=name)
-            missing = [m for m in result.missing_keys if f".{name}." in m and "lora_" in m]
-            if missing:
-                raise ValueError(f"{folder}: adapter {name!r} lacks {missing[:3]}...")
+        load_adapters(lm, folder, TRAINED)
         head.load_state_dict(load_file(str(folder / HEAD_FILE)))
     model = ArcoModel(lm, head, spec)
     model.rubric_meta = meta.get("rubric")
     model.sync_references()
     model.use("policy")
     return model
+
+
+def load_adapters(lm: nn.Module, folder: str | Path, names: Sequence[str]) -> None:
+    """The adapters ``names`` of the ARCO folder ``folder`` (``adapters/<name>/``) into ``lm``."""
+    from peft import load_peft_weights, set_peft_model_state_dict
+
+    for name in names:
+        state = load_peft_weights(str(Path(folder) / "adapters" / name), device="cpu")
+        result = set_peft_model_state_dict(lm, state, adapter_name=name)
+        missing = [m for m in result.missing_keys if f".{name}." in m and "lora_" in m]
+        if missing:
+            raise ValueError(f"{folder}: adapter {name!r} lacks {missing[:3]}...")
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:

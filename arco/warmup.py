@@ -5,7 +5,8 @@
                                searches found a supporting document and whether R = 1)
     3. projection             scores onto {Σ_t mean_k = R, [-1, 1]}; unparseable ones dropped
     4. π SFT                  R = 1 trajectories with > 1 step; epoch chosen on held-out
-                               training questions (never the reported dev split)
+                               training questions (never the reported dev split); or π
+                               taken from an earlier warmup (``warmup.policy_from``)
     5. μ SFT                  steps of trajectories with > 1 step whose decomposition holds;
                                token-mean CE on the criteria JSON + EOS + 10 × score MSE
 
@@ -30,7 +31,7 @@ from arco.config import ArcoConfig
 from arco.environment import build_environment
 from arco.losses import rubric_sft_loss
 from arco.projection import decomposition_holds, project_scores
-from arco.rubric_model import ArcoModel, build_arco_model, save_arco
+from arco.rubric_model import ArcoModel, build_arco_model, load_adapters, save_arco
 from arco.rubric_prompt import format_criteria
 from arco.rubrics import RubricItem, rubric_batch
 from arco.steps import Episode, episode_from_trajectory
@@ -399,7 +400,11 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         return evaluate(engine, tokenizer, retriever, select, agent_cfg, adapter="policy")["em"]
 
     report: dict = {"counts": counts, "filter": filter_counts, "collect_s": collect_s}
-    if pi_idx:
+    if w.policy_from:  # one π for every arm of a comparison: the earlier warmup's
+        load_adapters(model.lm, w.policy_from, ["policy"])
+        report["pi_sft"] = {"policy_from": w.policy_from}
+        print(f"[arco warmup] π taken from {w.policy_from} (no π SFT)", flush=True)
+    elif pi_idx:
         report["pi_sft"] = sft_policy(train, [trajs[i] for i in pi_idx], cfg, select_em, logger)
     else:  # e.g. an untrained agent that never answers right: π stays as it is
         report["pi_sft"] = {"skipped": "no trajectory with R = 1 and more than one step"}

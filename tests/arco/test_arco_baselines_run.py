@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_arco_run import CONFIG, overrides
+from test_arco_run import CONFIG, ROOT, overrides
 
 from arco.config import ArcoConfig
 from arco.rubric_model import HEAD_FILE
@@ -81,3 +81,30 @@ def test_outcome_only_is_all_grpo_steps_without_mu(tiny_world, prm_warmed, tmp_p
     ckpt = Path(out["run_dir"]) / "checkpoints" / "step_2"
     for key, t in _adapter(prm_warmed / "warmup", "rubric").items():
         assert torch.equal(t, _adapter(ckpt, "rubric")[key]), key
+
+
+@pytest.mark.slow
+def test_a_variant_warmup_takes_pi_from_another_and_trains_its_own_mu(tiny_world, prm_warmed):
+    """w/o Adaptive's warmup on the PRM warmup's π: π bit for bit, μ for fixed criteria."""
+    from arco.warmup import run_warmup
+
+    src = prm_warmed / "warmup"
+    over = overrides(tiny_world, prm_warmed, backend="hf") + [
+        f"warmup_dir={prm_warmed / 'fixed'}",
+        "rubric.mode=fixed",
+        f"rubric.criteria_file={ROOT / 'arco' / 'criteria' / 'tiny.txt'}",
+        f"warmup.policy_from={src}",
+    ]
+    out = run_warmup(load_config(ArcoConfig, CONFIG, over))
+    for key, t in _adapter(src, "policy").items():
+        assert torch.equal(t, _adapter(out, "policy")[key]), key
+    meta = json.loads((out / "arco.json").read_text())
+    assert meta["k"] == 3 and meta["rubric"]["mode"] == "fixed"
+    report = json.loads((out / "report.json").read_text())
+    assert report["pi_sft"] == {"policy_from": str(src)}
+
+
+def test_policy_from_without_a_warmup_is_a_missing_asset(tiny_world, tmp_path):
+    over = overrides(tiny_world, tmp_path) + [f"warmup.policy_from={tmp_path / 'none'}"]
+    with pytest.raises(FileNotFoundError, match="warmup.policy_from: .* has no arco.json"):
+        load_config(ArcoConfig, CONFIG, over).check_assets(("teacher",))

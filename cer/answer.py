@@ -21,9 +21,13 @@ byte-level tokens; those tokens share the span of the character they complete). 
   answer scored after one solution, so that they compete on equal terms. ``closing`` is ``"}"`` for
   the brace forms (so that ``pi("1" | s)`` is the probability of the answer "1" and not of every
   answer starting with "1"), the terminating character for the space form (``""`` when the text
-  ends there). When the closing is a token of its own there, the last step sums the probability
-  of every token that starts with it (``closing_alternatives``): a model that writes ``"}."`` in
-  one token has closed the box just as well.
+  ends there). When the continuation's last token ends with the closing (``"}"`` alone, or
+  ``"}}"`` merged with the answer's last brace), the last step sums the probability of every token
+  that starts with that token's text (``closing_alternatives``): a model that writes ``"}."`` or
+  ``"}}\\n"`` in one token has closed the box just as well.
+
+An empty box (``\\boxed{}``) is no answer (``answer=None``, reward 0), but its solution is cut
+at the box like any other.
 
 A response without a box still serves as a solution (``solution_split``): all of its text, with the
 tokens after the last visible character (end-of-turn and other special tokens) left out, and
@@ -59,7 +63,7 @@ class BoxSpan:
 class AnswerSplit:
     """A response cut into solution ids, the answer, and what a scored continuation wraps it in.
 
-    ``answer`` is None for a response without a box. ``answer_ids`` and ``closing_ids`` are the
+    ``answer`` is None for a response without a box or with an empty one. ``answer_ids`` and ``closing_ids`` are the
     sampled tokens whose text overlaps the answer and the closing text (a token that also holds
     neighbouring text is included whole).
     """
@@ -199,10 +203,12 @@ def _split_at_box(
     def overlapping(lo: int, hi: int) -> list[int]:
         return [t for g in groups if g[2] < hi and g[3] > lo for t in ids[g[0] : g[1]]]
 
+    answer = text[span.answer_start : span.answer_end]
     return AnswerSplit(
         solution_ids=list(ids[: cut[0]]),
         tail=text[cut[2] : span.answer_start],
-        answer=text[span.answer_start : span.answer_end],
+        # An empty box (``\\boxed{}``, ``\\boxed{ }``) is no answer: reward 0, as in the release.
+        answer=answer if answer.strip() else None,
         answer_ids=overlapping(span.answer_start, span.answer_end),
         closing=text[span.answer_end : span.closing_end],
         closing_ids=overlapping(span.answer_end, span.closing_end),
@@ -215,27 +221,34 @@ def continuation_ids(split: AnswerSplit, answer: str, tokenizer: Any) -> list[in
     return encode_text(tokenizer, split.continuation_text(answer))
 
 
-# (id of the backend tokenizer, text) -> (the backend, kept alive so that its id is not reused;
-# the token ids)
-_STARTING_WITH: dict[tuple[int, str], tuple[Tokenizer, tuple[int, ...]]] = {}
+# id of the backend tokenizer -> (the backend, kept alive so that its id is not reused; each
+# token's text, "" for special tokens)
+_TOKEN_TEXTS: dict[int, tuple[Tokenizer, list[str]]] = {}
+_STARTING_WITH: dict[tuple[int, str], tuple[int, ...]] = {}
+
+
+def _token_texts(backend: Tokenizer) -> list[str]:
+    if id(backend) not in _TOKEN_TEXTS:
+        special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+        texts = [
+            "" if i in special else backend.decode([i])
+            for i in range(backend.get_vocab_size(with_added_tokens=True))
+        ]
+        _TOKEN_TEXTS[id(backend)] = (backend, texts)
+    return _TOKEN_TEXTS[id(backend)][1]
 
 
 def tokens_starting_with(tokenizer: Any, text: str) -> tuple[int, ...]:
     """Ids of every vocabulary token whose text starts with ``text`` (special tokens excluded);
-    computed once per tokenizer and text."""
+    the vocabulary is decoded once per tokenizer, each text's set computed once."""
+    if not text:
+        raise ValueError("tokens_starting_with: empty text")
     backend = backend_tokenizer(tokenizer)
+    texts = _token_texts(backend)
     key = (id(backend), text)
     if key not in _STARTING_WITH:
-        special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
-        _STARTING_WITH[key] = (
-            backend,
-            tuple(
-                i
-                for i in range(backend.get_vocab_size(with_added_tokens=True))
-                if i not in special and backend.decode([i]).startswith(text)
-            ),
-        )
-    return _STARTING_WITH[key][1]
+        _STARTING_WITH[key] = tuple(i for i, t in enumerate(texts) if t.startswith(text))
+    return _STARTING_WITH[key]
 
 
 def closing_alternatives(
@@ -243,14 +256,15 @@ def closing_alternatives(
 ) -> tuple[int, ...] | None:
     """The tokens that close the answer as well as the continuation's last one does, or None.
 
-    When the closing text (``"}"``) is a token of its own at the end of the continuation, any
-    token that starts with it (``"}."``, ``"}$"``, ``"}\n"``, ...) ends the answer the same way:
-    the answer's probability sums over them. When the closing merged with the answer's last
-    characters, or there is none, the continuation is scored as it is.
+    When the continuation's last token ends with the closing text (``"}"`` alone, or merged with
+    the answer's last characters: ``"}}"`` after ``\\frac{1}{2}``, ``")}"`` after ``(A)``, in
+    Qwen's tokenizer), any token that starts with that token's text (``"}."``, ``"}$"``,
+    ``"}}\\n"``, ``")}."``, ...) writes the same answer and closes it the same way: the answer's
+    probability sums over them. Without a closing text the continuation is scored as it is.
     """
     if not split.closing or not continuation:
         return None
-    backend = backend_tokenizer(tokenizer)
-    if backend.decode([continuation[-1]]) != split.closing:
+    last = backend_tokenizer(tokenizer).decode([continuation[-1]])
+    if not last.endswith(split.closing):
         return None
-    return tokens_starting_with(tokenizer, split.closing)
+    return tokens_starting_with(tokenizer, last)

@@ -62,7 +62,11 @@ class RewardConfig:
 
     type: Literal["exact", "rule", "cer", "rule+cer", "verifree"] = field(
         default="cer",
-        metadata={"help": "exact | rule (math-verify / letter) | cer | rule+cer | verifree"},
+        metadata={
+            "help": "exact | rule (math-verify / letter) | cer | rule+cer | verifree (scalar "
+            "pi(a* | own solution), 0 without an answer: a simplification of VeriFree, which "
+            "also trains on the reference answer after the solution)"
+        },
     )
     m: int | None = field(
         default=None,
@@ -83,6 +87,31 @@ class RewardConfig:
     scorer_batch_size: int = field(
         default=64,
         metadata={"help": "rows (prompts, or solutions with their answers) a forward", "ge": 1},
+    )
+
+    m_selection: Literal["per_answer", "first"] = field(
+        default="per_answer",
+        metadata={
+            "help": "with m < G, the m solutions CER averages an answer over: per_answer (the "
+            "release: the first m that produced the answer, then the first others) | first "
+            "(the group's first m, for every answer)"
+        },
+    )
+    math_verifier: Literal["boxed", "last512"] = field(
+        default="boxed",
+        metadata={
+            "help": "the rule on math rows (rule reward, every accuracy): boxed = math-verify on "
+            "the boxed answer | last512 = the release's check, math-verify on the response's "
+            "last 512 characters, no box needed"
+        },
+    )
+    choice_verifier: Literal["letter", "strict"] = field(
+        default="letter",
+        metadata={
+            "help": "the rule on multiple-choice rows: letter = the letter the boxed answer names "
+            "(B, (B), B., \\text{B}) | strict = the release's check, the boxed answer is the "
+            "letter itself"
+        },
     )
 
 
@@ -126,6 +155,14 @@ class EvalConfig:
     )
     max_examples: int = field(default=0, metadata={"help": "per benchmark (0 = all)", "ge": 0})
     out: str = field(default="", metadata={"help": "output folder (default <run_dir>/eval)"})
+    k_by_benchmark: dict[str, int] = field(
+        default_factory=dict,
+        metadata={
+            "help": "benchmark name -> samples per problem instead of k (the paper: one sample "
+            "on mmlu_pro and supergpqa)",
+            "ge": 1,
+        },
+    )
 
 
 @dataclass

@@ -23,7 +23,7 @@ import torch
 
 from cer.config import CERConfig, check_assets
 from cer.data import MathExample, load_math_examples, webinstruct_paper_filter
-from cer.group_reward import is_correct, is_exact, verifier_name
+from cer.group_reward import DEFAULT_RULES, Rules, group_verdicts, is_exact, rules_of, verifier_name
 from cer.prompt import prompt_ids
 from cer.rollout import sample_groups
 from common.rl_loop import build_engine
@@ -66,6 +66,7 @@ def evaluate_problems(
     examples: Sequence[MathExample],
     prompts: Sequence[list[int]],
     params: SamplingConfig,
+    rules: Rules = DEFAULT_RULES,
 ) -> tuple[dict[str, float], list[dict]]:
     """``params.n`` samples per problem: accuracy (rule / letter; mean over all samples, i.e.
     avg@n), pass@n, exact-match accuracy and the share of samples with a boxed answer; and one
@@ -73,7 +74,7 @@ def evaluate_problems(
     groups = sample_groups(engine, tokenizer, examples, prompts, params, group_prefix="eval:")
     rows, right, exact, boxed, passed = [], 0, 0, 0, 0
     for g in groups:
-        verdicts = [is_correct(s.answer, g.example) for s in g.splits]
+        verdicts = group_verdicts(g, tokenizer, rules)
         exacts = [is_exact(s.answer, g.example) for s in g.splits]
         right += sum(verdicts)
         exact += sum(exacts)
@@ -149,15 +150,16 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         examples, prompts = load_problems(path, tokenizer, cfg.max_prompt_tokens)
         if cfg.eval.max_examples:
             examples, prompts = examples[: cfg.eval.max_examples], prompts[: cfg.eval.max_examples]
-        e = cfg.eval
+        e, rules = cfg.eval, rules_of(cfg)
+        k = e.k_by_benchmark.get(name, e.k)
         sampled = SamplingConfig(
-            n=e.k, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, max_tokens=e.max_tokens
+            n=k, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, max_tokens=e.max_tokens
         )
-        metrics, rows = evaluate_problems(engine, tokenizer, examples, prompts, sampled)
-        result = {f"avg@{e.k}": metrics["accuracy"], f"pass@{e.k}": metrics[f"pass@{e.k}"]}
-        result[f"exact_avg@{e.k}"] = metrics["exact_accuracy"]
+        metrics, rows = evaluate_problems(engine, tokenizer, examples, prompts, sampled, rules)
+        result = {f"avg@{k}": metrics["accuracy"], f"pass@{k}": metrics[f"pass@{k}"]}
+        result[f"exact_avg@{k}"] = metrics["exact_accuracy"]
         result["boxed_rate"] = metrics["boxed_rate"]
-        verifiers = sorted({verifier_name(ex) for ex in examples})
+        verifiers = sorted({verifier_name(ex, rules) for ex in examples})
         record: dict[str, Any] = {
             "benchmark": name,
             "file": path,
@@ -166,7 +168,9 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         }
         if e.greedy:
             greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=e.max_tokens)
-            g_metrics, g_rows = evaluate_problems(engine, tokenizer, examples, prompts, greedy)
+            g_metrics, g_rows = evaluate_problems(
+                engine, tokenizer, examples, prompts, greedy, rules
+            )
             result["greedy"] = g_metrics["accuracy"]
             result["greedy_exact"] = g_metrics["exact_accuracy"]
             record["greedy_rows"] = g_rows

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from cer.answer import AnswerSplit
 from cer.data import MathExample
 from cer.reward import cer_from_logprobs, combine_rule_cer, verifree_reward
-from cer.scorer import ScoreFn, group_pairs
-from cer.verifiers import alias_verifier, exact_verifier, letter_verifier, rule_verifier
+from cer.scorer import GroupPairs, ScoreFn, group_pairs
+from cer.verifiers import (
+    alias_verifier,
+    exact_verifier,
+    letter_verifier,
+    release_rule_verifier,
+    rule_verifier,
+    strict_choice_verifier,
+)
 from common.rollout.engine import GeneratedKV
 from common.rollout.trajectory import Trajectory
 
@@ -36,25 +43,68 @@ class Group:
     kvs: list[GeneratedKV | None] | None = None
 
 
-def verifier_name(example: MathExample) -> str:
+@dataclass(frozen=True)
+class Rules:
+    """Which rule checks the math and the multiple-choice rows: ``math`` ``boxed`` (math-verify
+    on the boxed answer) or ``last512`` (the release: math-verify on the response's last 512
+    characters, no box needed); ``choice`` ``letter`` (the letter an answer names) or ``strict``
+    (the release: the boxed answer is the letter itself)."""
+
+    math: Literal["boxed", "last512"] = "boxed"
+    choice: Literal["letter", "strict"] = "letter"
+
+
+DEFAULT_RULES = Rules()
+
+
+def rules_of(cfg: Any) -> Rules:
+    """The ``Rules`` of a ``CERConfig`` (``reward.math_verifier``, ``reward.choice_verifier``)."""
+    return Rules(cfg.reward.math_verifier, cfg.reward.choice_verifier)
+
+
+def verifier_name(example: MathExample, rules: Rules = Rules()) -> str:
     """Which verifier is the rule for ``example``: ``alias`` (its row says ``verifier: alias``:
-    the alias oracle over its ``answer_forms``), ``letter`` (multiple choice) or ``math-verify``."""
+    the alias oracle over its ``answer_forms``), ``letter`` or ``strict-choice`` (multiple
+    choice), ``math-verify`` or ``math-verify-last512``."""
     if example.metadata.get("verifier") == "alias":
         return "alias"
-    return "letter" if example.metadata.get("multiple_choice") else "math-verify"
+    if example.metadata.get("multiple_choice"):
+        return "letter" if rules.choice == "letter" else "strict-choice"
+    return "math-verify" if rules.math == "boxed" else "math-verify-last512"
 
 
-def is_correct(answer: str | None, example: MathExample) -> bool:
-    """The rule verifier (``verifier_name``): the alias oracle for alias rows, letter match for
-    multiple choice, math-verify otherwise."""
+def is_correct(
+    answer: str | None, example: MathExample, response: str | None = None, rules: Rules = Rules()
+) -> bool:
+    """The rule verifier (``verifier_name``): the alias oracle for alias rows, letter match or
+    strict equality for multiple choice, math-verify on the answer or on the response's end
+    (``response``: the decoded response, needed by ``rules.math == "last512"``)."""
+    name = verifier_name(example, rules)
+    if name == "math-verify-last512":
+        if response is None:
+            raise ValueError("is_correct: the last512 math rule needs the response text")
+        return release_rule_verifier(response, example.answer)
     if answer is None:
         return False
-    name = verifier_name(example)
     if name == "alias":
         return alias_verifier(answer, example.metadata["answer_forms"])
     if name == "letter":
         return letter_verifier(answer, example.answer)
+    if name == "strict-choice":
+        return strict_choice_verifier(answer, example.answer)
     return rule_verifier(answer, example.answer)
+
+
+def group_verdicts(group: Group, tokenizer: Any, rules: Rules = Rules()) -> list[bool]:
+    """``is_correct`` for each sample of ``group`` (responses decoded only when the rule reads
+    them)."""
+    texts: list[str | None] = [None] * len(group.splits)
+    if verifier_name(group.example, rules) == "math-verify-last512":
+        texts = [tokenizer.decode(t.response_ids, skip_special_tokens=True) for t in group.trajs]
+    return [
+        is_correct(s.answer, group.example, text, rules)
+        for s, text in zip(group.splits, texts, strict=True)
+    ]
 
 
 def is_exact(answer: str | None, example: MathExample) -> bool:
@@ -63,13 +113,24 @@ def is_exact(answer: str | None, example: MathExample) -> bool:
 
 
 def score_groups(
-    score_fn: ScoreFn, groups: Sequence[Group], tokenizer: Any, m: int | None
+    score_fn: ScoreFn,
+    groups: Sequence[Group],
+    tokenizer: Any,
+    m: int | None,
+    selection: str = "first",
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]]:
     """``score_group`` for every group with a single ``score_fn`` call carrying all pairs (the
     prefix scorer shares each prompt and solution across them; one request for an engine)."""
     pairs = [
-        group_pairs(g.prompt_ids, g.splits, g.example.answer, tokenizer, m, g.kvs) for g in groups
+        group_pairs(g.prompt_ids, g.splits, g.example.answer, tokenizer, m, g.kvs, selection)
+        for g in groups
     ]
+    return _scored(score_fn, pairs)
+
+
+def _scored(
+    score_fn: ScoreFn, pairs: Sequence[GroupPairs]
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]]:
     flat = score_fn(
         [x for p in pairs for x in p.prefixes],
         [x for p in pairs for x in p.continuations],
@@ -89,16 +150,21 @@ def group_rewards(
     score_fn: ScoreFn | None,
     tokenizer: Any,
     m: int | None = None,
+    selection: str = "first",
+    rules: Rules = Rules(),
 ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     """Rewards [N] (N = all samples, group by group) for each of ``types`` (``exact`` and
     ``rule`` always come along: they are cheap and are the accuracy), and the CER summary:
     ``cer/ref_prob_mean`` (mean over groups of mean_j pi(a*|s_j)), ``cer/ref_prob_max`` (mean
-    over groups of max_j), ``cer/distinct_answers`` (per group, mean)."""
+    over groups of max_j), ``cer/distinct_answers`` (per group, mean). With ``m`` < G, CER
+    averages each answer over the ``m`` solutions ``selection`` picks (``select_solutions``)."""
     types = set(types) | {"exact", "rule"}
     samples = [(s.answer, g.example) for g in groups for s in g.splits]
     out = {
         "exact": torch.tensor([float(is_exact(a, ex)) for a, ex in samples]),
-        "rule": torch.tensor([float(is_correct(a, ex)) for a, ex in samples]),
+        "rule": torch.tensor(
+            [float(v) for g in groups for v in group_verdicts(g, tokenizer, rules)]
+        ),
     }
     stats: dict[str, float] = {}
     if not types & set(SCORED_TYPES):
@@ -106,13 +172,29 @@ def group_rewards(
     if score_fn is None:
         raise ValueError(f"reward types {sorted(types & set(SCORED_TYPES))} need a score_fn")
     # VeriFree needs pi(a* | s_k) after every sample's own solution: score all G then.
-    scored = score_groups(score_fn, groups, tokenizer, None if "verifree" in types else m)
-    cer = torch.cat([cer_from_logprobs(r, a, idx, m).float() for r, a, idx, _ in scored])
+    everyone = "verifree" in types
+    pairs = [
+        group_pairs(
+            g.prompt_ids, g.splits, g.example.answer, tokenizer, m, g.kvs, selection, everyone
+        )
+        for g in groups
+    ]
+    scored = _scored(score_fn, pairs)
+    cer = torch.cat(
+        [
+            cer_from_logprobs(r, a, idx, counted=p.counted).float()
+            for (r, a, idx, _), p in zip(scored, pairs, strict=True)
+        ]
+    )
     out["cer"] = cer
     out["rule+cer"] = combine_rule_cer(out["rule"], cer)
-    if "verifree" in types:
-        out["verifree"] = torch.cat([verifree_reward(r).float() for r, _, _, _ in scored])
-    ref_probs = [r[:m].exp() for r, _, _, _ in scored]
+    if everyone:
+        out["verifree"] = torch.cat([verifree_reward(r, idx).float() for r, _, idx, _ in scored])
+    # pi(a*|s_j) over the solutions CER counts (the first m when no sample has an answer)
+    ref_probs = [
+        r[p.counted.any(1) if p.distinct else slice(None, m)].exp()
+        for (r, _, _, _), p in zip(scored, pairs, strict=True)
+    ]
     stats = {
         "cer/ref_prob_mean": torch.stack([p.mean() for p in ref_probs]).mean().item(),
         "cer/ref_prob_max": torch.stack([p.max() for p in ref_probs]).mean().item(),

@@ -7,12 +7,43 @@ from __future__ import annotations
 
 import torch
 
+SELECTIONS = ("per_answer", "first")
+
+
+def select_solutions(
+    answer_of_sample: torch.Tensor, n_answers: int, m: int | None, rule: str = "per_answer"
+) -> torch.Tensor:
+    """Which of a group's G solutions CER averages over for each of its U distinct answers, when
+    only ``m`` of them count: a bool mask [G, U] (all True when ``m`` is None or at least G).
+
+    ``per_answer`` (the public release's choice): for answer u, the first ``m`` solutions that
+    produced u, in sample order, then, when fewer than ``m`` did, the first of the others.
+    ``first``: the first ``m`` solutions of the group for every answer.
+    """
+    if rule not in SELECTIONS:
+        raise ValueError(f"select_solutions: rule must be one of {SELECTIONS}; got {rule!r}")
+    g = answer_of_sample.shape[0]
+    if m is None or m >= g:
+        return torch.ones(g, n_answers, dtype=torch.bool)
+    if m < 1:
+        raise ValueError(f"select_solutions: m must be at least 1 (or None for all); got {m}")
+    mask = torch.zeros(g, n_answers, dtype=torch.bool)
+    if rule == "first":
+        mask[:m] = True
+        return mask
+    for u in range(n_answers):
+        own = [j for j in range(g) if answer_of_sample[j] == u]
+        others = [j for j in range(g) if answer_of_sample[j] != u]
+        mask[(own + others)[:m], u] = True
+    return mask
+
 
 def cer_from_logprobs(
     ref_logp: torch.Tensor,
     answer_logp: torch.Tensor,
     answer_of_sample: torch.Tensor,
     m: int | None = None,
+    counted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CER of each sample of a group, from the scored log probabilities.
 
@@ -21,7 +52,8 @@ def cer_from_logprobs(
 
     with ``L0_j = ref_logp[j] = log pi(a* | s_j)`` and ``Lk_j = answer_logp[j, u_k]``, ``u_k =
     answer_of_sample[k]`` the index of sample k's distinct answer (-1: no answer, reward 0). The
-    sum runs over the first ``m`` solutions (all when None).
+    sum runs over the first ``m`` solutions (all when None), and for answer u over the solutions
+    j with ``counted[j, u]`` only when that bool mask [J, U] is given (``select_solutions``).
 
     Shapes: ref_logp [J], answer_logp [J, U], answer_of_sample [G] (long) -> rewards [G] in
     [0, 1], in ref_logp's dtype. An answer with probability 0 after every solution (all its Lk_j
@@ -45,9 +77,16 @@ def cer_from_logprobs(
         raise ValueError(f"cer_from_logprobs: m must be at least 1 (or None for all); got {m}")
     if torch.isnan(ref_logp).any() or torch.isnan(answer_logp).any():
         raise ValueError("cer_from_logprobs: NaN in the log probabilities")
+    if counted is not None and counted.shape != answer_logp.shape:
+        raise ValueError(
+            f"cer_from_logprobs: counted must be [J, U] = {tuple(answer_logp.shape)}; got "
+            f"{tuple(counted.shape)}"
+        )
     with torch.no_grad():
         l0 = ref_logp[:m].double()  # [J]
         lk = answer_logp[:m].double()  # [J, U]
+        if counted is not None:
+            lk = lk.masked_fill(~counted[:m].to(lk.device), float("-inf"))
         log_num = torch.logsumexp(l0[:, None] + lk, dim=0)  # [U]
         log_den = torch.logsumexp(lk, dim=0)  # [U]
         reachable = log_den > float("-inf")
@@ -60,11 +99,22 @@ def cer_from_logprobs(
     return rewards.to(ref_logp.dtype)
 
 
-def verifree_reward(ref_logp_own: torch.Tensor) -> torch.Tensor:
-    """VeriFree-style baseline: ``r_k = pi(a* | s_k) = exp(ref_logp_own[k])``, the probability of
-    the reference answer after the sample's own solution (``score_group``'s ``ref_logp`` with
-    every solution scored, ``m=None``). Shape [G] -> [G]."""
-    return ref_logp_own.detach().exp().clamp(0.0, 1.0)
+def verifree_reward(
+    ref_logp_own: torch.Tensor, answer_of_sample: torch.Tensor | None = None
+) -> torch.Tensor:
+    """VeriFree's reward as a scalar: ``r_k = pi(a* | s_k) = exp(ref_logp_own[k])``, the
+    probability of the reference answer after the sample's own solution (``score_group``'s
+    ``ref_logp`` with every solution scored, ``m=None``); 0 for a sample without an answer
+    (``answer_of_sample[k] == -1``), as in the release. Shapes [G] -> [G].
+
+    A simplification of the published method: VeriFree also replaces the sample's answer by the
+    reference in the trained sequence and adds the gradient of ``pi(a* | s_k)`` itself (a
+    reward-weighted likelihood term on the reference tokens); here only the reasoning tokens are
+    reinforced, by this reward."""
+    reward = ref_logp_own.detach().exp().clamp(0.0, 1.0)
+    if answer_of_sample is not None:
+        reward = torch.where(answer_of_sample.to(reward.device) >= 0, reward, 0.0)
+    return reward
 
 
 def combine_rule_cer(rule: torch.Tensor, cer: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cer.answer import solution_split
+from cer.config import CERConfig
 from cer.data import MathExample
 from cer.group_reward import Group
 from common.rollout.engine import GenerationEngine, SamplingConfig
@@ -21,6 +22,40 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
     if isinstance(turn, int) and turn != tokenizer.unk_token_id:
         ids.add(turn)
     return sorted(i for i in ids if i is not None)
+
+
+def prompt_seeds(
+    seed: int, step: int, rank: int, world: int, n_prompts: int, group_size: int
+) -> list[int]:
+    """One sampling seed per prompt of a training step on one rank, ``group_size`` apart.
+
+    vLLM seeds sample k of a request with seed ``s + k``: with the seeds spaced ``group_size``
+    apart over (step, rank, prompt), every sample of the run has a seed of its own: the k-th
+    samples of two prompts never share a random stream, nor does step t+1 reuse step t's. The
+    run's ``seed`` moves the whole range (by 2**40 seeds per unit).
+    """
+    if seed < 0 or step < 0 or not 0 <= rank < world:
+        raise ValueError(f"prompt_seeds: bad seed/step/rank {seed}/{step}/{rank} (world {world})")
+    first = (step * world + rank) * n_prompts
+    return [(seed << 40) + (first + i) * group_size for i in range(n_prompts)]
+
+
+def step_sampling(
+    cfg: CERConfig, step: int, rank: int, world: int, n_prompts: int
+) -> SamplingConfig:
+    """The sampling of one training step on one rank: G samples per prompt at the run's
+    temperature, with ``prompt_seeds`` (the HF engine seeds the call with the first)."""
+    seeds = prompt_seeds(cfg.seed, step, rank, world, n_prompts, cfg.group_size)
+    s = cfg.sampling
+    return SamplingConfig(
+        n=cfg.group_size,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        max_tokens=cfg.max_response_tokens,
+        seed=seeds[0],
+        prompt_seeds=seeds,
+    )
 
 
 def sample_groups(

@@ -18,6 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from cer.answer import AnswerSplit, closing_alternatives, continuation_ids
+from cer.reward import select_solutions
 from common.rollout.engine import GeneratedKV
 
 T = TypeVar("T")
@@ -63,6 +64,8 @@ class GroupPairs:
     candidates: list[str]  # the reference first, then the other distinct answers
     distinct: list[str]
     answer_of_sample: torch.Tensor
+    rows: list[int]  # the samples whose solutions are scored, in order
+    counted: torch.Tensor  # [len(rows), U] bool: the solutions CER averages over, per answer
 
     def matrices(
         self, token_logps: list[list[float]]
@@ -85,8 +88,11 @@ def group_pairs(
     tokenizer: Any,
     m: int | None = None,
     kvs: Sequence[GeneratedKV | None] | None = None,
+    selection: str = "first",
+    all_solutions: bool = False,
 ) -> GroupPairs:
-    """The pairs ``score_group`` scores (see there)."""
+    """The pairs ``score_group`` scores (see there); ``all_solutions``: score every solution
+    (VeriFree needs each sample's own) while CER still counts only the selected ones."""
     distinct: list[str] = []
     for split in splits:
         if split.answer is not None and split.answer not in distinct:
@@ -95,11 +101,20 @@ def group_pairs(
         [-1 if s.answer is None else distinct.index(s.answer) for s in splits], dtype=torch.long
     )
     candidates = [reference] + [a for a in distinct if a != reference]
-    solutions = list(splits[:m])
-    pairs = GroupPairs([], [], [], [], len(solutions), candidates, distinct, answer_of_sample)
+    counted = select_solutions(answer_of_sample, len(distinct), m, selection)  # [G, U]
+    if all_solutions:
+        rows = list(range(len(splits)))
+    elif distinct:
+        rows = [j for j in range(len(splits)) if counted[j].any()]
+    else:  # no answer to average for: the first m solutions still give pi(a*|s) statistics
+        rows = list(range(len(splits)))[:m]
+    pairs = GroupPairs(
+        [], [], [], [], len(rows), candidates, distinct, answer_of_sample, rows, counted[rows]
+    )
     # Solutions mostly share their tail ("" or "{"): encode each continuation text once.
     encoded: dict[tuple[str, str], tuple[list[int], tuple[int, ...] | None]] = {}
-    for j, split in enumerate(solutions):
+    for j in rows:
+        split = splits[j]
         prefix = list(prompt_ids) + list(split.solution_ids)
         kv, n = (kvs[j] if kvs is not None else None), len(split.solution_ids)
         for x in candidates:
@@ -123,10 +138,13 @@ def score_group(
     tokenizer: Any,
     m: int | None = None,
     kvs: Sequence[GeneratedKV | None] | None = None,
+    selection: str = "first",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
     """Score one group (one prompt, its G responses split by ``cer.answer.solution_split``).
 
-    For each of the first ``m`` solutions s_j (all when None) the prefix is ``prompt_ids +
+    For each of the first ``m`` solutions s_j (all when None; ``selection="per_answer"``: the
+    solutions ``cer.reward.select_solutions`` picks for any answer, the rows of ``GroupPairs``
+    then say which, and its ``counted`` mask which count for which answer) the prefix is ``prompt_ids +
     s_j.solution_ids`` and the continuations are the reference and every distinct answer (equal
     strings scored once), each as ``continuation_ids(s_j, x)``: tail + x + closing brace. A
     continuation's log probability is the sum of its token logprobs (temperature 1, no length
@@ -139,7 +157,7 @@ def score_group(
     [G] (long; -1 for a response without an answer) and the U distinct answers in order of first
     appearance: the inputs of ``cer.reward.cer_from_logprobs``.
     """
-    p = group_pairs(prompt_ids, splits, reference, tokenizer, m, kvs)
+    p = group_pairs(prompt_ids, splits, reference, tokenizer, m, kvs, selection)
     return p.matrices(score_fn(p.prefixes, p.continuations, p.alternatives, p.generated))
 
 

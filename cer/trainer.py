@@ -30,8 +30,8 @@ import torch
 
 from cer.config import CERConfig, check_assets
 from cer.evaluate import evaluate_problems, load_problems, problem_results
-from cer.group_reward import Group, group_rewards, verifier_name
-from cer.rollout import sample_groups
+from cer.group_reward import Group, group_rewards, rules_of, verifier_name
+from cer.rollout import sample_groups, step_sampling
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rl_loop import (
@@ -102,8 +102,15 @@ def train_cer(cfg: CERConfig) -> dict:
     train_cfg.grad_accum = batch // cfg.loss.micro_batch_size
     run_dir = Path(cfg.run_dir)
     # No resume: a rerun starts at step 0 and replaces what the folder logged.
-    folder = open_run_folder(run_dir, cfg, resume=False)
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
+    # the data (prompt lengths need the tokenizer) before the run folder opens and any model loads
+    a = cfg.assets
+    train_set, train_prompts = load_problems(
+        a.train, tokenizer, cfg.max_prompt_tokens, a.train_format, a.train_filter
+    )
+    dev_set, dev_prompts = load_problems(a.dev, tokenizer, cfg.max_prompt_tokens)
+    dev_set, dev_prompts = dev_set[: cfg.eval_questions], dev_prompts[: cfg.eval_questions]
+    folder = open_run_folder(run_dir, cfg, resume=False)
     model = AutoModelForCausalLM.from_pretrained(cfg.assets.model, dtype=torch.float32)
     # Before the engine wraps the model (and before ZeRO-3 could partition it).
     frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.reward.frozen_scorer else None
@@ -124,24 +131,20 @@ def train_cer(cfg: CERConfig) -> dict:
         and cfg.reward.scorer == "prefix"
         and not (world > 1 and cfg.train.zero_stage == 3)
     )
-    a = cfg.assets
-    train_set, train_prompts = load_problems(
-        a.train, tokenizer, cfg.max_prompt_tokens, a.train_format, a.train_filter
-    )
-    dev_set, dev_prompts = load_problems(a.dev, tokenizer, cfg.max_prompt_tokens)
-    dev_set, dev_prompts = dev_set[: cfg.eval_questions], dev_prompts[: cfg.eval_questions]
     # The rule the dev accuracy is by: math-verify, letter, or the alias oracle (alias task).
-    dev_verifier = "+".join(sorted({verifier_name(ex) for ex in dev_set}))
+    dev_verifier = "+".join(sorted({verifier_name(ex, rules_of(cfg)) for ex in dev_set}))
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
     logger = MetricsLogger(run_dir) if train.is_main else None
     evals: list[dict] = []
-    sampling = cfg.sampling
+    reward_rules = (cfg.reward.m_selection, rules_of(cfg))
 
     def run_eval(step: int) -> None:
         shard = slice(train.rank, None, train.world_size)
         greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=cfg.max_response_tokens)
-        m, rows = evaluate_problems(engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy)
+        m, rows = evaluate_problems(
+            engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy, rules_of(cfg)
+        )
         m = all_ranks_mean(m, len(dev_set[shard]))
         m["correct"] = m["accuracy"]  # the per-problem field's name: common.compare's curves
         # Every rank's rows, in dev order (a collective: every rank calls it).
@@ -163,14 +166,7 @@ def train_cer(cfg: CERConfig) -> dict:
         t_step = time.perf_counter()
         base = ((step - 1) * train.world_size + train.rank) * rank_b
         idx = [order[(base + i) % len(order)] for i in range(rank_b)]
-        params = SamplingConfig(
-            n=cfg.group_size,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_tokens=cfg.max_response_tokens,
-            seed=cfg.seed * 100003 + step,
-        )
+        params = step_sampling(cfg, step, train.rank, train.world_size, len(idx))
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         if reuse_kv:  # the scorer continues from the samples' own caches
@@ -188,7 +184,7 @@ def train_cer(cfg: CERConfig) -> dict:
         timings["generate"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         rewards, cer_stats = group_rewards(
-            [cfg.reward.type], groups, score_fn, tokenizer, cfg.reward.m
+            [cfg.reward.type], groups, score_fn, tokenizer, cfg.reward.m, *reward_rules
         )
         timings["reward"] = time.perf_counter() - t0
         trajs = [t for g in groups for t in g.trajs]
@@ -198,7 +194,7 @@ def train_cer(cfg: CERConfig) -> dict:
         # vLLM scorer is collective under several ranks).
         shown = groups[: cfg.samples_per_step]
         shown_rewards, shown_stats = group_rewards(
-            ALL_TYPES, shown, score_fn, tokenizer, cfg.reward.m
+            ALL_TYPES, shown, score_fn, tokenizer, cfg.reward.m, *reward_rules
         )
         upd = update_and_push(
             train, engine, trajs, adv, cfg.loss, cfg.engine, tokenizer.pad_token_id, timings

@@ -1,8 +1,9 @@
 """Answer verifiers: exact (normalised string), rule (math-verify), multiple-choice letter and the
-alias oracle (any of a row's listed answer forms).
+alias oracle (any of a row's listed answer forms); and the public release's two checks: math-verify
+on the last 512 characters of the response (no box needed) and strict multiple-choice equality.
 
-Each takes the extracted answer string and the gold and returns a bool; none ever raises on
-malformed input (a model writes anything).
+Each takes the extracted answer string (the release's math check: the response) and the gold and
+returns a bool; none ever raises on malformed input (a model writes anything).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
 RULE_TIMEOUT_S = 5
+RELEASE_TAIL_CHARS = 512  # the release's math check reads the response's last 512 characters
 _DOLLARS = re.compile(r"^\$+|\$+$")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|boxed)\{(.*)\}", re.DOTALL)
 _LATEX_SPACING = re.compile(r"\\[,!;: ]|\\left|\\right|\s+")
@@ -51,10 +53,21 @@ def rule_verifier(answer: str, gold: str) -> bool:
     thread can use, so in other threads it runs without one. Any failure (unparsable input,
     time-out, an error inside sympy) counts as not verified.
     """
+    return _math_verify(_boxed(gold), _boxed(answer))
+
+
+def release_rule_verifier(response: str, gold: str) -> bool:
+    """The release's rule check: math-verify on the last ``RELEASE_TAIL_CHARS`` characters of the
+    whole response (math-verify's own extraction: the last boxed or ``$…$`` expression, or a bare
+    number; no box required), gold first. Limits and failures as in ``rule_verifier``."""
+    return _math_verify(_boxed(gold), response[-RELEASE_TAIL_CHARS:])
+
+
+def _math_verify(gold_text: str, answer_text: str) -> bool:
     timeout = RULE_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     try:
-        gold_parsed = parse(_boxed(gold), parsing_timeout=timeout)
-        answer_parsed = parse(_boxed(answer), parsing_timeout=timeout)
+        gold_parsed = parse(gold_text, parsing_timeout=timeout)
+        answer_parsed = parse(answer_text, parsing_timeout=timeout)
         if not gold_parsed or not answer_parsed:
             return False
         return bool(verify(gold_parsed, answer_parsed, timeout_seconds=timeout))
@@ -81,6 +94,12 @@ def letter_verifier(answer: str, gold_letter: str) -> bool:
     the data, e.g. ``"C"``)."""
     letter = extract_letter(answer)
     return letter is not None and letter == gold_letter.strip().upper()
+
+
+def strict_choice_verifier(answer: str, gold_letter: str) -> bool:
+    """The release's multiple-choice check: the boxed answer is the gold letter itself (surrounding
+    whitespace aside); ``(B)``, ``B.`` or ``\\text{B}`` do not count."""
+    return answer.strip() == gold_letter.strip()
 
 
 def normalize_alias(answer: str) -> str:

@@ -25,6 +25,26 @@ class SamplingConfig:
     stop: list[str] = field(default_factory=list, metadata={"help": "stop strings, kept in output"})
     stop_token_ids: list[int] = field(default_factory=list, metadata={"help": "extra stop ids"})
     seed: int | None = field(default=None, metadata={"help": "per-call seed (GPU vLLM and HF)"})
+    prompt_seeds: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "one seed per prompt, for GPU vLLM (sample k of prompt i: prompt_seeds[i] + "
+            "k); instead of seed there, where every prompt's sample k would share seed + k"
+        },
+    )
+
+
+def request_seeds(params: SamplingConfig, n_prompts: int) -> list[int | None]:
+    """The seed each prompt's request carries: ``params.prompt_seeds`` when given (one per prompt),
+    else ``params.seed`` for every prompt."""
+    if params.prompt_seeds is None:
+        return [params.seed] * n_prompts
+    if len(params.prompt_seeds) != n_prompts:
+        raise ValueError(
+            f"SamplingConfig.prompt_seeds has {len(params.prompt_seeds)} seeds for {n_prompts} "
+            "prompts"
+        )
+    return list(params.prompt_seeds)
 
 
 @dataclass

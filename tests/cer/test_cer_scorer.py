@@ -138,7 +138,12 @@ def test_score_group(tiny_qwen3, char_tokenizer):
 
     def score_fn(prefixes, continuations, last_alternatives=None, generated=None):
         calls.append(len(prefixes))
-        assert last_alternatives == [None] * len(prefixes)  # "}" merged with the answer here
+        # "}" merged with the answer's last character ("2}"): every token starting with that
+        # token's text closes the same answer (here only the token itself)
+        assert last_alternatives == [
+            tokens_starting_with(tok, tok.decode([c[-1]])) for c in continuations
+        ]
+        assert all(len(a) == 1 for a in last_alternatives)
         assert generated == [None] * len(prefixes)  # no generation cache given
         return hf_prefix_scorer(model)(prefixes, continuations, last_alternatives)
 

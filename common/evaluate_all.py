@@ -303,7 +303,9 @@ def file_digest(path: str) -> str | None:
 
 
 def cache_dir(out: Path, run: Run) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9_.+-]+", "_", run.name).strip("_") or "run"
+    where = run.path.resolve()
+    where = where.relative_to(Path.cwd()) if where.is_relative_to(Path.cwd()) else where
+    slug = re.sub(r"[^A-Za-z0-9_.+-]+", "_", str(where)).strip("_") or "run"
     return out / "cache" / f"{slug}-{fingerprint(run)}"
 
 
@@ -829,7 +831,8 @@ def evaluate_all(
     plots: bool = True,
 ) -> dict[str, Any]:
     """Discover, recognise, evaluate (or read from the cache) and report; returns the report."""
-    root = Path(paths[0]).resolve() if len(paths) == 1 else None
+    one = Path(paths[0]) if len(paths) == 1 else None  # names relative to it, else to the cwd
+    root = one.resolve() if one and not (one / "config.yaml").is_file() else None
     runs = [load_run(p.resolve(), root, step) for p in discover(paths, exclude=out)]
     print(
         f"[eval-all] {len(runs)} run folder(s); {sum(r.problem is None for r in runs)} to evaluate",

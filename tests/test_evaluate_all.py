@@ -4,6 +4,7 @@ the paired intervals against hand-computed values, the cache, a failing evaluato
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -299,3 +300,41 @@ def test_published_tables_are_whole_and_matched_only_on_the_same_setting(tmp_pat
     assert match["published"] == 0.399 and match["measured"]["value"] == 0.5
     text = (tmp_path / "eval" / "results.md").read_text()
     assert "| paper | nq | f1 | 0.500 [0.500, 0.500] | 0.399 (published) |" in text
+
+
+@pytest.mark.slow
+def test_a_real_grpo_run_is_evaluated_once(tmp_path, tiny_world):
+    """The worker in its subprocess: a GRPO run folder over 12 test questions of the tiny world
+    (its checkpoint: the world's model), a real vLLM engine and BM25; the second call reads the
+    cache."""
+    world = tmp_path / "world"
+    world.mkdir()
+    lines = (Path(tiny_world) / "test.jsonl").read_text().splitlines()[:12]
+    (world / "test.jsonl").write_text("\n".join(lines) + "\n")
+    (world / "corpus.jsonl").symlink_to(Path(tiny_world) / "corpus.jsonl")
+    run = tmp_path / "runs" / "grpo"
+    cfg = load_config(GRPOConfig, ROOT / "common/configs/grpo_tiny.yaml",
+                      [f"world={world}", f"run_dir={run}", "model=''"])  # fmt: skip
+    dump_config(cfg, run / "config.yaml")
+    ckpt = run / "checkpoints" / "step_1"
+    shutil.copytree(Path(tiny_world) / "model", ckpt)
+    (ckpt / "COMPLETE").write_text("")
+    out = tmp_path / "eval"
+    report = evaluate_all([tmp_path / "runs"], out, subprocess_evaluator(), resamples=200,
+                          project_root=ROOT, plots=False)  # fmt: skip
+    (row,) = report["runs"]
+    assert row["problem"] is None, row["problem"]
+    bench = row["benchmarks"]["tiny_test"]
+    (record_file,) = out.glob("cache/*/record.json")
+    rows = json.loads(record_file.read_text())["benchmarks"]["tiny_test"]["rows"]
+    assert bench["n"] == 12 == len(rows)
+    # load_qa names each question by its file: test:<id>, in the file's order
+    assert [r["id"] for r in rows] == [f"test:{json.loads(line)['id']}" for line in lines]
+    assert bench["metrics"]["em"]["value"] == pytest.approx(sum(r["em"] for r in rows) / 12)
+    again = evaluate_all([tmp_path / "runs"], out, _refuse, resamples=200, project_root=ROOT,
+                         plots=False)  # fmt: skip
+    assert again["runs"][0]["benchmarks"] == report["runs"][0]["benchmarks"]
+
+
+def _refuse(run, folder):
+    raise AssertionError(f"{run.name} evaluated again")

@@ -160,8 +160,6 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         if cfg.retrieval_url
         else BM25Retriever.from_corpus(cfg.path("corpus"))
     )
-    train_set = load_qa(cfg.path("train"))
-    dev_set = load_qa(cfg.path("dev"))[: cfg.eval_questions]
     rng = random.Random(cfg.seed)
     order = list(range(len(train_set)))
     rng.shuffle(order)

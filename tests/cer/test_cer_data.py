@@ -210,3 +210,26 @@ def test_hub_offline_is_a_clear_error():
     assert run.returncode == 0, run.stderr
     assert "cannot load hf://nobody-here/no-such-set@train from the Hugging Face hub" in run.stdout
     assert "point to a local file" in run.stdout
+
+
+def test_cli_reports_a_bad_data_file_before_any_model_loads(tmp_path, capsys, char_tokenizer):
+    from cer.cli import main
+
+    model = tmp_path / "model"
+    char_tokenizer.save_pretrained(model)
+    (model / "config.json").write_text("{}")  # no model: loading one would fail otherwise
+    good = {"problem": "p", "answer": "1"}
+    bad = _write(tmp_path, [good, {"problem": "q"}])
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text(json.dumps(good) + "\n")
+    run_dir = tmp_path / "run"
+    argv = [
+        f"assets.model={model}",
+        f"assets.train={bad}",
+        f"assets.dev={dev}",
+        f"run_dir={run_dir}",
+    ]
+    assert main(["train", "--config", "cer/configs/tiny.yaml", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"error: {bad}, line 2: missing field 'answer'\n" and out == ""
+    assert not run_dir.exists()  # the data is read before the run folder opens

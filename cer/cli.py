@@ -1,4 +1,4 @@
-"""The CER command line: ``python -m cer {build-tiny,warmup,train,eval}``.
+"""The `cer` command (or ``python -m cer``): ``cer {build-tiny,warmup,train,eval}``.
 
     python -m cer build-tiny --out runs/cer/tiny/task [--seed 0] [--task alias|arithmetic]
     python -m cer warmup --config cer/configs/tiny.yaml [key=value ...]
@@ -22,7 +22,9 @@ DEFAULT_CONFIG = "cer/configs/tiny.yaml"
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m cer", description="CER: " + __doc__.split("\n")[0]
+        prog="cer",
+        description="CER: RL with the conditional expectation reward (tiny task, warm start, "
+        "training, evaluation).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build-tiny", help="write the tiny task, tokenizer and model")

@@ -117,7 +117,9 @@ def describe_config(cls: type) -> str:
         (k, _type_name(t), range_text(f), d, f.metadata.get("help", ""))
         for k, t, f, d in _leaves(cls, "")
     ]
-    widths = [max((len(r[i]) for r in rows), default=0) for i in range(4)]
+    # a long type (a Literal of many choices) overflows its own row instead of widening them all
+    caps = (48, 32, 12, 24)
+    widths = [min(max((len(r[i]) for r in rows), default=0), caps[i]) for i in range(4)]
     return "\n".join(
         ("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]).rstrip()
         for r in rows

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from arco.config import ArcoConfig
-from common.config import ConfigError, describe_config, load_config
+from arco.variants import load_variant
+from common.config import ConfigError, describe_config
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "tiny.yaml")
 HELPS = {
@@ -37,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         p.add_argument("--config", default=DEFAULT_CONFIG, help=f"YAML (default {DEFAULT_CONFIG})")
+        p.add_argument(
+            "--variant",
+            default=None,
+            help="an ablation or baseline from arco/configs/variants/ (e.g. prm, wo_prefix) "
+            "applied to the config; its run_dir and warmup_dir follow the config's",
+        )
         p.add_argument("overrides", nargs="*", help="dotted key=value")
         if name == "diagnose":
             p.add_argument(
@@ -51,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        cfg = load_config(ArcoConfig, args.config, args.overrides)
+        cfg = load_variant(args.config, args.overrides, args.variant)
         if args.command == "warmup":
             from arco.warmup import run_warmup
 

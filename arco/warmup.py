@@ -329,6 +329,13 @@ def _load_adapter_state(model: ArcoModel, state: dict[str, torch.Tensor]) -> Non
         params[n].copy_(t)
 
 
+def teacher_cache(cfg: ArcoConfig) -> Path:
+    """The LLM teacher's cache (one file per request, keyed by its content): the warmup's own, or
+    with ``warmup.policy_from`` that warmup's, so a variant's warmup replays the teacher's play
+    and annotation without paying for them again (new requests, e.g. for another K, are added)."""
+    return Path(cfg.warmup.policy_from or cfg.warmup_dir) / "teacher_cache"
+
+
 def run_warmup(cfg: ArcoConfig) -> Path:
     """The whole warmup; returns ``warmup_dir``."""
     from transformers import AutoTokenizer
@@ -378,7 +385,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         )
     else:
         trajs, episodes, annotations, counts = collect_llm(
-            cfg, tokenizer, retriever, agent_cfg, played, out / "teacher_cache"
+            cfg, tokenizer, retriever, agent_cfg, played, teacher_cache(cfg)
         )
     collect_s = time.perf_counter() - t0
     pi_idx, mu_idx, filter_counts = project_and_filter(episodes, annotations, w.decomposition_tol)

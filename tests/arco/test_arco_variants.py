@@ -1,0 +1,84 @@
+"""The ablation and baseline variants (arco/configs/variants/) over every shipped config: each
+changes exactly its keys, its run folder and warmup follow the base config's, and the paper
+configs' values are kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from arco.rubric_prompt import read_criteria_file
+from arco.variants import load_variant, variant_names, variant_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted(
+    p for p in (ROOT / "arco" / "configs").glob("*.yaml") if not p.name.startswith("compare")
+)
+PAPER = [p for p in CONFIGS if p.name != "tiny.yaml"]
+
+# variant -> (method, rubric mode, prefix, k, frozen μ, KL direction, own warmup suffix)
+EXPECTED = {
+    "outcome_only": ("outcome_only", "adaptive", "before", 3, True, "forward", None),
+    "prm": ("prm", "none", "before", 3, True, "forward", "_none"),
+    "wo_rubric": ("arco", "none", "before", 3, False, "forward", "_none"),
+    "wo_adaptive": ("arco", "fixed", "before", 3, False, "forward", "_fixed"),
+    "wo_prefix": ("arco", "adaptive", "none", 3, False, "forward", "_noprefix"),
+    "frozen_mu": ("arco", "adaptive", "before", 3, True, "forward", None),
+    "release": ("arco", "adaptive", "after", 3, False, "reverse", None),
+    **{
+        f"k{k}": ("arco", "adaptive", "before", k, False, "forward", f"_k{k}") for k in (1, 2, 4, 5)
+    },
+}
+
+
+def test_every_variant_file_is_expected_here():
+    assert variant_names() == sorted(EXPECTED)
+    assert len(PAPER) == 6  # Qwen3-4B and Llama-3.2-3B × HotpotQA, 2Wiki, MuSiQue
+
+
+@pytest.mark.parametrize("variant", sorted(EXPECTED))
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.stem)
+def test_variant_over_config(config, variant):
+    base = load_variant(config, [], None)
+    c = load_variant(config, [], variant)
+    method, mode, prefix, k, frozen, kl, warm = EXPECTED[variant]
+    assert (c.method, c.rubric.mode, c.rubric.prefix, c.rubric.k) == (method, mode, prefix, k)
+    assert (c.rl.freeze_rubric, c.rl.kl_direction) == (frozen, kl)
+    assert c.rl.invalid_bucket == (variant != "release")
+    assert c.run_dir == f"{base.run_dir}/{variant}"
+    if warm is None:
+        assert c.warmup_dir == base.warmup_dir and c.warmup.policy_from == ""
+    else:  # its own μ warmup on the base warmup's π
+        assert c.warmup_dir == base.warmup_dir + warm
+        assert c.warmup.policy_from == base.warmup_dir
+    if mode == "fixed":
+        assert len(read_criteria_file(str(ROOT / c.rubric.criteria_file), c.rubric.k)) == k
+    # everything else is the base config's: the paper's values stay
+    assert (c.assets, c.env, c.agent, c.lora) == (base.assets, base.env, base.agent, base.lora)
+    assert c.steps == base.steps and c.rl.pi_lr_sparse == base.rl.pi_lr_sparse
+    if variant == "outcome_only":
+        assert (c.rl.sparse_steps, c.rl.dense_steps) == (base.steps, 0)
+    else:
+        assert (c.rl.sparse_steps, c.rl.dense_steps) == (base.rl.sparse_steps, base.rl.dense_steps)
+
+
+def test_command_line_keys_win_and_placeholders_follow_them():
+    cfg = ROOT / "arco" / "configs" / "qwen3_4b_hotpotqa.yaml"
+    c = load_variant(cfg, ["run_dir=runs/x", "rubric.k=4"], "wo_prefix")
+    assert c.run_dir == "runs/x" and c.rubric.k == 4 and c.rubric.prefix == "none"
+    over = variant_overrides("prm", load_variant(cfg, ["warmup_dir=w"], None))
+    assert over == ['method="prm"', f'run_dir="{load_variant(cfg, [], None).run_dir}/prm"',
+                    'warmup_dir="w_none"', 'warmup.policy_from="w"']  # fmt: skip
+    with pytest.raises(ValueError, match="--variant nope: no .* choose one of"):
+        load_variant(cfg, [], "nope")
+
+
+def test_a_variant_warmup_replays_the_base_warmups_teacher_cache():
+    from arco.warmup import teacher_cache
+
+    cfg = ROOT / "arco" / "configs" / "llama3.2_3b_musique.yaml"
+    base = load_variant(cfg, [], None)
+    assert teacher_cache(base) == Path(base.warmup_dir) / "teacher_cache"
+    for variant in ("prm", "wo_adaptive", "k5"):  # content-keyed: the same requests cost nothing
+        assert teacher_cache(load_variant(cfg, [], variant)) == teacher_cache(base)

@@ -509,7 +509,8 @@ def _eval_cer(cfg: Any, model: str, out: Path) -> dict[str, Any]:
             if r["id"] in greedy:
                 row["greedy"] = float(greedy[r["id"]])
             rows.append(row)
-        benchmarks[name] = {"file": record["file"], "rows": rows, "k": cfg.eval.k}
+        k = len(record["sampled_rows"][0]["correct"]) if record["sampled_rows"] else cfg.eval.k
+        benchmarks[name] = {"file": record["file"], "rows": rows, "k": k}
     return benchmarks
 
 

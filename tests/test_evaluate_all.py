@@ -23,6 +23,7 @@ from common.evaluate_all import (
     metric_value,
     subprocess_evaluator,
 )
+from common.evaluate_plots import benchmark_bars
 from common.search_grpo import GRPOConfig
 from common.warmstart import WarmStartConfig
 from eviback.config import EviBackConfig
@@ -338,3 +339,17 @@ def test_a_real_grpo_run_is_evaluated_once(tmp_path, tiny_world):
 
 def _refuse(run, folder):
     raise AssertionError(f"{run.name} evaluated again")
+
+
+def test_plots_bars_per_benchmark_and_curves_on_one_page(tmp_path):
+    runs, out = _runs(tmp_path), tmp_path / "eval"
+    rows = [{"step": 0, "dev/em": 0.1}, {"step": 10, "dev/em": 0.3}, {"step": 10, "loss": 1.0}]
+    (runs / "grpo/s0/metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = evaluate_all([runs], out, FakeEvaluator(), resamples=200, project_root=ROOT)
+    bars = benchmark_bars(report)["tiny_test"]
+    # the headline metrics of each kind; ARCO's failed run has no bar
+    assert set(bars) == {"em", "f1", "greedy", "avg@k"}
+    assert [b[0] for b in bars["greedy"]] == ["cer/cer", "cer/exact", "cer/warmup"]
+    assert ("eviback/tiny", 0.5, 0.0, 1.0) in bars["em"]
+    assert (out / "bench_tiny_test.png").stat().st_size > 0
+    assert (out / "curves.png").stat().st_size > 0

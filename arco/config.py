@@ -112,7 +112,7 @@ class RubricConfig:
             "RL bug), none (w/o-Prefix ablation)"
         },
     )
-    mode: str = field(
+    mode: Literal["adaptive", "fixed", "none"] = field(
         default="adaptive",
         metadata={
             "help": "adaptive: μ writes K criteria per step (ARCO); fixed: the K criteria of "
@@ -306,7 +306,7 @@ class ArcoConfig:
         default="runs/arco/tiny/warmup", metadata={"help": "warmup output (adapters + head)"}
     )
     run_dir: str = field(default="runs/arco/tiny", metadata={"help": "RL output folder"})
-    method: str = field(
+    method: Literal["arco", "outcome_only", "prm"] = field(
         default="arco",
         metadata={
             "help": "arco; outcome_only (every RL step a GRPO step on EM, no μ: the Search-R1 "

@@ -133,6 +133,8 @@ def test_range_text_and_describe_show_the_range() -> None:
         (CERConfig, "loss.aggregation=sum", "loss.aggregation"),
         (ArcoConfig, "env.protocol=bogus", "env.protocol"),
         (ArcoConfig, "rl.kl_direction=sideways", "rl.kl_direction"),
+        (ArcoConfig, "method=grpo", "method"),
+        (ArcoConfig, "rubric.mode=dense", "rubric.mode"),
         (WarmStartConfig, "steps=0", "steps"),
     ],
 )

@@ -507,6 +507,26 @@ def test_build_refuses_a_foreign_folder(tmp_path: Path) -> None:
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"model_sizes": {"hidden_size": 0}}, "model sizes must be integers >= 1: hidden_size=0"),
+        (
+            {"model_sizes": {"num_key_value_heads": 3}},
+            "num_attention_heads \\(4\\) must be a multiple",
+        ),
+        ({"model_sizes": {"width": 8}}, "unknown model size"),
+        ({"seed": -1}, "seed must be >= 0"),
+        ({"splits": SplitSizes(train=0)}, "SplitSizes.train must be at least 1"),
+    ],
+)
+def test_bad_build_options_fail_before_any_work(tmp_path: Path, options, message) -> None:
+    """A model with a zero-width layer used to be built and saved without complaint."""
+    with pytest.raises(ValueError, match=message):
+        build_world(tmp_path / "w", **{"seed": 0, "sizes": SMALL, **options})
+    assert not (tmp_path / "w").exists() and list(tmp_path.iterdir()) == []
+
+
 def test_cli_show_and_errors(built: Path) -> None:
     text = describe(built)
     assert "people           600" in text and "test: 500 questions" in text

@@ -49,6 +49,26 @@ def _log(message: str, start: float) -> None:
     print(f"[tinyworld {time.perf_counter() - start:5.1f}s] {message}", flush=True)
 
 
+def check_model_sizes(sizes: dict[str, int]) -> None:
+    """Raise ``ValueError`` unless every size is a known name with a value >= 1 and the attention
+    heads are a multiple of the key-value heads (grouped-query attention)."""
+    unknown = sorted(set(sizes) - set(DEFAULT_MODEL_SIZES))
+    if unknown:
+        raise ValueError(f"unknown model size(s) {unknown}; known: {sorted(DEFAULT_MODEL_SIZES)}")
+    bad = [
+        f"{k}={v!r}"
+        for k, v in sizes.items()
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1
+    ]
+    if bad:
+        raise ValueError(f"model sizes must be integers >= 1: {', '.join(bad)}")
+    if sizes["num_attention_heads"] % sizes["num_key_value_heads"]:
+        raise ValueError(
+            f"num_attention_heads ({sizes['num_attention_heads']}) must be a multiple of "
+            f"num_key_value_heads ({sizes['num_key_value_heads']})"
+        )
+
+
 def build_world(
     out: str | Path,
     seed: int = 0,
@@ -68,6 +88,12 @@ def build_world(
     start = time.perf_counter()
     sizes = sizes or WorldSizes()
     splits = splits or SplitSizes()
+    # every option is checked before any work: a bad one costs nothing and writes nothing
+    sizes.validate()
+    splits.validate()
+    check_model_sizes({**DEFAULT_MODEL_SIZES, **(model_sizes or {})})
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
         raise FileExistsError(f"{out} exists and is not a tiny-world build (no {MANIFEST_FILE})")

@@ -18,11 +18,13 @@ The teacher is always a model behind ``assets.teacher_endpoint``: judging prompt
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from common.data import QAExample
 from common.llm_client import LLMClient
 from eviback.ape import (
     BenchmarkRow,
@@ -41,7 +43,7 @@ from eviback.ape import (
     write_benchmark,
     write_policy_file,
 )
-from eviback.assets import build_retriever, llm_client, load_questions
+from eviback.assets import build_retriever, llm_client, select_questions
 from eviback.config import EviBackConfig
 from eviback.oracle import EvidenceOracle
 from eviback.prompts import (
@@ -76,7 +78,7 @@ def rollout_benchmark(
     from common.rollout import run_agent
 
     a = cfg.assets
-    examples = load_questions(a.train_files, {}, cfg.seed)[: cfg.ape.questions]
+    examples = ape_questions(cfg)
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     model = None
     if cfg.engine.backend == "hf":
@@ -88,6 +90,14 @@ def rollout_benchmark(
     oracle = EvidenceOracle(cfg.teacher.top_m)
     llm = None if labeller is None else llm_labeller(labeller, cfg.teacher.top_m)
     return label_rollouts(trajs, {ex.id: ex for ex in examples}, oracle.label, llm)
+
+
+def ape_questions(cfg: EviBackConfig) -> list[QAExample]:
+    """``ape.questions`` training questions, a seeded draw from the training set (quotas applied,
+    ``select_questions``), so that every source is represented (the first rows of the files
+    would all be NQ's at paper scale, which has no supporting facts)."""
+    train = select_questions(cfg.assets, "train", cfg.seed)
+    return random.Random(f"ape:{cfg.seed}").sample(train, min(cfg.ape.questions, len(train)))
 
 
 def llm_labeller(client: LLMClient, top_m: int = 5):

@@ -311,3 +311,21 @@ def test_ape_with_controller_written_instructions(teacher_url, tmp_path):
         assert p.id in report  # judged on dev
     policy, _ = read_policy_file(out / "policy.yaml")
     assert get_prompt(policy.stage_a).show_titles
+
+
+def test_ape_questions_come_from_every_source(tmp_path):
+    """A seeded draw over the training set (not the first rows of the first file, which at paper
+    scale would all be NQ's)."""
+    from eviback.ape_run import ape_questions
+
+    files = flashrag_files(tmp_path)
+    cfg = load_config(EviBackConfig, DEFAULT_CONFIG, [
+        f"assets.train_files={{{', '.join(f'{k}: {v}' for k, v in files.items())}}}",
+        "ape.questions=8",
+    ])  # fmt: skip
+    got = ape_questions(cfg)
+    assert len(got) == 8 == len({ex.id for ex in got})
+    assert len({ex.id.split(":")[0] for ex in got}) >= 3  # 8 of 12, at most 3 per source
+    assert [ex.id for ex in got] == [ex.id for ex in ape_questions(cfg)]
+    cfg.ape.questions = 50
+    assert len(ape_questions(cfg)) == 12

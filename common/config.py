@@ -219,6 +219,14 @@ class _Context:
         below = [s for k, s in self.sources.items() if k.startswith(key.split("[")[0] + ".")]
         return self._name(below[-1]) if below else "defaults"
 
+    def where_section(self, key: str) -> str:
+        """Every source that set a key of section ``key`` ("" = all): a check across its keys
+        may be failed by any of them."""
+        found = {s for k, s in self.sources.items() if not key or k.startswith(key + ".")}
+        names = [self._name(s) for s in sorted(found - {COMMAND_LINE})]
+        names += [self._name(COMMAND_LINE)] if COMMAND_LINE in found else []
+        return " and ".join(names) or "defaults"
+
     @staticmethod
     def _name(source: str) -> str:
         return f"the {source}" if source == COMMAND_LINE else f"file {source}"
@@ -319,7 +327,9 @@ def _build(cls: type, value: Any, key: str, ctx: _Context) -> Any:
     try:
         return cls(**kwargs)
     except ValueError as e:  # a __post_init__ check
-        raise ConfigError(f"config section {key or '<top level>'!r}: {e}") from None
+        raise ConfigError(
+            f"config section {key or '<top level>'!r} (from {ctx.where_section(key)}): {e}"
+        ) from None
 
 
 def _default(f: dataclasses.Field) -> Any:

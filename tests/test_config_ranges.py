@@ -162,8 +162,20 @@ def test_eval_every_zero_is_accepted_and_its_help_says_never(cls) -> None:
     ],
 )
 def test_cross_field_checks_fail_at_build(cls, overrides, match) -> None:
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ConfigError, match=match) as e:
         load_config(cls, overrides=overrides)
+    assert "(from the command line)" in str(e.value)
+
+
+def test_a_cross_field_error_names_every_source_of_the_section(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("n: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(GRPOConfig, path, ["questions_per_step=5"])
+    assert str(e.value).startswith(
+        f"config section '<top level>' (from file {path} and the command line): "
+        "questions_per_step*n = 15 is not a multiple of loss.micro_batch_size = 16"
+    )
 
 
 def _number_fields():

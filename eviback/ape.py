@@ -148,11 +148,13 @@ def label_rollouts(
     """Benchmark rows: the oracle labels the questions with supporting facts; the others are
     labelled by ``llm`` (one batch; a row whose verdict is invalid is dropped, counted) or, with
     no ``llm``, left out, counted. Returns the rows and the counts."""
-    known = [t for t in trajectories if t.question_id in examples]
-    if len(known) != len(trajectories):
-        build_benchmark(trajectories, examples, oracle)  # raises, naming the unknown question
-    with_facts = [t for t in known if has_supporting_facts(examples[t.question_id])]
-    without = [t for t in known if not has_supporting_facts(examples[t.question_id])]
+    for t in trajectories:
+        if t.question_id not in examples:
+            raise ValueError(
+                f"rollout {t.group_id}/{t.sample_index}: unknown question {t.question_id!r}"
+            )
+    with_facts = [t for t in trajectories if has_supporting_facts(examples[t.question_id])]
+    without = [t for t in trajectories if not has_supporting_facts(examples[t.question_id])]
     rows = build_benchmark(with_facts, examples, oracle)
     counts = {
         "questions_oracle": len({t.question_id for t in with_facts}),

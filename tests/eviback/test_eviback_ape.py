@@ -342,6 +342,8 @@ def test_label_rollouts_uses_the_oracle_where_it_can_and_counts_the_rest():
         0,
     )
     assert len(asked) == 2 and list(asked[0].references) == ["Zuro"]
+    with pytest.raises(ValueError, match="unknown question 'q1'"):
+        label_rollouts(trajs[::-1], {"nq:1": NQ}, oracle)
     text = labeller_messages(asked[0])[0]["content"]
     assert "Question: Where is Zuro?" in text and "Reference answers: Zuro" in text
     assert "Doc 1 (Title: Zuro) Zuro is a city." in text

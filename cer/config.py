@@ -63,9 +63,9 @@ class RewardConfig:
     type: Literal["exact", "rule", "cer", "rule+cer", "verifree"] = field(
         default="cer",
         metadata={
-            "help": "exact | rule (math-verify / letter) | cer | rule+cer | verifree (scalar "
-            "pi(a* | own solution), 0 without an answer: a simplification of VeriFree, which "
-            "also trains on the reference answer after the solution)"
+            "help": "exact | rule (math-verify / letter) | cer | rule+cer | verifree (VeriFree: "
+            "pi(a* | own solution), 0 without an answer; trained with its likelihood term, "
+            "see verifree_likelihood)"
         },
     )
     m: int | None = field(
@@ -89,6 +89,14 @@ class RewardConfig:
         metadata={"help": "rows (prompts, or solutions with their answers) a forward", "ge": 1},
     )
 
+    verifree_likelihood: bool = field(
+        default=True,
+        metadata={
+            "help": "verifree: train as published, the sample's answer replaced by the reference "
+            "and the reference tokens trained with weight pi(a* | s) (cer/verifree.py); false: "
+            "the scalar reward on the sampled response only (a simplification)"
+        },
+    )
     m_selection: Literal["per_answer", "first"] = field(
         default="per_answer",
         metadata={

@@ -107,10 +107,8 @@ def verifree_reward(
     ``ref_logp`` with every solution scored, ``m=None``); 0 for a sample without an answer
     (``answer_of_sample[k] == -1``), as in the release. Shapes [G] -> [G].
 
-    A simplification of the published method: VeriFree also replaces the sample's answer by the
-    reference in the trained sequence and adds the gradient of ``pi(a* | s_k)`` itself (a
-    reward-weighted likelihood term on the reference tokens); here only the reasoning tokens are
-    reinforced, by this reward."""
+    The reward alone reinforces the reasoning only; VeriFree as published also trains the
+    reference in place of the sample's answer, with weight ``pi(a* | s_k)``: ``cer.verifree``."""
     reward = ref_logp_own.detach().exp().clamp(0.0, 1.0)
     if answer_of_sample is not None:
         reward = torch.where(answer_of_sample.to(reward.device) >= 0, reward, 0.0)

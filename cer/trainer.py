@@ -33,6 +33,7 @@ from cer.evaluate import evaluate_problems, load_problems, problem_results
 from cer.group_reward import Group, group_rewards, rules_of, verifier_name
 from cer.rollout import sample_groups, step_sampling
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
+from cer.verifree import verifree_batch
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rl_loop import (
     all_ranks_mean,
@@ -196,8 +197,19 @@ def train_cer(cfg: CERConfig) -> dict:
         shown_rewards, shown_stats = group_rewards(
             ALL_TYPES, shown, score_fn, tokenizer, cfg.reward.m, *reward_rules
         )
+        trained, trained_adv = trajs, adv
+        if cfg.reward.type == "verifree" and cfg.reward.verifree_likelihood:
+            # VeriFree as published: the reference replaces the answer and is trained too
+            trained, trained_adv = verifree_batch(groups, reward, adv, tokenizer)
         upd = update_and_push(
-            train, engine, trajs, adv, cfg.loss, cfg.engine, tokenizer.pad_token_id, timings
+            train,
+            engine,
+            trained,
+            trained_adv,
+            cfg.loss,
+            cfg.engine,
+            tokenizer.pad_token_id,
+            timings,
         )
         timings["step"] = time.perf_counter() - t_step
         per_group = reward.view(-1, cfg.group_size)

@@ -96,15 +96,31 @@ def em_rewards(trajs: list[Trajectory]) -> torch.Tensor:
     return torch.tensor([exact_match(t.answer, t.golden_answers) for t in trajs])
 
 
+def token_advantages(
+    trajs: list[Trajectory], values: list[list[float]], loss_mask: torch.Tensor
+) -> torch.Tensor:
+    """Per-token advantages (``values[i]``: one per response token of ``trajs[i]``) aligned as
+    ``collate`` aligns the loss mask ([B, T-1], 0 where the mask is 0)."""
+    out = torch.zeros_like(loss_mask)
+    for i, (t, v) in enumerate(zip(trajs, values, strict=True)):
+        p, r = len(t.prompt_ids), len(t.response_ids)
+        if len(v) != r:
+            raise ValueError(f"{len(v)} token advantages for {r} response tokens (sample {i})")
+        if r:
+            out[i, p - 1 : p + r - 1] = torch.tensor(v, dtype=out.dtype)
+    return out * loss_mask
+
+
 def policy_update(
     train: TrainEngine,
     trajs: list[Trajectory],
-    advantages: torch.Tensor,
+    advantages: torch.Tensor | list[list[float]],
     cfg: LossConfig,
     pad_id: int,
 ) -> dict[str, float]:
     """One optimizer step of the clipped surrogate over all ``trajs`` (on-policy: ratio starts at 1).
 
+    ``advantages``: one per trajectory [N], or one per response token of each (a list of lists).
     The batch is cut into ``grad_accum`` equal micro-batches; each one's loss is the chosen
     aggregation, and the engine averages them.
     """
@@ -112,7 +128,13 @@ def policy_update(
     stats: dict[str, float] = {}
     for start in range(0, len(trajs), mbs):
         batch = collate(trajs[start : start + mbs], pad_id).to(train.device)
-        adv = broadcast_to_tokens(advantages[start : start + mbs].to(train.device), batch.loss_mask)
+        if isinstance(advantages, torch.Tensor):
+            adv = broadcast_to_tokens(
+                advantages[start : start + mbs].to(train.device), batch.loss_mask
+            )
+        else:
+            chunk = trajs[start : start + mbs]
+            adv = token_advantages(chunk, advantages[start : start + mbs], batch.loss_mask)
         logp = forward_logprobs(train, batch.input_ids, batch.attention_mask)  # [b, T-1]
         per_tok, clip = clipped_surrogate(
             logp, logp.detach(), adv, batch.loss_mask, cfg.eps_low, cfg.eps_high
@@ -175,7 +197,7 @@ def update_and_push(
     train: TrainEngine,
     engine,
     trajs: list[Trajectory],
-    advantages: torch.Tensor,
+    advantages: torch.Tensor | list[list[float]],
     loss: LossConfig,
     engine_cfg: EngineConfig,
     pad_id: int,

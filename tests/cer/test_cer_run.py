@@ -178,6 +178,29 @@ def test_warmup_context_weight_changes_the_update(tiny_root, tmp_path):
     assert any(not torch.equal(v, with_context[k]) for k, v in solution_only.items())
 
 
+def test_verifree_with_its_likelihood_term_runs_end_to_end(tiny_root):
+    # (the 20-step warm start rarely boxes an answer: what the term trains is checked on
+    # hand-made groups in test_cer_verifree.py; here the trainer's path through it)
+    run_dir = tiny_root / "run_verifree"
+    cfg = tiny_config(
+        tiny_root,
+        f"run_dir={run_dir}",
+        "steps=1",
+        "prompts_per_step=2",
+        "group_size=4",
+        "loss.micro_batch_size=4",
+        "eval_every=0",
+        "max_response_tokens=24",
+        "reward.type=verifree",
+    )
+    assert cfg.reward.verifree_likelihood  # the published method is the default
+    torch.set_num_threads(1)
+    train_cer(cfg)
+    (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert 0 <= record["reward/verifree"] <= 1 and "grad_norm" in record
+    assert (run_dir / "checkpoints" / "step_1" / "model.safetensors").is_file()
+
+
 def test_frozen_scorer_keeps_the_initial_policy_and_grpo_advantages(tiny_root):
     from transformers import AutoModelForCausalLM
 

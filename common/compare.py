@@ -18,7 +18,10 @@ finished before (``<run_dir>/.compare_done``) is not run again. Optional: an arm
 of commands) runs after its command with the same arguments appended (e.g. a diagnostic that
 logs into the run's metrics.jsonl), and ``extra_metrics`` (metrics.jsonl keys, e.g.
 ``decomposition_error``) adds each arm's last logged value (mean over seeds) to the report and a
-curve per key (``curves_<key>.png``); an arm that never logs a key shows a dash. Every trainer writes its dev
+curve per key (``curves_<key>.png``); an arm that never logs a key shows a dash. ``{out}`` in
+an arm's overrides stands for the spec's ``out``. A smaller version of any comparison (a smoke
+test of its wiring): ``--out``, ``--seeds`` and ``--set key=value`` (appended to every arm's
+overrides, so they win). Every trainer writes its dev
 evaluations per question (``common.rl_loop.evaluate``), so arms are compared on the same
 questions: for question q, Δ_q = mean over seeds of the arm's final value minus the baseline's
 (with ``start``: the arm's own final minus step-0 value, seed by seed), and the interval is the
@@ -283,6 +286,24 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     return spec
 
 
+def with_command_line(
+    spec: dict[str, Any], out: str | None, seeds: Sequence[int] | None, sets: Sequence[str]
+) -> dict[str, Any]:
+    """The spec with ``out`` and ``seeds`` replaced when given, ``sets`` appended to every arm's
+    overrides, and ``{out}`` in the overrides replaced by the output folder."""
+    spec = {**spec, "out": out or spec["out"], "seeds": list(seeds or spec["seeds"])}
+    spec["arms"] = [
+        {
+            **arm,
+            "overrides": [
+                o.replace("{out}", str(spec["out"])) for o in [*arm.get("overrides", []), *sets]
+            ],
+        }
+        for arm in spec["arms"]
+    ]
+    return spec
+
+
 def run_arms(spec: dict[str, Any]) -> None:
     """Run every (arm, seed) that has not finished, one after the other, showing progress."""
     out_dir = Path(spec["out"])
@@ -338,9 +359,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--spec", required=True, help="comparison spec (YAML)")
     parser.add_argument("--report-only", action="store_true", help="no runs; report what is there")
+    parser.add_argument("--out", default=None, help="output folder instead of the spec's `out`")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="seeds instead of the spec's"
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override appended to every arm (repeatable), e.g. a smoke test's short runs",
+    )
     args = parser.parse_args(argv)
     try:
-        spec = load_spec(args.spec)
+        spec = with_command_line(load_spec(args.spec), args.out, args.seeds, args.set)
         if not args.report_only:
             run_arms(spec)
         print(report(spec))

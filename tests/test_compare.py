@@ -18,6 +18,7 @@ from common.compare import (
     paired_bootstrap,
     question_diffs,
     summarize,
+    with_command_line,
 )
 
 # A stand-in trainer for the runner: writes step 0 and step 2 per-question results in which
@@ -188,3 +189,21 @@ def test_then_commands_and_extra_metrics(tmp_path):
     spec_path.write_text(yaml.safe_dump(spec))
     with pytest.raises(ValueError, match=r"arms\[0\]\.then must be a list of commands"):
         load_spec(spec_path)
+
+
+def test_command_line_out_seeds_and_sets_make_a_smaller_comparison(tmp_path):
+    spec_path = _spec(tmp_path)
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["arms"][0]["overrides"] = ["warm={out}/w"]
+    spec_path.write_text(yaml.safe_dump(spec))
+    small = with_command_line(load_spec(spec_path), str(tmp_path / "smoke"), [1], ["bonus=1"])
+    assert small["out"] == str(tmp_path / "smoke") and small["seeds"] == [1]
+    assert small["arms"][0]["overrides"] == [f"warm={tmp_path / 'smoke'}/w", "bonus=1"]
+    assert small["arms"][1]["overrides"] == ["bonus=1", "bonus=1"]
+    args = ["--spec", str(spec_path), "--out", str(tmp_path / "smoke"), "--seeds", "1"]
+    assert main([*args, "--set", "bonus=1"]) == 0
+    runs = sorted(p.relative_to(tmp_path / "smoke") for p in (tmp_path / "smoke").glob("*/s*"))
+    assert runs == [Path("bonus/s1"), Path("plain/s1")]
+    assert not (tmp_path / "cmp").exists()
+    summary = json.loads((tmp_path / "smoke" / "comparison.json").read_text())
+    assert summary["arms"]["plain"]["final_per_seed"] == [1.0]  # bonus=1 reached every arm

@@ -23,6 +23,7 @@ from arco.rubric_prompt import (
 from common.rl_loop import EngineConfig
 from common.rollout import AgentConfig
 from common.train import TrainConfig
+from common.train.logging import LogConfig
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 METHODS = ("arco", "outcome_only", "prm")
@@ -342,6 +343,7 @@ class ArcoConfig:
     lora: LoraSpec = field(default_factory=LoraSpec)
     rubric: RubricConfig = field(default_factory=RubricConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -372,7 +372,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     cfg.train.grad_accum = 1
     lrs = {"policy": w.pi_lr, "rubric": w.mu_lr, "head": w.head_lr}
     train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))
-    logger = MetricsLogger(out) if train.is_main else None
+    logger = MetricsLogger.from_config(out, cfg.log, cfg) if train.is_main else None
     retriever, agent_cfg = build_environment(
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
     )

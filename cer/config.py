@@ -13,6 +13,7 @@ from typing import Literal
 from common.rl_loop import EngineConfig
 from common.rl_loop import LossConfig as GRPOLossConfig
 from common.train import TrainConfig
+from common.train.logging import LogConfig
 
 REWARD_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
 
@@ -249,6 +250,7 @@ class CERConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
         if self.reward.m is not None and self.reward.m > self.group_size:

@@ -136,7 +136,7 @@ def train_cer(cfg: CERConfig) -> dict:
     dev_verifier = "+".join(sorted({verifier_name(ex, rules_of(cfg)) for ex in dev_set}))
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
-    logger = MetricsLogger(run_dir) if train.is_main else None
+    logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals: list[dict] = []
     reward_rules = (cfg.reward.m_selection, rules_of(cfg))
 

@@ -47,6 +47,7 @@ from common.train import (
     load_checkpoint,
     progress,
 )
+from common.train.logging import LogConfig
 from common.train.run_folder import open_run_folder
 
 
@@ -98,6 +99,7 @@ class GRPOConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
         if (self.questions_per_step * self.n) % self.loss.micro_batch_size:
@@ -164,7 +166,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     order = list(range(len(train_set)))
     rng.shuffle(order)
     pad_id = tokenizer.pad_token_id
-    logger = MetricsLogger(run_dir) if train.is_main else None
+    logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals = []
 
     def run_eval(step: int) -> None:

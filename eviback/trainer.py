@@ -251,7 +251,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     )
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
-    logger = MetricsLogger(run_dir) if train.is_main else None
+    logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals: list[dict] = []
 
     def run_eval(step: int) -> None:

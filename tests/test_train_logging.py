@@ -99,3 +99,49 @@ def test_progress_bar_does_not_write_every_update_into_a_log(monkeypatch, capsys
     # the opening and the closing state only (captured stderr is not a terminal)
     assert written.count("steps:") <= 3, written
     assert "2000/2000" in written
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="needs tensorboard")
+def test_log_section_turns_tensorboard_on(tmp_path):
+    """A trainer's ``log.tensorboard=true`` gives event files holding the numeric metrics."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from arco.config import ArcoConfig
+    from cer.config import CERConfig
+    from common.config import load_config
+    from common.search_grpo import GRPOConfig
+    from eviback.config import EviBackConfig
+
+    for cls in (GRPOConfig, EviBackConfig, CERConfig, ArcoConfig):
+        assert load_config(cls, None, ["log.tensorboard=true"]).log.tensorboard
+    cfg = load_config(GRPOConfig, None, ["log.tensorboard=true"])
+    with MetricsLogger.from_config(tmp_path, cfg.log, cfg) as logger:
+        logger.log(1, {"reward": 0.25, "name": "a"})
+        logger.log(2, {"reward": 0.5})
+    (events,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
+    acc = EventAccumulator(str(events.parent))
+    acc.Reload()
+    assert acc.Tags()["scalars"] == ["reward"]
+    assert [(e.step, e.value) for e in acc.Scalars("reward")] == [(1, 0.25), (2, 0.5)]
+    assert [r["reward"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0.25, 0.5]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="needs wandb")
+def test_log_section_turns_offline_wandb_on(tmp_path, monkeypatch):
+    from common.config import load_config
+    from common.search_grpo import GRPOConfig
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = load_config(GRPOConfig, None, ["log.wandb_project=tiny"])
+    assert cfg.log.wandb_mode == "offline"
+    with MetricsLogger.from_config(tmp_path, cfg.log, cfg) as logger:
+        logger.log(1, {"reward": 0.25})
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_log_section_is_off_by_default(tmp_path):
+    from common.train.logging import LogConfig
+
+    with MetricsLogger.from_config(tmp_path, LogConfig()) as logger:
+        logger.log(1, {"x": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]

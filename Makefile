@@ -9,6 +9,9 @@ WARM := runs/warmstart/tiny/model
 CER_TASK := runs/cer/tiny/task
 CER_WARM := runs/cer/tiny/warmup/model
 ARCO_WARM := runs/arco/tiny/warmup
+# VARIANT=prm|wo_rubric|wo_adaptive|wo_prefix|outcome_only|frozen_mu|release|k1..k5 (ARCO only)
+VARIANT ?=
+ARCO_VARIANT := $(if $(VARIANT),--variant $(VARIANT))
 # ARCO's data: hotpotqa | 2wiki | musique (DATA's CER values fall back to hotpotqa)
 ARCO_DATA := $(if $(filter math webinstruct,$(DATA)),hotpotqa,$(DATA))
 ifeq ($(SCALE),tiny)
@@ -23,7 +26,8 @@ endif
 
 .PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
-	warmup-arco train-arco eval-arco compare-grpo compare-eviback compare-cer compare-arco
+	warmup-arco train-arco eval-arco compare-grpo compare-eviback compare-cer compare-arco \
+	compare-arco-smoke
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -79,17 +83,17 @@ eval-eviback:  ## EviBack's evaluation of the latest checkpoint of the run
 
 warmup-arco:  ## ARCO's warmup (tiny: the world annotates; paper scales: an LLM teacher, API cost)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmstart)
-	$(PY) -m arco warmup --config $(ARCO_CONFIG) seed=$(SEED)
+	$(PY) -m arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) seed=$(SEED)
 
 $(ARCO_WARM)/arco.json: $(WARM)/config.json
 	$(PY) -m arco warmup --config arco/configs/tiny.yaml
 
-train-arco:  ## ARCO co-evolution RL; SCALE=tiny|qwen3-4b|llama3.2-3b, DATA=hotpotqa|2wiki|musique
+train-arco:  ## ARCO co-evolution RL; SCALE=tiny|qwen3-4b|llama3.2-3b, DATA=hotpotqa|2wiki|musique, VARIANT=
 	$(if $(filter tiny,$(SCALE)),$(MAKE) $(ARCO_WARM)/arco.json)
-	$(PY) -m arco train --config $(ARCO_CONFIG) seed=$(SEED)
+	$(PY) -m arco train --config $(ARCO_CONFIG) $(ARCO_VARIANT) seed=$(SEED)
 
 eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy
-	$(PY) -m arco eval --config $(ARCO_CONFIG)
+	$(PY) -m arco eval --config $(ARCO_CONFIG) $(ARCO_VARIANT)
 
 RUNS ?= runs
 RANKS ?= 1
@@ -120,8 +124,35 @@ compare-eviback: warmstart  ## EviBack vs the Search-R1 baseline, 3 seeds, one w
 compare-cer: cer-tiny-assets  ## CER rewards (exact, rule = alias oracle, cer, rule+cer), 3 seeds, vs exact
 	$(PY) -m common.compare --spec cer/configs/compare_tiny.yaml
 
-compare-arco: $(ARCO_WARM)/arco.json  ## ARCO vs outcome-only GRPO in ARCO's trainer, 3 seeds
+# compare-arco: every arm starts from one π. <out>/warmup/arco is ARCO's warmup; the variants'
+# warmups take its π (warmup.policy_from) and train their own μ (none: w/o Rubric and PRM;
+# fixed: w/o Adaptive; noprefix: w/o Prefix). A warmup already there is kept.
+ARCO_VARIANTS := none:rubric.mode=none \
+	fixed:rubric.mode=fixed,rubric.criteria_file=arco/criteria/tiny.txt noprefix:rubric.prefix=none
+define arco_variant_warmups
+	for v in $(ARCO_VARIANTS); do name=$${v%%:*}; sets=$$(echo $${v#*:} | tr , ' '); \
+	  test -f $(1)/warmup/$$name/arco.json || $(PY) -m arco warmup --config arco/configs/tiny.yaml \
+	    warmup_dir=$(1)/warmup/$$name warmup.policy_from=$(1)/warmup/arco $$sets $(2) || exit 1; \
+	done
+endef
+
+compare-arco: $(ARCO_WARM)/arco.json  ## ARCO vs outcome-only, PRM and 3 ablations, 3 seeds, one π
+	mkdir -p runs/compare/arco/warmup
+	test -f runs/compare/arco/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco/warmup/arco
+	$(call arco_variant_warmups,runs/compare/arco,)
 	$(PY) -m common.compare --spec arco/configs/compare_tiny.yaml
+
+# the same wiring in minutes: small warmups, 1 seed, 1 sparse + 1 dense step, 20 dev questions
+ARCO_SMOKE := runs/compare/arco_smoke
+ARCO_SMOKE_WARMUP := warmup.questions=24 warmup.samples=2 warmup.select_questions=10 \
+	warmup.pi_epochs=1 warmup.mu_epochs=1
+compare-arco-smoke: warmstart  ## compare-arco's wiring end to end in minutes (numbers meaningless)
+	test -f $(ARCO_SMOKE)/warmup/arco/arco.json || $(PY) -m arco warmup --config \
+		arco/configs/tiny.yaml warmup_dir=$(ARCO_SMOKE)/warmup/arco $(ARCO_SMOKE_WARMUP)
+	$(call arco_variant_warmups,$(ARCO_SMOKE),$(ARCO_SMOKE_WARMUP))
+	$(PY) -m common.compare --spec arco/configs/compare_tiny.yaml --out $(ARCO_SMOKE) --seeds 0 \
+		--set rl.sparse_steps=1 --set rl.dense_steps=1 --set eval_questions=20 \
+		--set diagnose.questions=5 --set diagnose.samples=3
 
 bench:  ## the benchmarks; each prints a table (copied into benchmarks/README.md)
 	$(PY) benchmarks/bench_retrieval.py

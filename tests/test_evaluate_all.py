@@ -14,6 +14,7 @@ from arco.config import ArcoConfig
 from cer.config import CERConfig
 from common.config import dump_config, load_config
 from common.evaluate_all import (
+    COLUMNS,
     bootstrap_interval,
     discover,
     evaluate_all,
@@ -71,7 +72,12 @@ def _runs(tmp: Path) -> Path:
     dump_config(load_config(CERConfig, ROOT / "cer/configs/tiny.yaml"), cer_warm / "config.yaml")
     (cer_warm / "model").mkdir()
     (cer_warm / "model" / "config.json").write_text("{}")
-    for name, overrides in (("arco/tiny", []), ("arco/outcome", ["rl.dense_steps=0"])):
+    arco = (
+        ("arco/tiny", []),
+        ("arco/outcome", ["method=outcome_only"]),
+        ("arco/prm", ["method=prm"]),
+    )
+    for name, overrides in arco:
         cfg = load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml", overrides)
         dump_config(cfg, runs / name / "config.yaml")
         _checkpoint(runs / name, 8)
@@ -92,6 +98,7 @@ def test_discovery_and_recognition(tmp_path):
     by_name = {r.name: r for r in (load_run(p, runs) for p in found)}
     assert {n: r.arm for n, r in by_name.items()} == {
         "arco/outcome": "arco_outcome_only",
+        "arco/prm": "arco_prm",
         "arco/tiny": "arco",
         "broken": None,
         "cer/cer": "cer/cer",
@@ -111,7 +118,7 @@ def test_discovery_and_recognition(tmp_path):
     assert by_name["grpo/s0"].model == runs / "grpo/s0/checkpoints/step_30"
     assert by_name["warmstart/tiny"].model == runs / "warmstart/tiny/model"
     assert by_name["cer/warmup"].model == runs / "cer/warmup/model"
-    assert sum(r.problem is None for r in by_name.values()) == 10
+    assert sum(r.problem is None for r in by_name.values()) == 11
     # a chosen step that is not there is a reason, not a crash
     chosen = load_run(runs / "grpo/s0", runs, step=10)
     assert chosen.model is None and "step_10" in chosen.problem
@@ -161,7 +168,7 @@ def test_table_intervals_paired_and_cache(tmp_path, capsys):
     runs, out = _runs(tmp_path), tmp_path / "eval"
     fake = FakeEvaluator()
     report = evaluate_all([runs], out, fake, resamples=4000, project_root=ROOT, plots=False)
-    assert len(fake.calls) == 10
+    assert len(fake.calls) == 11
     by_run = {r["run"]: r for r in report["runs"]}
     ev = by_run["eviback/tiny"]["benchmarks"]["tiny_test"]
     m = {k: v["value"] for k, v in ev["metrics"].items()}
@@ -305,9 +312,9 @@ def test_published_tables_are_whole_and_matched_only_on_the_same_setting(tmp_pat
 
 @pytest.mark.slow
 def test_a_real_grpo_run_is_evaluated_once(tmp_path, tiny_world):
-    """The worker in its subprocess: a GRPO run folder over 12 test questions of the tiny world
-    (its checkpoint: the world's model), a real vLLM engine and BM25; the second call reads the
-    cache."""
+    """The workers in their subprocesses: a GRPO run folder over 12 test questions of the tiny
+    world and an EviBack one over 5 (checkpoints: the world's model), real vLLM engines and BM25;
+    the second call reads the cache."""
     world = tmp_path / "world"
     world.mkdir()
     lines = (Path(tiny_world) / "test.jsonl").read_text().splitlines()[:12]
@@ -317,16 +324,26 @@ def test_a_real_grpo_run_is_evaluated_once(tmp_path, tiny_world):
     cfg = load_config(GRPOConfig, ROOT / "common/configs/grpo_tiny.yaml",
                       [f"world={world}", f"run_dir={run}", "model=''"])  # fmt: skip
     dump_config(cfg, run / "config.yaml")
-    ckpt = run / "checkpoints" / "step_1"
-    shutil.copytree(Path(tiny_world) / "model", ckpt)
-    (ckpt / "COMPLETE").write_text("")
+    evi = tmp_path / "runs" / "eviback"
+    cfg = load_config(EviBackConfig, ROOT / "eviback/configs/tiny.yaml",
+                      [f"run_dir={evi}", f"assets.corpus={world / 'corpus.jsonl'}",
+                       f"assets.eval_files={{tiny_test: {world / 'test.jsonl'}}}",
+                       "assets.eval_quotas={tiny_test: 5}"])  # fmt: skip
+    dump_config(cfg, evi / "config.yaml")
+    for folder in (run, evi):
+        ckpt = folder / "checkpoints" / "step_1"
+        shutil.copytree(Path(tiny_world) / "model", ckpt)
+        (ckpt / "COMPLETE").write_text("")
     out = tmp_path / "eval"
     report = evaluate_all([tmp_path / "runs"], out, subprocess_evaluator(), resamples=200,
                           project_root=ROOT, plots=False)  # fmt: skip
-    (row,) = report["runs"]
-    assert row["problem"] is None, row["problem"]
+    evi_row, row = report["runs"]
+    assert row["problem"] is None and evi_row["problem"] is None, report["runs"]
+    # EviBack's own evaluator: its quota of 5 questions, named by the benchmark
+    evi_bench = evi_row["benchmarks"]["tiny_test"]
+    assert evi_bench["n"] == 5 and set(evi_bench["metrics"]) == set(COLUMNS["eviback"])
     bench = row["benchmarks"]["tiny_test"]
-    (record_file,) = out.glob("cache/*/record.json")
+    (record_file,) = out.glob("cache/*_runs_grpo-*/record.json")
     rows = json.loads(record_file.read_text())["benchmarks"]["tiny_test"]["rows"]
     assert bench["n"] == 12 == len(rows)
     # load_qa names each question by its file: test:<id>, in the file's order
@@ -334,7 +351,7 @@ def test_a_real_grpo_run_is_evaluated_once(tmp_path, tiny_world):
     assert bench["metrics"]["em"]["value"] == pytest.approx(sum(r["em"] for r in rows) / 12)
     again = evaluate_all([tmp_path / "runs"], out, _refuse, resamples=200, project_root=ROOT,
                          plots=False)  # fmt: skip
-    assert again["runs"][0]["benchmarks"] == report["runs"][0]["benchmarks"]
+    assert [r["benchmarks"] for r in again["runs"]] == [r["benchmarks"] for r in report["runs"]]
 
 
 def _refuse(run, folder):

@@ -7,8 +7,8 @@ Every folder under the given ones (default ``runs/``) that holds a ``config.yaml
 method comes from the config's keys (``recognise``): the reference GRPO loop and its warm start
 (``common.search_grpo``, ``common.warmstart``), EviBack and its Search-R1 baseline
 (``teacher.enabled=false``), CER by reward type and its warm start, ARCO and its outcome-only
-baseline (``rl.dense_steps=0``). The run's final checkpoint (``--step N``: ``checkpoints/step_N``;
-a warm start: its ``model/``) is evaluated by its package's own evaluator (``cer.evaluate``,
+and PRM baselines (``method=outcome_only|prm``). The run's final checkpoint (``--step N``:
+``checkpoints/step_N``; a warm start: its ``model/``) is evaluated by its package's own evaluator (``cer.evaluate``,
 ``eviback.evaluate``, ``arco.evaluate``; ``common.rl_loop.evaluate`` on the world's test split
 for GRPO runs) in a subprocess, under ``torchrun`` with ``--ranks N`` where the evaluator shards
 questions over ranks. Each evaluation is cached in ``<out>/cache/`` under a hash of the method,
@@ -58,6 +58,7 @@ KIND = {
     "cer_warmup": "cer",
     "arco": "arco",
     "arco_outcome_only": "arco",
+    "arco_prm": "arco",
 }
 COLUMNS = {
     "search": ("em", "f1", "valid_answer_rate", "mean_searches", "forced_termination_rate"),
@@ -92,7 +93,7 @@ DEFINITIONS = {
 TITLES = {
     "search": "Reference GRPO and its warm start (common.rl_loop.evaluate, greedy)",
     "eviback": "EviBack and the Search-R1 baseline (eviback.evaluate, greedy)",
-    "arco": "ARCO and the outcome-only baseline (arco.evaluate, greedy)",
+    "arco": "ARCO and its outcome-only and PRM baselines (arco.evaluate, greedy)",
     "cer": "CER by training reward (cer.evaluate: greedy and avg@k accuracy by the rule verifier)",
 }
 PUBLISHED_FILES = {
@@ -147,8 +148,10 @@ def recognise(config: dict[str, Any], run_dir: Path) -> tuple[str, str] | None:
     """``(method, arm)`` from the keys each trainer's config has, or None."""
     assets = config.get("assets") if isinstance(config.get("assets"), dict) else {}
     if "rubric" in config and "warmup_dir" in config:
-        dense = (config.get("rl") or {}).get("dense_steps")
-        method = "arco_outcome_only" if dense == 0 else "arco"
+        chosen = config.get("method", "arco")  # older runs: outcome-only had rl.dense_steps=0
+        if chosen == "arco" and (config.get("rl") or {}).get("dense_steps") == 0:
+            chosen = "outcome_only"
+        method = {"outcome_only": "arco_outcome_only", "prm": "arco_prm"}.get(chosen, "arco")
         return method, method
     if "reward" in config and "benchmarks" in assets:
         if (run_dir / "model").is_dir() and not (run_dir / "checkpoints").is_dir():

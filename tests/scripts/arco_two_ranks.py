@@ -2,8 +2,9 @@
 ARCO's co-evolution RL (``train_arco``) from a warmup written beforehand by one process.
 
 Launched by tests/arco/test_arco_two_ranks.py with the DeepSpeed launcher. Each rank checks that
-all ranks end with identical trainable weights (policy adapter, rubric adapter, head), that they
-moved from the warmup's, and that the last checkpoint holds them; then prints
+all ranks end with identical trainable weights (policy adapter, rubric adapter, head; with a
+frozen μ the policy adapter, the head staying the warmup's), that they moved from the warmup's,
+and that the last checkpoint holds them; then prints
 "rank R: ok <sha256 of its trainable weights>".
 """
 
@@ -41,12 +42,16 @@ def main() -> None:
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
     assert all(torch.equal(gathered[0], g) for g in gathered), "ranks disagree"
-    lora, k = cfg.lora.as_peft(), cfg.rubric.k
+    lora, k = cfg.lora.as_peft(), cfg.rubric.head_k
     warm = build_arco_model(cfg.assets.model, lora, k, cfg.warmup_dir)
-    assert not torch.equal(mine, trainable(warm)), "weights did not move"
     ckpt = build_arco_model(
         cfg.assets.model, lora, k, f"{cfg.run_dir}/checkpoints/step_{cfg.steps}"
     )
+    if cfg.rl.freeze_rubric:  # frozen μ: compare what was trained; μ must be the warmup's
+        torch.testing.assert_close(ckpt.head.state_dict(), warm.head.state_dict(), rtol=0, atol=0)
+        for m in (warm, ckpt):
+            m.freeze_rubric()
+    assert not torch.equal(mine, trainable(warm)), "weights did not move"
     assert torch.equal(mine, trainable(ckpt)), "checkpoint differs from the live weights"
     digest = hashlib.sha256(mine.numpy().tobytes()).hexdigest()[:16]
     print(f"rank {rank}: ok {digest}", flush=True)

@@ -154,11 +154,10 @@ compare-arco-smoke: warmstart  ## compare-arco's wiring end to end in minutes (n
 		--set rl.sparse_steps=1 --set rl.dense_steps=1 --set eval_questions=20 \
 		--set diagnose.questions=5 --set diagnose.samples=3
 
-bench:  ## the benchmarks; each prints a table (copied into benchmarks/README.md)
-	$(PY) benchmarks/bench_retrieval.py
-	$(PY) benchmarks/bench_cer_scoring.py
-	$(PY) benchmarks/bench_rollout.py
-	$(PY) benchmarks/bench_grpo_breakdown.py
+# BENCH_ARGS: e.g. --quick (each script's shortest setting), --only bench_cer_scoring
+BENCH_ARGS ?=
+bench:  ## every benchmark script, then their ratios against the targets and the cost model: runs/bench/summary.md
+	$(PY) benchmarks/run_bench.py $(BENCH_ARGS)
 
 bench-trl:  ## our GRPO step against TRL's GRPOTrainer (installs the optional trl extra)
 	$(PY) -m pip install -q -e ".[bench]"

@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench_result import Check, write_result
 from rl_bench_common import ROOT, command_line, machine_note, md_table, update_readme
 
 CONFIG = ROOT / "arco" / "configs" / "tiny.yaml"
@@ -95,7 +96,7 @@ def qwen3_4b_bytes() -> list[list[str]]:
 
 
 def memory(write: bool) -> None:
-    rows = []
+    rows, rss = [], {}
     for mode in ("shared", "copies"):
         out = subprocess.run(
             [sys.executable, __file__, "hold", mode], capture_output=True, text=True, cwd=ROOT
@@ -104,12 +105,15 @@ def memory(write: bool) -> None:
             raise SystemExit(f"hold {mode} failed:\n{out.stderr[-3000:]}")
         rec = json.loads(out.stdout.strip().splitlines()[-1])
         rows.append([mode, f"{rec['params']:,}", f"{rec['peak_rss_mib']:.0f}"])
+        rss[mode] = rec["peak_rss_mib"]
     table = md_table(
         ["layout (tiny model + vLLM engine)", "parameters held", "peak RSS (MiB)"], rows
     )
     table += "\n\n" + md_table(["Qwen3-4B layout", "weights"], qwen3_4b_bytes())
     body = f"### ARCO memory\n\n{command_line()}; {machine_note()}.\n\n{table}"
     print(body)
+    check = Check("ARCO peak RSS, shared base vs full copies (tiny)", rss["shared"] / rss["copies"])
+    write_result("bench_arco.memory", [check], f"{command_line()}; {machine_note()}")
     if write:
         update_readme("bench_arco:memory", body)
 
@@ -217,6 +221,9 @@ def calls(repeats: int, write: bool) -> None:
         f"median of {repeats} alternated repeats; {machine_note()}.\n\n{table}"
     )
     print(body)
+    speedup = base / statistics.median(times["one call"])
+    check = Check("ARCO rubric generation, one call vs one per turn", speedup, unit="x")
+    write_result("bench_arco.calls", [check], f"{len(trajs)} trajectories, {n_items} rubrics")
     if write:
         update_readme("bench_arco:calls", body)
 

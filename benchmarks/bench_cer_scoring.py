@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_result import Check, write_result
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from cer.scorer import ScoreFn, hf_prefix_scorer, naive_scorer, shared_trunks
@@ -122,6 +123,7 @@ def main() -> None:
         "|---|---|---|---|---|",
     ]
     max_diff, load_before = 0.0, os.getloadavg()[0]
+    speedups: list[float] = []
     for threads in args.threads:
         torch.set_num_threads(threads)
         for score in scorers.values():  # warm-up
@@ -143,6 +145,7 @@ def main() -> None:
         )
         medians = {name: statistics.median(t) for name, t in times.items()}
         baseline = medians[NAIVE]
+        speedups.append(baseline / medians[SHARED])
         rows += [
             f"| {threads} | {name} | {tokens[name]:,} | {medians[name]:.3f} | "
             f"{baseline / medians[name]:.2f}x |"
@@ -160,6 +163,15 @@ def main() -> None:
     )
     table = "\n".join(rows)
     print(setting + "\n\n" + table)
+    write_result(
+        "bench_cer_scoring",
+        [
+            Check(f"prefix-shared vs from scratch (G = {args.g}, torch threads {t})", x, ">=", 3.0, "x")
+            for t, x in zip(args.threads, speedups, strict=True)
+        ]
+        + [Check("largest logprob difference", max_diff, "<=", 1e-5)],
+        setting,
+    )
     if max_diff > 1e-5:
         raise SystemExit(f"the scorers disagree: largest logprob difference {max_diff:.2e} > 1e-5")
     if args.write_readme:

@@ -17,6 +17,7 @@ import statistics
 import time
 
 import torch
+from bench_result import Check, write_result
 
 
 def clear_verifier_caches() -> None:
@@ -87,6 +88,13 @@ def main(argv: list[str] | None = None) -> None:
     step_exact = med["generate"] + med["exact"] + med["update"]
     for k, v in med.items():
         print(f"{k:9s} median {v:.3f} s")
+    overhead = 100 * (med["cer"] - med["exact"]) / step_exact
+    setting = f"B={args.b}, G={args.g}, {args.repeats} repeats, model {args.model}"
+    write_result(
+        "bench_cer_step",
+        [Check("CER step time over exact match", overhead, "<=", 10.0, "%")],
+        setting,
+    )
     print(
         f"step (exact) {step_exact:.3f} s; CER adds {med['cer'] - med['exact']:.3f} s = "
         f"{100 * (med['cer'] - med['exact']) / step_exact:+.1f}% (B={args.b}, G={args.g})"

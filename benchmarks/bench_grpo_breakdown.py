@@ -24,6 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from bench_result import Check, write_result
 from rl_bench_common import (
     ROOT,
     command_line,
@@ -120,6 +121,8 @@ def main() -> None:
     )
     body = f"### GRPO step breakdown (reference loop)\n\n{table}\n\n{note}"
     print(body)
+    push = Check("weight push, share of a reference-loop step", 100 * push_share, "<=", 2.0, "%")
+    write_result("bench_grpo_breakdown", [push], note.splitlines()[0])
     if args.write_readme:
         update_readme("bench_grpo_breakdown", body)
 

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_result import Check, write_result
 from rl_bench_common import (
     ROOT,
     command_line,
@@ -316,6 +317,9 @@ def main() -> None:
     )
     body = f"### GRPO step: ours vs TRL\n\n{table}\n\n{note}"
     print(body)
+    ratio = Check(f"GRPO step time, ours / TRL {trl.__version__} (HF generate)", med_ours / med_trl,
+                  "<=", 1.0, "x")  # fmt: skip
+    write_result("bench_grpo_step", [ratio], note.splitlines()[0])
     if args.write_readme:
         update_readme("bench_grpo_step", body)
 

@@ -36,6 +36,8 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench_result import Check, write_result  # noqa: E402
+
 from common.retrieval import BM25Retriever, Doc, HTTPRetriever, doc_contents  # noqa: E402
 
 README = ROOT / "benchmarks" / "README.md"
@@ -226,6 +228,13 @@ def main() -> None:
         f"`python benchmarks/bench_retrieval.py --data {shown if inside else data}`"
     )
     print(body)
+    checks = [
+        Check(f"{row[1]} vs raw bm25s queries/s ({row[0]})", float(row[3]), *target, "x")
+        for row in results
+        if row[1] != "raw bm25s"
+        for target in [(">=", 0.9) if row[1] == "BM25Retriever" else ("report", None)]
+    ]
+    write_result("bench_retrieval", checks, f"{shown}, {len(questions)} questions")
     if not args.no_readme:
         update_readme(f"bench_retrieval:{Path(shown).stem}", body)
 

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_result import Check, write_result
 from rl_bench_common import (
     ROOT,
     command_line,
@@ -192,6 +193,13 @@ def main() -> None:
     )
     body = f"### Rollouts: vLLM vs HF engine\n\n{table}\n\n{note}"
     print(body)
+    checks = [
+        Check(f"agent rollouts/s, vLLM vs HF ({args.questions} q x {args.n})", v_agent / h_agent,
+              ">=", 2.0, "x"),
+        Check(f"fixed-length tokens/s, vLLM vs HF ({args.fixed_prompts} x {args.fixed_tokens})",
+              v_fixed / h_fixed, unit="x"),
+    ]  # fmt: skip
+    write_result("bench_rollout", checks, note.splitlines()[0])
     if args.write_readme:
         update_readme("bench_rollout", body)
 

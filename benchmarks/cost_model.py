@@ -190,6 +190,8 @@ def cer_rows(
             f"B x (prompt {count.trunk} + solutions {count.suffix:,} + {candidates} answers x G "
             f"= {count.continuation} tokens); {b * count.padded:,} padded positions",
         ),
+        Row("CER", "reward (on the generation caches: HF engine, keep_kv)", b * count.continuation,
+            "the continuations alone: prompt and solution already in the sampling cache"),
         Row("CER", "reward (release: every pair whole)", b * count.naive,
             f"B x G x {candidates} pairs x (prompt + solution + answer)"),
         Row("CER", "update (forward + backward)", update, f"B x G x ({prompt_len} + {s})"),
@@ -200,7 +202,8 @@ def cer_rows(
         f"{answer_tokens} tokens assumed. CER's scoring = {b * count.real / generation:.2f}x the "
         f"generation's tokens, +{100 * b * count.real / fwd_equiv:.1f}% of the step in "
         f"forward-equivalents (generation + 3 x update; exact match: +0%); the release's "
-        f"scorer: {b * count.naive / (b * count.real):.1f}x CER's scoring tokens."
+        f"scorer: {b * count.naive / (b * count.real):.1f}x CER's scoring tokens; on the "
+        f"generation caches (HF engine): +{100 * b * count.continuation / fwd_equiv:.2f}%."
     )
     return rows, note
 

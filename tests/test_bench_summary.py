@@ -132,6 +132,7 @@ def test_cer_rows_at_a_small_shape(tmp_path):
     # per group: prompt 3 + solutions 2 x 4 + 2 solutions x 2 candidates x 2 tokens = 19
     assert tokens[("CER", "reward (prefix-shared scorer)")] == 2 * 19
     assert tokens[("CER", "reward (release: every pair whole)")] == 2 * 4 * (3 + 4 + 2)
+    assert tokens[("CER", "reward (on the generation caches: HF engine, keep_kv)")] == 2 * 8
     assert tokens[("CER", "update (forward + backward)")] == 2 * 2 * (3 + 4)
     assert "B = 2, G = 2" in note
 

@@ -65,7 +65,6 @@ def run_one(bench: Bench, out: Path, quick: bool, timeout: float, python: str) -
     result.unlink(missing_ok=True)  # an old result must not stand in for a failed run
     argv = [python, str(HERE / bench.script), *(bench.quick if quick else bench.args)]
     env = {**os.environ, "BENCH_DIR": str(out)}
-    env.setdefault("OMP_NUM_THREADS", "1")
     start = time.perf_counter()
     print(f"[bench] {bench.name}: {' '.join([bench.script, *argv[2:]])}", flush=True)
     log = out / f"{bench.name}.log"

@@ -76,6 +76,16 @@ def summary_table(records: list[dict]) -> str:
     return "\n".join(lines) + "\n\n" + tally
 
 
+def cost_section() -> str:
+    """The cost model's table, or one line saying why it could not be computed."""
+    try:
+        from cost_model import cost_table
+
+        return cost_table()
+    except (Exception, SystemExit) as e:  # the ratios above still stand
+        return f"cost model failed: {type(e).__name__}: {e}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directory", nargs="?", type=Path, default=None)
@@ -86,9 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     order = order_file.read_text().split() if order_file.exists() else None
     text = "## Benchmarks against their targets\n\n" + summary_table(load_results(directory, order))
     if not args.no_cost_model:
-        from cost_model import cost_table
-
-        text += "\n\n## Cost model at the papers' shapes\n\n" + cost_table()
+        text += "\n\n## Cost model at the papers' shapes\n\n" + cost_section()
     print(text)
     (directory / "summary.md").write_text(text + "\n", encoding="utf-8")
 

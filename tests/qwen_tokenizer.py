@@ -234,7 +234,7 @@ def build_qwen3_tokenizer(cache_dir: str | Path) -> PreTrainedTokenizerFast:
 def build_tiny_qwen3(
     tokenizer: PreTrainedTokenizerFast, out_dir: str | Path, seed: int = 0
 ) -> Path:
-    """A random float32 Qwen3 (2 layers, width 32) with Qwen3's 151,936 embedding rows, saved
+    """A random float32 Qwen3 (2 layers, width 32, heads of 32) with Qwen3's 151,936 embedding rows, saved
     with `tokenizer` in `out_dir`: loadable by transformers and vLLM."""
     from common.tinyworld.model import save_model_folder
 
@@ -247,7 +247,7 @@ def build_tiny_qwen3(
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        head_dim=16,
+        head_dim=32,  # vLLM's CPU attention has no kernel for 16
         max_position_embeddings=40_960,
         tie_word_embeddings=True,
         bos_token_id=pad_id,

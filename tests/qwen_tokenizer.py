@@ -234,8 +234,8 @@ def build_qwen3_tokenizer(cache_dir: str | Path) -> PreTrainedTokenizerFast:
 def build_tiny_qwen3(
     tokenizer: PreTrainedTokenizerFast, out_dir: str | Path, seed: int = 0
 ) -> Path:
-    """A random float32 Qwen3 (2 layers, width 32, heads of 32) with Qwen3's 151,936 embedding rows, saved
-    with `tokenizer` in `out_dir`: loadable by transformers and vLLM."""
+    """A random float32 Qwen3 (2 layers, width 32, heads of 32) with Qwen3's 151,936 embedding
+    rows, saved with `tokenizer` in `out_dir`: loadable by transformers and vLLM."""
     from common.tinyworld.model import save_model_folder
 
     pad_id = tokenizer.convert_tokens_to_ids("<|endoftext|>")

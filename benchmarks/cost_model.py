@@ -16,7 +16,7 @@ response token (sampled or inserted observation); reward = tokens through a mode
 the reward (0 for exact match); update = tokens of the training forward and backward (on-policy:
 the old logprobs are the sampling ones), plus a reference forward where a KL term is on.
 
-    .venv/bin/python benchmarks/cost_model.py
+    .venv/bin/python benchmarks/cost_model.py [--cer-prompt-len 512 --eviback-all-zero-share 0.9 ...]
 """
 
 from __future__ import annotations
@@ -316,6 +316,8 @@ def arco_rows(
     rl, rubric = cfg["rl"], cfg["rubric"]
     k, crit = rubric["k"], criteria_tokens or rubric["max_new_tokens"]
     budget = cfg["env"]["max_searches"]
+    if not 1 <= steps <= budget + 1:
+        raise ValueError(f"arco steps must be 1 to max_searches + 1 = {budget + 1}, got {steps}")
     acts = [AgentStep("search", words(action_tokens), words(obs_tokens), budget - t)
             for t in range(steps - 1)]  # fmt: skip
     acts.append(AgentStep("answer", words(action_tokens), "", budget - steps + 1))
@@ -362,15 +364,73 @@ def arco_rows(
     return rows, " ".join(notes)
 
 
-def cost_table(tok: ChatTokenizer | None = None) -> str:
-    """The three methods' rows as a markdown table, each method's sources and assumptions below."""
+def cost_table(
+    tok: ChatTokenizer | None = None,
+    cer: dict | None = None,
+    eviback: dict | None = None,
+    arco: dict | None = None,
+) -> str:
+    """The three methods' rows as a markdown table, each method's sources and assumptions below
+    (``cer``, ``eviback``, ``arco``: keyword arguments of ``cer_rows`` and the others)."""
     tok = tok or qwen_tokenizer()
-    parts = [cer_rows(), eviback_rows(tok), arco_rows(tok)]
+    parts = [
+        cer_rows(**(cer or {})),
+        eviback_rows(tok, **(eviback or {})),
+        arco_rows(tok, **(arco or {})),
+    ]
     lines = ["| method | phase | tokens / step | counted as |", "|---|---|---|---|"]
     for rows, _ in parts:
         lines += [f"| {r.method} | {r.phase} | {r.tokens:,} | {r.how} |" for r in rows]
     return "\n".join(lines) + "\n\n" + "\n\n".join(note for _, note in parts)
 
 
+def main(argv: list[str] | None = None) -> None:
+    """The table, with the assumed lengths and shares settable (the configs' values are read)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add = parser.add_argument
+    add("--cer-prompt-len", type=int, default=256, help="CER prompt tokens")
+    add("--cer-solution-len", type=int, default=None, help="default: max_response_tokens")
+    add("--cer-candidates", type=int, default=4, help="reference + other distinct answers")
+    add("--cer-answer-tokens", type=int, default=6, help="tail + answer + closing brace")
+    add("--eviback-all-zero-share", type=float, default=0.5, help="share of all-zero groups")
+    add("--eviback-gated-share", type=float, default=0.5, help="share of stage-A calls to B")
+    add("--eviback-searches", type=int, default=3, help="searches a rollout")
+    add("--eviback-doc-tokens", type=int, default=160, help="tokens a retrieved document")
+    add("--eviback-turn-tokens", type=int, default=100, help="sampled tokens a turn")
+    add("--arco-steps", type=int, default=3, help="actions a trajectory (searches + answer)")
+    add("--arco-obs-tokens", type=int, default=150, help="tokens an observation")
+    add("--arco-criteria-tokens", type=int, default=None, help="default: rubric.max_new_tokens")
+    args = parser.parse_args(argv)
+    for name, value in vars(args).items():
+        if value is not None and value < 0 or name.endswith("share") and value > 1:
+            parser.error(f"--{name.replace('_', '-')}: {value} is out of range")
+    try:
+        table = cost_table(
+            cer=dict(
+                prompt_len=args.cer_prompt_len,
+                solution_len=args.cer_solution_len,
+                candidates=args.cer_candidates,
+                answer_tokens=args.cer_answer_tokens,
+            ),
+            eviback=dict(
+                all_zero_share=args.eviback_all_zero_share,
+                gated_share=args.eviback_gated_share,
+                searches=args.eviback_searches,
+                doc_tokens=args.eviback_doc_tokens,
+                turn_tokens=args.eviback_turn_tokens,
+            ),
+            arco=dict(
+                steps=args.arco_steps,
+                obs_tokens=args.arco_obs_tokens,
+                criteria_tokens=args.arco_criteria_tokens,
+            ),
+        )  # fmt: skip
+    except ValueError as e:
+        parser.error(str(e))
+    print(table)
+
+
 if __name__ == "__main__":
-    print(cost_table())
+    main()

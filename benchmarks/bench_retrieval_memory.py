@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench_result import Check, write_result  # noqa: E402
 from bench_retrieval import update_readme  # noqa: E402
 
 from common.retrieval import BM25Retriever, Doc  # noqa: E402
@@ -209,6 +210,10 @@ def main() -> None:
         "`python benchmarks/bench_retrieval_memory.py`"
     )
     print(body)
+    checks = [
+        Check(f"{r[0]}: bytes a passage", float(r[1].replace(",", "")), unit="B") for r in rows
+    ]
+    write_result("bench_retrieval_memory", checks, f"BM25 {args.docs:,}, dense {args.vectors:,}")
     if not args.no_readme:
         update_readme("bench_retrieval_memory", body)
 

@@ -40,6 +40,8 @@ class Bench:
 BENCHES = (
     Bench("bench_retrieval", "bench_retrieval.py", ("--no-readme",),
           ("--no-readme", "--repeats", "3", "--min-queries", "500")),
+    Bench("bench_retrieval_memory", "bench_retrieval_memory.py", ("--no-readme",),
+          ("--no-readme", "--docs", "20000", "--vectors", "5000", "--train", "2000")),
     Bench("bench_cer_scoring", "bench_cer_scoring.py", (),
           ("--repeats", "2", "--g", "8", "--solution-len", "100")),
     Bench("bench_cer_step", "bench_cer_step.py", (), ("--repeats", "2", "--b", "4", "--g", "4")),

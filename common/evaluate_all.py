@@ -406,7 +406,8 @@ def worker(run_dir: Path, method: str, model: str, out: Path) -> dict[str, Any]:
         benchmarks = _eval_cer(cfg, model, out)
     else:
         benchmarks = _eval_arco(cfg, model, out)
-    record = {"method": method, "model": model, "benchmarks": benchmarks}
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))  # the launcher's; 1 in a plain process
+    record = {"method": method, "model": model, "ranks": ranks, "benchmarks": benchmarks}
     if current_rank() == 0:
         run = Run(
             path=run_dir,

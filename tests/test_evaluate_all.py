@@ -352,6 +352,14 @@ def test_a_real_grpo_run_is_evaluated_once(tmp_path, tiny_world):
     again = evaluate_all([tmp_path / "runs"], out, _refuse, resamples=200, project_root=ROOT,
                          plots=False)  # fmt: skip
     assert [r["benchmarks"] for r in again["runs"]] == [r["benchmarks"] for r in report["runs"]]
+    # under the launcher: two ranks shard the 12 questions and give the same rows, in order
+    two = evaluate_all([run], tmp_path / "eval2", subprocess_evaluator(ranks=2), resamples=200,
+                       project_root=ROOT, plots=False)  # fmt: skip
+    assert two["runs"][0]["problem"] is None, two["runs"]
+    (record_two,) = (tmp_path / "eval2").glob("cache/*/record.json")
+    record_two = json.loads(record_two.read_text())
+    assert json.loads(record_file.read_text())["ranks"] == 1 and record_two["ranks"] == 2
+    assert record_two["benchmarks"]["tiny_test"]["rows"] == rows
 
 
 def _refuse(run, folder):

@@ -52,9 +52,12 @@ def build_tiny(
     n_test: int = 200,
     vocab_size: int | None = None,
     task: str = "alias",
+    isolate_spaces: bool = False,
 ) -> Path:
     """Write the tiny ``task`` into ``out`` and its tokenizer (``vocab_size`` ids, default
-    ``VOCAB_SIZES[task]``) + model into ``out/model``."""
+    ``VOCAB_SIZES[task]``) + model into ``out/model``. With ``isolate_spaces`` a space is a token
+    of its own, so that a name or number has the same ids in the context, at the start of the
+    solution and inside ``\\boxed{}`` (measured in the README's warm-start table: no gain)."""
     if task not in TASKS:
         raise ValueError(f"unknown tiny task {task!r}; known: {', '.join(TASKS)}")
     # Imported here so that the task files alone do not wait for torch.
@@ -63,6 +66,8 @@ def build_tiny(
 
     out = TASKS[task](out, seed, n_train, n_dev, n_test)
     vocab_size = VOCAB_SIZES[task] if vocab_size is None else vocab_size
-    tokenizer = build_tokenizer(tokenizer_texts(out), vocab_size=vocab_size)
+    tokenizer = build_tokenizer(
+        tokenizer_texts(out), vocab_size=vocab_size, isolate_spaces=isolate_spaces
+    )
     save_model_folder(build_model(tokenizer, seed), tokenizer, out / "model")
     return out

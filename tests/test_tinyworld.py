@@ -368,6 +368,28 @@ def test_split_digits_makes_every_digit_a_token() -> None:
     assert years and all(len(p.lstrip("Ġ")) == 4 for p in years)
 
 
+def test_isolate_spaces_gives_a_word_one_tokenization_wherever_it_stands() -> None:
+    texts = [d.contents for d in documents(generate_world(5, SMALL))] * 3
+    iso = build_tokenizer(texts, vocab_size=600, isolate_spaces=True)
+
+    def tail(tok, text: str, word: str) -> list[int]:
+        ids = tok.encode(text, add_special_tokens=False)
+        n = len(tok.encode(word, add_special_tokens=False))
+        return ids[-n:]
+
+    for word in ("Shusti", "1951", "2,795,000"):
+        forms = [f" {word}", f"{{{word}", word, f"was born in {word}"]
+        assert all(tail(iso, f, word) == iso.encode(word, add_special_tokens=False) for f in forms)
+        assert iso.decode(iso.encode(forms[3], add_special_tokens=False)) == forms[3]
+    pieces = iso.convert_ids_to_tokens(iso.encode(" in 1951", add_special_tokens=False))
+    assert pieces[0] == "Ġ" and pieces[2] == "Ġ"  # each space a token of its own
+    # without the option (the default) the space is part of the word's first token
+    plain = build_tokenizer(texts, vocab_size=600)
+    assert plain.convert_ids_to_tokens(plain.encode(" in", add_special_tokens=False)) == ["Ġin"]
+    spaced, bare = (plain.encode(w, add_special_tokens=False) for w in (" Shusti", "Shusti"))
+    assert spaced[0] != bare[0]
+
+
 def test_tokenizer_training_is_deterministic() -> None:
     texts = [d.contents for d in documents(generate_world(5, SMALL))]
     first = build_tokenizer(texts, vocab_size=600).backend_tokenizer.to_str()

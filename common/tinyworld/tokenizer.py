@@ -48,14 +48,20 @@ _TAG_PATTERN = re.compile("|".join(re.escape(t) for t in TAGS + SPECIAL_TOKENS))
 
 
 def build_tokenizer(
-    texts: Iterable[str], vocab_size: int = 2048, split_digits: bool = False
+    texts: Iterable[str],
+    vocab_size: int = 2048,
+    split_digits: bool = False,
+    isolate_spaces: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE of `vocab_size` ids in all (specials and tags included).
 
     Ids 0-2 are the special tokens, the last len(TAGS) ids the tags; training is deterministic:
     the same texts give the same tokenizer.json. With `split_digits` every digit is a token of
     its own, as in Qwen's tokenizer: a year is then four frequent tokens a small model can copy,
-    not one of a hundred rare ones.
+    not one of a hundred rare ones. With `isolate_spaces` a space is a token of its own and never
+    part of a word's first token, so a word has one tokenization wherever it stands (`" Fashe"`,
+    `"{Fashe"` and `"Fashe"` at a line start all end in the same ids): copying it is then a
+    plain repeat of ids.
     """
     n_learned = vocab_size - len(TAGS)
     if n_learned < len(SPECIAL_TOKENS) + 256:
@@ -64,11 +70,9 @@ def build_tokenizer(
         )
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.pre_tokenizer = (
-        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-        if split_digits
-        else byte_level
-    )
+    steps = [pre_tokenizers.Split(" ", behavior="isolated")] if isolate_spaces else []
+    steps += [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
+    tok.pre_tokenizer = pre_tokenizers.Sequence([*steps, byte_level]) if steps else byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=n_learned,

@@ -66,6 +66,7 @@ def test_build_tiny_tokenizer_is_deterministic_and_keeps_the_brace_alone(tiny_ro
     tok = AutoTokenizer.from_pretrained(tiny_root / "task" / "model")
     pieces = tok.convert_ids_to_tokens(tok.encode("is \\boxed{12}.", add_special_tokens=False))
     assert pieces[-2:] == ["}", "."]
+    assert tok.convert_ids_to_tokens(tok.encode(" in", add_special_tokens=False)) == ["Ġin"]
 
 
 def test_build_tiny_is_byte_identical_per_seed_and_keeps_the_arithmetic_task(tmp_path):
@@ -81,6 +82,39 @@ def test_build_tiny_is_byte_identical_per_seed_and_keeps_the_arithmetic_task(tmp
     assert (arith / "model" / "tokenizer.json").is_file()
     with pytest.raises(ValueError, match="unknown tiny task 'chess'"):
         build_tiny(tmp_path / "d", task="chess")
+
+
+def test_build_tiny_isolate_spaces_gives_a_name_the_same_ids_in_the_context_and_the_box(tmp_path):
+    from transformers import AutoTokenizer
+
+    root = build_tiny(tmp_path / "iso", seed=1, n_train=30, n_dev=4, n_test=4, isolate_spaces=True)
+    tok = AutoTokenizer.from_pretrained(root / "model")
+    assert tok.convert_ids_to_tokens(tok.encode(" in", add_special_tokens=False)) == ["Ġ", "in"]
+    name = tok.encode("Shusti", add_special_tokens=False)
+    boxed = tok.encode("\\boxed{Shusti}", add_special_tokens=False)
+    assert tok.encode(" Shusti", add_special_tokens=False)[1:] == name == boxed[-1 - len(name) : -1]
+    assert (
+        main(
+            [
+                "build-tiny",
+                "--out",
+                str(tmp_path / "cli"),
+                "--n-train",
+                "30",
+                "--n-dev",
+                "4",
+                "--n-test",
+                "4",
+                "--seed",
+                "1",
+                "--isolate-spaces",
+            ]
+        )
+        == 0
+    )
+    assert (tmp_path / "cli" / "model" / "tokenizer.json").read_bytes() == (
+        root / "model" / "tokenizer.json"
+    ).read_bytes()
 
 
 def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):

@@ -50,7 +50,7 @@ world: $(WORLD)/manifest.json  ## the tiny world (corpus, questions, tokenizer, 
 $(WORLD)/manifest.json:
 	$(PY) -m common.tinyworld build --out $(WORLD) --seed 0
 
-warmstart: $(WARM)/config.json  ## supervised warm start of the tiny agent on gold search paths
+warmstart: $(WARM)/config.json  ## supervised warm start of the tiny agent on a weak teacher's search paths
 $(WARM)/config.json: $(WORLD)/manifest.json
 	$(PY) -m common.warmstart --config common/configs/warmstart_tiny.yaml
 

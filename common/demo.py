@@ -1,6 +1,6 @@
 """``make demo``: the tiny world end to end on a CPU, from nothing.
 
-Builds the tiny world, warm-starts the tiny agent on gold search paths, evaluates it, runs the
+Builds the tiny world, warm-starts the tiny agent on a weak teacher's search paths, evaluates it, runs the
 reference GRPO loop, evaluates again, and prints the before/after table and the curve's path.
 Stages whose output already exists are reused (delete their folders to start over); an
 interrupted GRPO run resumes from its latest checkpoint.
@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> None:
         ws_over.append(f"steps={args.warmstart_steps}")
     model = warm / "model"
     if not (model / "config.json").exists():
-        print("[demo] supervised warm start on gold search paths", flush=True)
+        print(
+            "[demo] supervised warm start on a weak teacher's search paths (gold paths, half the bridges cut short)",
+            flush=True,
+        )
         run_warm_start(load_config(WarmStartConfig, CONFIGS / "warmstart_tiny.yaml", ws_over))
 
     grpo_over = [f"world={world}", f"model={model}", f"run_dir={args.run_dir}", f"seed={args.seed}"]

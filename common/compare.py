@@ -21,8 +21,8 @@ logs into the run's metrics.jsonl), and ``extra_metrics`` (metrics.jsonl keys, e
 curve per key (``curves_<key>.png``); an arm that never logs a key shows a dash. ``{out}`` in
 an arm's overrides stands for the spec's ``out``. A smaller version of any comparison (a smoke
 test of its wiring): ``--out``, ``--seeds`` and ``--set key=value`` (appended to every arm's
-overrides, so they win). Every trainer writes its dev
-evaluations per question (``common.rl_loop.evaluate``), so arms are compared on the same
+overrides, so they win); ``--arms A B`` runs and reports a subset (the baseline always).
+Every trainer writes its dev evaluations per question (``common.rl_loop.evaluate``), so arms are compared on the same
 questions: for question q, Δ_q = mean over seeds of the arm's final value minus the baseline's
 (with ``start``: the arm's own final minus step-0 value, seed by seed), and the interval is the
 percentile bootstrap of mean(Δ) over questions. The minimal detectable difference printed beside
@@ -287,11 +287,23 @@ def load_spec(path: str | Path) -> dict[str, Any]:
 
 
 def with_command_line(
-    spec: dict[str, Any], out: str | None, seeds: Sequence[int] | None, sets: Sequence[str]
+    spec: dict[str, Any],
+    out: str | None,
+    seeds: Sequence[int] | None,
+    sets: Sequence[str],
+    arms: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The spec with ``out`` and ``seeds`` replaced when given, ``sets`` appended to every arm's
-    overrides, and ``{out}`` in the overrides replaced by the output folder."""
+    """The spec with ``out`` and ``seeds`` replaced when given, only the ``arms`` named (in the
+    spec's order; the baseline arm is kept), ``sets`` appended to every arm's overrides, and
+    ``{out}`` in the overrides replaced by the output folder."""
     spec = {**spec, "out": out or spec["out"], "seeds": list(seeds or spec["seeds"])}
+    if arms:
+        names = [a["name"] for a in spec["arms"]]
+        unknown = [a for a in arms if a not in names]
+        if unknown:
+            raise ValueError(f"--arms: no arm named {', '.join(unknown)}; the spec has {names}")
+        keep = {*arms, spec["baseline"]}
+        spec["arms"] = [a for a in spec["arms"] if a["name"] in keep]
     spec["arms"] = [
         {
             **arm,
@@ -370,9 +382,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="an override appended to every arm (repeatable), e.g. a smoke test's short runs",
     )
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="run and report only these arms (and the baseline); the others' runs are kept",
+    )
     args = parser.parse_args(argv)
     try:
-        spec = with_command_line(load_spec(args.spec), args.out, args.seeds, args.set)
+        spec = with_command_line(load_spec(args.spec), args.out, args.seeds, args.set, args.arms)
         if not args.report_only:
             run_arms(spec)
         print(report(spec))

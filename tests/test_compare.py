@@ -207,3 +207,18 @@ def test_command_line_out_seeds_and_sets_make_a_smaller_comparison(tmp_path):
     assert not (tmp_path / "cmp").exists()
     summary = json.loads((tmp_path / "smoke" / "comparison.json").read_text())
     assert summary["arms"]["plain"]["final_per_seed"] == [1.0]  # bonus=1 reached every arm
+
+
+def test_arms_runs_and_reports_a_subset_with_the_baseline(tmp_path):
+    spec_path = _spec(tmp_path, baseline="plain")
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["arms"].append({"name": "third", "command": spec["arms"][0]["command"]})
+    spec_path.write_text(yaml.safe_dump(spec))
+    sub = with_command_line(load_spec(spec_path), None, [0], [], ["third"])
+    assert [a["name"] for a in sub["arms"]] == ["plain", "third"]  # the spec's order
+    with pytest.raises(ValueError, match="no arm named fourth"):
+        with_command_line(load_spec(spec_path), None, None, [], ["fourth"])
+    assert main(["--spec", str(spec_path), "--seeds", "0", "--arms", "third"]) == 0
+    out = tmp_path / "cmp"
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["plain", "third"]
+    assert set(json.loads((out / "comparison.json").read_text())["arms"]) == {"plain", "third"}

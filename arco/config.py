@@ -185,6 +185,10 @@ class WarmupConfig:
     mu_batch: int = field(
         default=32, metadata={"help": "μ SFT steps (rubric prompts) per step", "ge": 1}
     )
+    check_items: int = field(
+        default=64,
+        metadata={"help": "after μ SFT, SFT steps μ writes criteria for (validity check)", "ge": 0},
+    )
     score_weight: float = field(default=10.0, metadata={"help": "weight of the score MSE", "ge": 0})
     warmup_ratio: float = field(
         default=0.03, metadata={"help": "share of steps warming up", "ge": 0, "lt": 1}

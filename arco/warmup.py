@@ -33,7 +33,7 @@ from arco.losses import rubric_sft_loss
 from arco.projection import decomposition_holds, project_scores
 from arco.rubric_model import ArcoModel, build_arco_model, load_adapters, save_arco
 from arco.rubric_prompt import format_criteria
-from arco.rubrics import RubricItem, rubric_batch
+from arco.rubrics import RubricItem, rubric_batch, write_criteria
 from arco.steps import Episode, episode_from_trajectory
 from arco.teacher import StepAnnotation, annotate, oracle_annotation, teacher_rollouts
 from common.data import QAExample, load_qa
@@ -314,6 +314,31 @@ def sft_rubric(
     return {"epochs": history}
 
 
+def check_written_criteria(
+    engine, items: Sequence[RubricItem], cfg: ArcoConfig, eos_id: int, logger=None
+) -> dict:
+    """What μ writes after SFT: greedy criteria for up to ``warmup.check_items`` of its SFT
+    items (an even spread), the share that parses as exactly K criteria and the share equal to
+    the teacher's. Training items, so this says whether μ learned the format, not whether it
+    generalises."""
+    n = min(len(items), cfg.warmup.check_items)
+    if n == 0:
+        return {"items": 0}
+    picked = [items[round(i * (len(items) - 1) / max(1, n - 1))] for i in range(n)]
+    probes = [replace(it, criteria_ids=[], criteria=None) for it in picked]
+    invalid = write_criteria(engine, probes, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
+    same = sum(p.criteria_ids == it.criteria_ids for p, it in zip(probes, picked, strict=True))
+    row = {"items": n, "criteria_valid_rate": 1 - invalid / n, "teacher_match_rate": same / n}
+    if logger:
+        logger.log(200, {f"mu_writes/{k}": v for k, v in row.items()})
+    print(
+        f"[arco warmup] μ writes valid criteria for {row['criteria_valid_rate']:.0%} of {n} "
+        f"SFT steps, the teacher's exactly for {row['teacher_match_rate']:.0%}",
+        flush=True,
+    )
+    return row
+
+
 def _adapter_state(model: ArcoModel, name: str) -> dict[str, torch.Tensor]:
     return {
         n: p.detach().clone()
@@ -424,6 +449,9 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         it.target_scores = sft_targets(ann.scores, cfg.rubric.head_k)
     report["mu_sft"] = sft_rubric(train, mu_items, cfg, pad_id, logger)
     model.sync_references()
+    if cfg.rubric.mode == "adaptive":
+        push_adapters(engine, model)
+        report["mu_writes"] = check_written_criteria(engine, mu_items, cfg, eos_id, logger)
     if train.is_main:
         save_arco(model, out)
         (out / "report.json").write_text(json.dumps(report, indent=1, default=str))

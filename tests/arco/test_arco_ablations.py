@@ -95,9 +95,9 @@ def test_mode_fixed_gives_every_step_the_files_criteria_as_written_text(tiny_wor
     cfg = cfg_for(tiny_world, "rubric.mode=fixed", f"rubric.criteria_file={CRITERIA}")
     fixed = read_criteria_file(str(CRITERIA), 3)
     assert fixed == [
-        "search retrieves a supporting document",
-        "avoid repeating an earlier search",
-        "answer is supported by the retrieved documents",
+        "finds new support",
+        "no repeated search",
+        "answer is supported",
     ]
     items = make_rubric_items(cfg, EPISODES, tokenizer)
     adaptive = make_rubric_items(cfg_for(tiny_world), EPISODES, tokenizer)

@@ -179,3 +179,47 @@ def test_diagnose_command_writes_table_plot_json_and_logs_into_the_run(tiny_worl
             "diag/action_id_chance": ident["chance"],
         }
     ]
+
+
+def test_warmup_check_of_written_criteria_counts_valid_and_teachers(tiny_world):
+    """μ taught to write three criteria X after one action and a broken JSON after the other:
+    the warmup's check reads μ's greedy text back and reports half valid; an item whose teacher
+    wrote Y (μ writes X) is valid but no match."""
+    from transformers import AutoTokenizer
+
+    from arco.trainer import build_engine
+    from arco.warmup import check_written_criteria
+
+    cfg = load_config(
+        ArcoConfig,
+        CONFIG,
+        [f"assets.model={tiny_world / 'model'}", "lora.r=8", "lora.lora_alpha=16",
+         "engine.backend=hf", "rubric.max_new_tokens=40", "warmup.check_items=3"],
+    )  # fmt: skip
+    tok = AutoTokenizer.from_pretrained(tiny_world / "model")
+    eps = [ep("q1", ["<search> mill </search>"], 0.0), ep("q1", ["<answer> ann </answer>"], 0.0)]
+    x = encode_text(tok, format_criteria(["mill", "ann", "ok"])) + [tok.eos_token_id]
+    broken = encode_text(tok, '{"criteria": ["mill"') + [tok.eos_token_id]
+    torch.manual_seed(0)
+    model = build_arco_model(tiny_world / "model", cfg.lora.as_peft(), cfg.rubric.k)
+    items = make_rubric_items(cfg, eps, tok)
+    items[0].criteria_ids, items[1].criteria_ids = list(x), list(broken)
+    params = [p for n, p in model.named_parameters() if ".rubric." in n and p.requires_grad]
+    opt = torch.optim.Adam(params, lr=1e-2)
+    ids, attn, mask = rubric_batch(items, tok.pad_token_id, torch.device("cpu"))
+    for _ in range(60):
+        logits, scores = model("rubric", ids, attn, pool_mask=attn)
+        loss = rubric_sft_loss(logprobs_from_logits(logits[:, :-1], ids[:, 1:]), mask, scores,
+                               scores.detach(), 0.0)  # fmt: skip
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    model.eval()
+    engine = build_engine(cfg, model, tok, 0)
+    row = check_written_criteria(engine, items, cfg, tok.eos_token_id)
+    assert row == {"items": 2, "criteria_valid_rate": 0.5, "teacher_match_rate": 1.0}
+    other = encode_text(tok, format_criteria(["a", "b", "c"])) + [tok.eos_token_id]
+    items[0].criteria_ids = other  # the teacher wrote Y; μ still writes X: valid, no match
+    row = check_written_criteria(engine, items[:1], cfg, tok.eos_token_id)
+    assert row == {"items": 1, "criteria_valid_rate": 1.0, "teacher_match_rate": 0.0}
+    assert items[0].criteria_ids == other  # the check writes into copies

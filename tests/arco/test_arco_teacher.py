@@ -292,13 +292,13 @@ def test_oracle_annotation_meets_the_constraint(k):
 
 def test_oracle_annotation_criteria_by_outcome():
     [useful, missed, _, answer] = oracle_annotation(RIGHT, 3, SUPPORT)
-    assert useful.criteria[0] == "query names the entity the next hop needs"
-    assert missed.criteria[1] == "search retrieves a supporting document"
-    assert answer.criteria[0] == "final answer is correct"
+    assert useful.criteria[0] == "query names next hop"
+    assert missed.criteria[1] == "finds new support"
+    assert answer.criteria[0] == "answer is correct"
     [_, redundant, invalid, forced] = oracle_annotation(WASTEFUL, 3, SUPPORT)
-    assert redundant.criteria[0] == "avoid repeating an earlier search"
-    assert "Search[query] or Finish[answer]" in invalid.criteria[0]
-    assert forced.criteria[0] == "finish with an answer once no searches remain"
+    assert redundant.criteria[0] == "no repeated search"
+    assert invalid.criteria[0] == "valid action format"
+    assert forced.criteria[0] == "answers when forced"
     with pytest.raises(ValueError):
         oracle_annotation(RIGHT, 6, SUPPORT)
 

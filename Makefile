@@ -102,10 +102,10 @@ eval-all:  ## every run under RUNS (default runs/) on its method's benchmarks: r
 
 # the demo's ARCO run, shortened to minutes (make train-arco runs the full tiny config)
 ARCO_DEMO := warmup_dir=runs/arco/demo/warmup run_dir=runs/arco/demo
-ARCO_DEMO_WARMUP := $(ARCO_DEMO) warmup.questions=150 warmup.mu_epochs=2
+ARCO_DEMO_WARMUP := $(ARCO_DEMO) warmup.questions=150
 ARCO_DEMO_RL := $(ARCO_DEMO) rl.sparse_steps=4 rl.dense_steps=4 eval_every=4
 
-demo:  ## all of it on the tiny setup, from nothing, on CPU (about 20 min on 2 cores), ending in runs/demo/report.md
+demo:  ## all of it on the tiny setup, from nothing, on CPU (about 13 min on 2 cores), ending in runs/demo/report.md
 	$(PY) -m common.demo --world $(WORLD) --warmstart runs/warmstart/tiny --run-dir runs/grpo/tiny
 	$(PY) -m eviback train --config eviback/configs/tiny.yaml
 	$(MAKE) cer-tiny-assets
@@ -136,11 +136,13 @@ define arco_variant_warmups
 	done
 endef
 
+# ARMS="arco prm": only those arms (and outcome-only, the baseline); runs already done are kept
+ARMS ?=
 compare-arco: $(ARCO_WARM)/arco.json  ## ARCO vs outcome-only, PRM and 3 ablations, 3 seeds, one π
 	mkdir -p runs/compare/arco/warmup
 	test -f runs/compare/arco/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco/warmup/arco
 	$(call arco_variant_warmups,runs/compare/arco,)
-	$(PY) -m common.compare --spec arco/configs/compare_tiny.yaml
+	$(PY) -m common.compare --spec arco/configs/compare_tiny.yaml $(if $(ARMS),--arms $(ARMS))
 
 # the same wiring in minutes: small warmups, 1 seed, 1 sparse + 1 dense step, 20 dev questions
 ARCO_SMOKE := runs/compare/arco_smoke

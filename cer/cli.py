@@ -1,6 +1,7 @@
 """The `cer` command (or ``python -m cer``): ``cer {build-tiny,warmup,train,eval}``.
 
     python -m cer build-tiny --out runs/cer/tiny/task [--seed 0] [--task alias|arithmetic]
+                                                    [--worlds shared|fresh]
     python -m cer warmup --config cer/configs/tiny.yaml [key=value ...]
     python -m cer train  --config cer/configs/tiny.yaml [reward.type=exact run_dir=...]
     python -m cer eval   --config cer/configs/tiny.yaml [--model PATH]
@@ -13,6 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cer.aliastask import (
+    DEFAULT_NAME_HOLDOUT,
+    DEFAULT_WORLDS,
+    NAME_HOLDOUT_HELP,
+    NAME_HOLDOUTS,
+    WORLDS,
+    WORLDS_HELP,
+)
 from cer.config import CERConfig, MissingAssetError
 from common.config import ConfigError, describe_config, load_config
 from common.data import DataError
@@ -30,7 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("build-tiny", help="write the tiny task, tokenizer and model")
     b.add_argument("--out", default="runs/cer/tiny/task", help="output folder")
     b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--n-train", type=int, default=2000)
+    b.add_argument(
+        "--n-train",
+        type=int,
+        default=None,
+        help="train problems (default: 13000 alias shared-names, else 2000)",
+    )
     b.add_argument("--n-dev", type=int, default=200)
     b.add_argument("--n-test", type=int, default=200)
     b.add_argument(
@@ -44,7 +58,20 @@ def _parser() -> argparse.ArgumentParser:
         "--vocab-size",
         type=int,
         default=None,
-        help="tokenizer ids (default: 512 alias, 1024 arithmetic)",
+        help="tokenizer ids (default: alias 2048 with --worlds shared-names or shared, 512 with fresh; "
+        "arithmetic 1024)",
+    )
+    b.add_argument(
+        "--worlds",
+        choices=WORLDS,
+        default=None,
+        help=f"alias task only (default {DEFAULT_WORLDS}): {WORLDS_HELP}",
+    )
+    b.add_argument(
+        "--name-holdout",
+        choices=NAME_HOLDOUTS,
+        default=DEFAULT_NAME_HOLDOUT,
+        help=NAME_HOLDOUT_HELP,
     )
     b.add_argument(
         "--isolate-spaces",
@@ -88,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.vocab_size,
                 args.task,
                 args.isolate_spaces,
+                args.worlds,
+                args.name_holdout,
             )
             print(f"wrote the tiny CER {args.task} task, tokenizer and model to {out}")
             return 0

@@ -4,10 +4,12 @@
 
 writes what the task's ``build`` writes (``cer.aliastask``, the default, or ``cer.tinytask``) and
 ``model/``: a byte-level BPE trained on the task's train text (problems, worked solutions, every
-answer form), the prompt words and the digits (with no merge of a closing brace into the next
+answer form, plus the shared world's documents for the alias task's ``shared-names`` and
+``shared`` builds), the prompt words and the digits (with no merge of a closing brace into the next
 character), and a randomly initialised Qwen3 (the tiny world's builders and sizes). Same seed,
-same bytes. The alias task's vocabulary is small (512) so that the invented names split into
-shared syllable pieces instead of one rare token per name (README: the vocabulary measured).
+same bytes. Vocabulary: 2048 for the shared-world alias builds (a name is one or two tokens the
+model sees in training), 512 for ``--worlds fresh`` (its invented names split into shared syllable
+pieces instead of one rare token per name); README: the vocabularies measured.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from cer import aliastask, tinytask
 from cer.prompt import INSTRUCTION, MC_INSTRUCTION, SYSTEM_PROMPT
 
 TASKS: dict[str, Callable[..., Path]] = {"alias": aliastask.build, "arithmetic": tinytask.build}
-# Per task: the arithmetic task keeps the vocabulary its measurements were made with.
+# Per task: the arithmetic task keeps the vocabulary its measurements were made with; the alias
+# task's fresh worlds 512 (names as syllable pieces), its shared world 2048 (README).
 VOCAB_SIZES = {"alias": 512, "arithmetic": 1024}
+SHARED_VOCAB_SIZE = 2048
 # Words the prompts and solutions use beyond the task's own text, so that they are whole tokens.
 EXTRA_TEXT = " ".join(
     [SYSTEM_PROMPT, INSTRUCTION, MC_INSTRUCTION, "\\boxed{ } \\frac{ \\dfrac{ \\text{ \\%"]
@@ -31,9 +35,17 @@ EXTRA_TEXT = " ".join(
 
 def tokenizer_texts(task_dir: str | Path) -> list[str]:
     """The texts the tiny tokenizer is trained on: train problems, worked solutions, answer forms
-    and the prompt words (dev and test text stays unseen)."""
+    and the prompt words, plus the world's documents where the task has them (the alias task's
+    shared world: ``documents.jsonl``, a public corpus of one sentence per entity). No dev or
+    test problem, question or answer form is read; a shared world's documents state the facts
+    dev and test ask about, in other sentences, as a pretraining corpus would."""
     task_dir = Path(task_dir)
     texts = [EXTRA_TEXT]
+    docs = task_dir / aliastask.DOCUMENTS_FILE
+    if docs.is_file():
+        texts += [
+            json.loads(line)["text"] for line in docs.read_text(encoding="utf-8").splitlines()
+        ]
     for name, keys in (("train.jsonl", ("problem",)), ("warmstart.jsonl", ("solution",))):
         for line in (task_dir / name).read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
@@ -47,25 +59,39 @@ def tokenizer_texts(task_dir: str | Path) -> list[str]:
 def build_tiny(
     out: str | Path,
     seed: int = 0,
-    n_train: int = 2000,
+    n_train: int | None = None,
     n_dev: int = 200,
     n_test: int = 200,
     vocab_size: int | None = None,
     task: str = "alias",
     isolate_spaces: bool = False,
+    worlds: str | None = None,
+    name_holdout: str = aliastask.DEFAULT_NAME_HOLDOUT,
 ) -> Path:
     """Write the tiny ``task`` into ``out`` and its tokenizer (``vocab_size`` ids, default
     ``VOCAB_SIZES[task]``) + model into ``out/model``. With ``isolate_spaces`` a space is a token
     of its own, so that a name or number has the same ids in the context, at the start of the
-    solution and inside ``\\boxed{}`` (measured in the README's warm-start table: no gain)."""
+    solution and inside ``\\boxed{}`` (measured in the README's warm-start table: no gain).
+    ``worlds`` (alias task only; default ``aliastask.DEFAULT_WORLDS``): ``shared-names``,
+    ``shared`` or ``fresh``, ``name_holdout`` the shared-names hold-out (``cer.aliastask``); the
+    shared builds' default vocabulary is ``SHARED_VOCAB_SIZE``, ``n_train`` defaults to
+    ``aliastask.DEFAULT_N_TRAIN`` (2000 for arithmetic)."""
     if task not in TASKS:
         raise ValueError(f"unknown tiny task {task!r}; known: {', '.join(TASKS)}")
+    if worlds is not None and task != "alias":
+        raise ValueError(f"worlds={worlds!r} is an option of the alias task only")
     # Imported here so that the task files alone do not wait for torch.
     from common.tinyworld.model import build_model, save_model_folder
     from common.tinyworld.tokenizer import build_tokenizer
 
-    out = TASKS[task](out, seed, n_train, n_dev, n_test)
-    vocab_size = VOCAB_SIZES[task] if vocab_size is None else vocab_size
+    if task == "alias":
+        worlds = aliastask.DEFAULT_WORLDS if worlds is None else worlds
+        out = aliastask.build(out, seed, n_train, n_dev, n_test, worlds, name_holdout)
+        default_vocab = VOCAB_SIZES[task] if worlds == "fresh" else SHARED_VOCAB_SIZE
+    else:
+        out = TASKS[task](out, seed, 2000 if n_train is None else n_train, n_dev, n_test)
+        default_vocab = VOCAB_SIZES[task]
+    vocab_size = default_vocab if vocab_size is None else vocab_size
     tokenizer = build_tokenizer(
         tokenizer_texts(out), vocab_size=vocab_size, isolate_spaces=isolate_spaces
     )

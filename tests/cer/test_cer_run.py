@@ -76,7 +76,17 @@ def test_build_tiny_is_byte_identical_per_seed_and_keeps_the_arithmetic_task(tmp
     a = build_tiny(tmp_path / "a", seed=1, n_train=30, n_dev=4, n_test=4)
     b = build_tiny(tmp_path / "b", seed=1, n_train=30, n_dev=4, n_test=4)
     assert files(a) == files(b) and "model/model.safetensors" in files(a)
-    assert json.loads((a / "meta.json").read_text())["task"] == "alias"
+    meta = json.loads((a / "meta.json").read_text())
+    assert meta["task"] == "alias" and meta["worlds"] == "shared-names"
+    assert "documents.jsonl" in files(a)  # the shared world's documents: the tokenizer's corpus
+    from transformers import AutoTokenizer
+
+    assert len(AutoTokenizer.from_pretrained(a / "model")) == 2048
+    fresh = build_tiny(tmp_path / "f", seed=1, n_train=30, n_dev=4, n_test=4, worlds="fresh")
+    assert "documents.jsonl" not in files(fresh)
+    assert len(AutoTokenizer.from_pretrained(fresh / "model")) == 512
+    with pytest.raises(ValueError, match="option of the alias task only"):
+        build_tiny(tmp_path / "g", task="arithmetic", worlds="shared")
     arith = build_tiny(tmp_path / "c", seed=1, n_train=30, n_dev=4, n_test=4, task="arithmetic")
     assert "task" not in json.loads((arith / "meta.json").read_text())
     assert (arith / "model" / "tokenizer.json").is_file()

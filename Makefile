@@ -105,7 +105,7 @@ ARCO_DEMO := warmup_dir=runs/arco/demo/warmup run_dir=runs/arco/demo
 ARCO_DEMO_WARMUP := $(ARCO_DEMO) warmup.questions=150
 ARCO_DEMO_RL := $(ARCO_DEMO) rl.sparse_steps=4 rl.dense_steps=4 eval_every=4
 
-demo:  ## all of it on the tiny setup, from nothing, on CPU (about 13 min on 2 cores), ending in runs/demo/report.md
+demo:  ## all of it on the tiny setup, from nothing, on CPU (about 14.5 min on 2 cores), ending in runs/demo/report.md
 	$(PY) -m common.demo --world $(WORLD) --warmstart runs/warmstart/tiny --run-dir runs/grpo/tiny
 	$(PY) -m eviback train --config eviback/configs/tiny.yaml
 	$(MAKE) cer-tiny-assets

@@ -333,15 +333,28 @@ def world_seed(seed: int, split: int, k: int) -> int:
 def fresh_split_problems(seed: int, sizes: dict[str, int]) -> dict[str, list[TinyProblem]]:
     """Each split's problems, ``PROBLEMS_PER_WORLD`` from each of its own worlds (``world_seed``),
     drawn with ``random.Random(seed)``; no problem text repeats across splits."""
+    return _problems_per_world(
+        seed, sizes, lambda i, name, k: (generate_world(world_seed(seed, i, k), WORLD_SIZES), None)
+    )
+
+
+def _problems_per_world(
+    seed: int,
+    sizes: dict[str, int],
+    world_for: Callable[[int, str, int], tuple[World, dict[str, list] | None]],
+) -> dict[str, list[TinyProblem]]:
+    """Each split's problems, ``PROBLEMS_PER_WORLD`` from each world ``world_for(split index,
+    split, k)`` gives (with the subjects allowed, or None for any), drawn with
+    ``random.Random(seed)``; no problem text repeats across splits."""
     rng = random.Random(seed)
     seen: set[str] = set()
     out: dict[str, list[TinyProblem]] = {}
     for i, name in enumerate(SPLITS):
         out[name] = []
         for k in range(-(-sizes[name] // PROBLEMS_PER_WORLD)):
-            world = generate_world(world_seed(seed, i, k), WORLD_SIZES)
+            world, allowed = world_for(i, name, k)
             n = min(PROBLEMS_PER_WORLD, sizes[name] - len(out[name]))
-            out[name] += generate_problems(world, n, rng, seen)
+            out[name] += generate_problems(world, n, rng, seen, allowed)
     return out
 
 
@@ -449,25 +462,21 @@ def shared_names_split_problems(
             "dev": {k: [] for k in ENTITY_KINDS},
             "test": {k: [] for k in ENTITY_KINDS},
         }
-    rng = random.Random(seed)
-    seen: set[str] = set()
-    out: dict[str, list[TinyProblem]] = {}
-    for i, name in enumerate(SPLITS):
-        out[name] = []
-        for k in range(-(-sizes[name] // PROBLEMS_PER_WORLD)):
-            wseed = world_seed(seed, i, k)
-            small = generate_world(wseed, RENAMED_WORLD_SIZES)
-            names, subjects = _draw_names(small, name, pools, hold_out, random.Random(wseed))
-            world = renamed(small, names)
-            allowed = None
-            if subjects is not None:
-                allowed = {
-                    kind: [e for e in getattr(world, kind) if e.name in subjects[kind]]
-                    for kind in ENTITY_KINDS
-                }
-            n = min(PROBLEMS_PER_WORLD, sizes[name] - len(out[name]))
-            out[name] += generate_problems(world, n, rng, seen, allowed)
-    return out
+
+    def world_for(i: int, name: str, k: int) -> tuple[World, dict[str, list] | None]:
+        wseed = world_seed(seed, i, k)
+        small = generate_world(wseed, RENAMED_WORLD_SIZES)
+        names, subjects = _draw_names(small, name, pools, hold_out, random.Random(wseed))
+        world = renamed(small, names)
+        if subjects is None:
+            return world, None
+        allowed = {
+            kind: [e for e in getattr(world, kind) if e.name in subjects[kind]]
+            for kind in ENTITY_KINDS
+        }
+        return world, allowed
+
+    return _problems_per_world(seed, sizes, world_for)
 
 
 def split_problems(

@@ -22,8 +22,8 @@ curve per key (``curves_<key>.png``); an arm that never logs a key shows a dash.
 an arm's overrides stands for the spec's ``out``. A smaller version of any comparison (a smoke
 test of its wiring): ``--out``, ``--seeds`` and ``--set key=value`` (appended to every arm's
 overrides, so they win); ``--arms A B`` runs and reports a subset (the baseline always).
-Every trainer writes its dev evaluations per question (``common.rl_loop.evaluate``), so arms are compared on the same
-questions: for question q, Δ_q = mean over seeds of the arm's final value minus the baseline's
+Every trainer writes its dev evaluations per question (``common.rl_loop.evaluate``), so arms are
+compared on the same questions: for question q, Δ_q = mean over seeds of the arm's final value minus the baseline's
 (with ``start``: the arm's own final minus step-0 value, seed by seed), and the interval is the
 percentile bootstrap of mean(Δ) over questions. The minimal detectable difference printed beside
 it is 2.8 standard errors of that mean (a two-sided 5% test with 80% power); the spread over

@@ -1,7 +1,7 @@
 """``make demo``: the tiny world end to end on a CPU, from nothing.
 
-Builds the tiny world, warm-starts the tiny agent on a weak teacher's search paths, evaluates it, runs the
-reference GRPO loop, evaluates again, and prints the before/after table and the curve's path.
+Builds the tiny world, warm-starts the tiny agent on a weak teacher's search paths, evaluates it,
+runs the reference GRPO loop, evaluates again, and prints the before/after table and the curve's path.
 Stages whose output already exists are reused (delete their folders to start over); an
 interrupted GRPO run resumes from its latest checkpoint.
 """

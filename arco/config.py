@@ -176,7 +176,10 @@ class WarmupConfig:
         default=0.05,
         metadata={"help": "μ SFT keeps trajectories with |Σ_t mean_k − R| < tol", "gt": 0},
     )
-    pi_epochs: int = field(default=6, metadata={"help": "π SFT epochs", "ge": 1})
+    pi_epochs: int = field(
+        default=6,
+        metadata={"help": "π SFT epochs (0: no π SFT, π stays the backbone)", "ge": 0},
+    )
     pi_lr: float = field(default=1e-5, metadata={"help": "π SFT learning rate", "gt": 0})
     pi_batch: int = field(default=64, metadata={"help": "π SFT trajectories per step", "ge": 1})
     mu_epochs: int = field(default=10, metadata={"help": "μ SFT epochs", "ge": 1})
@@ -210,9 +213,11 @@ class WarmupConfig:
     def __post_init__(self) -> None:
         if self.teacher not in ("oracle", "llm"):
             raise ValueError(f"warmup.teacher={self.teacher!r}; choose oracle or llm")
-        for name in ("questions", "samples", "pi_epochs", "mu_epochs", "pi_batch", "mu_batch"):
+        for name in ("questions", "samples", "mu_epochs", "pi_batch", "mu_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"warmup.{name}={getattr(self, name)}; must be >= 1")
+        if self.pi_epochs < 0:
+            raise ValueError(f"warmup.pi_epochs={self.pi_epochs}; must be >= 0 (0: no π SFT)")
 
 
 @dataclass

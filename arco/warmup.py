@@ -436,6 +436,9 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         load_adapters(model.lm, w.policy_from, ["policy"])
         report["pi_sft"] = {"policy_from": w.policy_from}
         print(f"[arco warmup] π taken from {w.policy_from} (no π SFT)", flush=True)
+    elif w.pi_epochs == 0:  # the tiny setting: π SFT on the oracle's play would do RL's work
+        report["pi_sft"] = {"skipped": "warmup.pi_epochs = 0", "select_em": select_em()}
+        print("[arco warmup] π SFT skipped (warmup.pi_epochs = 0): π is the backbone", flush=True)
     elif pi_idx:
         report["pi_sft"] = sft_policy(train, [trajs[i] for i in pi_idx], cfg, select_em, logger)
     else:  # e.g. an untrained agent that never answers right: π stays as it is

@@ -28,11 +28,13 @@ def _adapter(folder: Path, name: str) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def prm_warmed(tiny_world, tmp_path_factory) -> Path:
     """One PRM warmup (rubric mode none, one score a step) for both baselines: outcome-only
-    never reads μ, so any warmup serves it."""
+    never reads μ, so any warmup serves it. No π SFT (``warmup.pi_epochs=0``, the tiny
+    config's own setting)."""
     from arco.warmup import run_warmup
 
     out = tmp_path_factory.mktemp("prm")
-    run_warmup(load_config(ArcoConfig, CONFIG, overrides(tiny_world, out, "hf") + ["method=prm"]))
+    over = overrides(tiny_world, out, "hf") + ["method=prm", "warmup.pi_epochs=0"]
+    run_warmup(load_config(ArcoConfig, CONFIG, over))
     return out
 
 
@@ -47,6 +49,12 @@ def test_prm_warmup_and_frozen_rl(tiny_world, prm_warmed):
     assert load_file(str(warm / HEAD_FILE))["net.4.weight"].shape[0] == 1
     report = json.loads((warm / "report.json").read_text())
     assert all(e["criteria_ce"] == 0.0 for e in report["mu_sft"]["epochs"])  # nothing to write
+    # pi_epochs = 0: π's adapter is still the identity (LoRA B = 0), π is the backbone
+    assert report["pi_sft"]["skipped"] == "warmup.pi_epochs = 0"
+    policy, ref = _adapter(warm, "policy"), _adapter(warm, "policy_ref")
+    lora_b = [k for k in policy if "lora_B" in k]
+    assert lora_b and all(not policy[k].any() for k in lora_b)
+    assert all(torch.equal(t, ref[k]) for k, t in policy.items())
     out = train_arco(load_config(ArcoConfig, CONFIG, over))
     ckpt = Path(out["run_dir"]) / "checkpoints" / "step_2"
     for name in ("rubric",):  # μ is the warmup's, bit for bit

@@ -181,6 +181,7 @@ def test_bad_settings_are_one_line_errors(capsys):
     for bad, key in (
         ("rubric.prefix=later", "rubric.prefix"),
         ("rl.kl_direction=up", "kl_direction"),
+        ("warmup.pi_epochs=-1", "warmup.pi_epochs"),
     ):
         assert main(["train", "--config", str(CONFIG), bad]) == 2
         assert key in capsys.readouterr().err

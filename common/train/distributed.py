@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any
 
@@ -26,7 +27,16 @@ def init_distributed() -> tuple[int, int, int]:
             torch.cuda.set_device(local_rank)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        # handlers run last-in first-out: engines made later shut down first, then the group.
+        # A group left to the interpreter's teardown can abort the process after its work is
+        # done ("terminate called without an active exception", seen with gloo on CPU)
+        atexit.register(_destroy_group)
     return dist.get_rank(), dist.get_world_size(), local_rank
+
+
+def _destroy_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def current_rank() -> int:

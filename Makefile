@@ -1,7 +1,10 @@
 # The project's commands. SCALE=tiny (the default) runs on a laptop CPU, offline.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-SEED ?= 0
+# SEED=N adds seed=N to the training targets; unset, each config's own seed holds (the paper
+# configs: their releases' seeds, e.g. EviBack's and ARCO's 42; the tiny configs: 0)
+SEED ?=
+SEED_ARG := $(if $(SEED),seed=$(SEED))
 SCALE ?= tiny
 DATA ?= math
 WORLD := runs/tinyworld/seed0
@@ -55,7 +58,7 @@ $(WARM)/config.json: $(WORLD)/manifest.json
 	$(PY) -m common.warmstart --config common/configs/warmstart_tiny.yaml
 
 train-grpo: warmstart  ## the reference GRPO loop on the tiny world
-	$(PY) -m common.search_grpo --config common/configs/grpo_tiny.yaml seed=$(SEED)
+	$(PY) -m common.search_grpo --config common/configs/grpo_tiny.yaml $(SEED_ARG)
 
 cer-tiny-assets: $(CER_WARM)/config.json
 $(CER_WARM)/config.json:
@@ -64,33 +67,33 @@ $(CER_WARM)/config.json:
 
 train-cer:  ## CER; SCALE=tiny|4b|8b, DATA=math|webinstruct (paper scales need GPUs)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) cer-tiny-assets)
-	$(PY) -m cer train --config $(CER_CONFIG) seed=$(SEED)
+	$(PY) -m cer train --config $(CER_CONFIG) $(SEED_ARG)
 
 eval-cer:  ## CER's evaluation of the latest checkpoint of the run
 	$(PY) -m cer eval --config $(CER_CONFIG)
 
 train-eviback:  ## EviBack; SCALE=tiny|0.6b|1.7b|4b (paper scales need GPUs)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmstart)
-	$(PY) -m eviback train --config $(EVIBACK_CONFIG) seed=$(SEED)
+	$(PY) -m eviback train --config $(EVIBACK_CONFIG) $(SEED_ARG)
 
 train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (teacher off)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmstart)
 	$(PY) -m eviback train --config $(EVIBACK_CONFIG) teacher.enabled=false \
-		run_dir=runs/eviback/$(SCALE)-baseline seed=$(SEED)
+		run_dir=runs/eviback/$(SCALE)-baseline $(SEED_ARG)
 
 eval-eviback:  ## EviBack's evaluation of the latest checkpoint of the run
 	$(PY) -m eviback eval --config $(EVIBACK_CONFIG)
 
 warmup-arco:  ## ARCO's warmup (tiny: the world annotates; paper scales: an LLM teacher, API cost)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmstart)
-	$(PY) -m arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) seed=$(SEED)
+	$(PY) -m arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(SEED_ARG)
 
 $(ARCO_WARM)/arco.json: $(WARM)/config.json
 	$(PY) -m arco warmup --config arco/configs/tiny.yaml
 
 train-arco:  ## ARCO co-evolution RL; SCALE=tiny|qwen3-4b|llama3.2-3b, DATA=hotpotqa|2wiki|musique, VARIANT=
 	$(if $(filter tiny,$(SCALE)),$(MAKE) $(ARCO_WARM)/arco.json)
-	$(PY) -m arco train --config $(ARCO_CONFIG) $(ARCO_VARIANT) seed=$(SEED)
+	$(PY) -m arco train --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(SEED_ARG)
 
 eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy
 	$(PY) -m arco eval --config $(ARCO_CONFIG) $(ARCO_VARIANT)

@@ -1,0 +1,72 @@
+"""The Makefile's commands, read with make's dry run (``make -n``: printed, nothing trained)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from common.config import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+# every target that hands a seed to a trainer, at a paper scale where there is one
+SEEDED = [
+    ("train-eviback", "SCALE=1.7b", "eviback train --config eviback/configs/qwen3_1.7b.yaml"),
+    ("train-eviback-baseline", "SCALE=1.7b", "run_dir=runs/eviback/1.7b-baseline"),
+    ("train-cer", "SCALE=4b", "cer train --config cer/configs/qwen3_4b_base_math.yaml"),
+    ("warmup-arco", "SCALE=qwen3-4b", "arco warmup --config arco/configs/qwen3_4b_hotpotqa.yaml"),
+    ("train-arco", "SCALE=qwen3-4b", "arco train --config arco/configs/qwen3_4b_hotpotqa.yaml"),
+    ("train-grpo", "SCALE=tiny", "common.search_grpo --config common/configs/grpo_tiny.yaml"),
+]
+
+
+def dry_run(*args: str) -> list[str]:
+    """The commands ``make -n ARGS`` would run, SEED unset in the environment."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SEED", "MAKEFLAGS", "MAKELEVEL")}
+    run = subprocess.run(
+        ["make", "-n", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    return run.stdout.splitlines()
+
+
+def trainer_line(lines: list[str], marker: str) -> str:
+    (line,) = [x for x in lines if marker in x]
+    return line
+
+
+def test_train_eviback_keeps_the_configs_seed_unless_seed_is_set():
+    line = trainer_line(dry_run("train-eviback", "SCALE=1.7b"), "eviback train")
+    assert "seed=" not in line  # the config's seed: 42, the release's
+    line = trainer_line(dry_run("train-eviback", "SCALE=1.7b", "SEED=3"), "eviback train")
+    assert line.split()[-1] == "seed=3"
+
+
+@pytest.mark.parametrize(("target", "scale", "marker"), SEEDED)
+def test_every_seeded_target_passes_seed_only_when_set(target, scale, marker):
+    lines = dry_run(target, scale)
+    assert not any("seed=" in x for x in lines), lines
+    line = trainer_line(dry_run(target, scale, "SEED=0"), marker)  # 0 is a seed too
+    assert line.split()[-1] == "seed=0"
+
+
+def test_the_paper_configs_carry_their_releases_seed():
+    """EviBack's release trains with seed 42 (0.6B and 4B inherit the 1.7B config); ARCO's
+    release seeds its SFT and data split with 42 (it ships HotpotQA + Qwen3-4B; the other five
+    settings follow it)."""
+    from arco.config import ArcoConfig
+    from eviback.config import EviBackConfig
+
+    for scale in ("0.6b", "1.7b", "4b"):
+        cfg = load_config(EviBackConfig, ROOT / "eviback" / "configs" / f"qwen3_{scale}.yaml", [])
+        assert cfg.seed == 42, scale
+    for backbone in ("qwen3_4b", "llama3.2_3b"):
+        for data in ("hotpotqa", "2wiki", "musique"):
+            path = ROOT / "arco" / "configs" / f"{backbone}_{data}.yaml"
+            assert load_config(ArcoConfig, path, []).seed == 42, path.name

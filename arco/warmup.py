@@ -4,8 +4,10 @@
     2. hindsight annotation   (llm: a strong LLM; oracle: the tiny world, which knows which
                                searches found a supporting document and whether R = 1)
     3. projection             scores onto {Σ_t mean_k = R, [-1, 1]}; unparseable ones dropped
-    4. π SFT                  R = 1 trajectories with > 1 step; epoch chosen on held-out
-                               training questions (never the reported dev split); or π
+    4. π SFT                  the steps of R = 1 trajectories with > 1 step, one example a
+                               step, ``warmup.pi_batch`` steps an optimizer step (the
+                               release's 2 × 32); the best SFT epoch on held-out training
+                               questions (never the reported dev split) is kept; or π
                                taken from an earlier warmup (``warmup.policy_from``)
     5. μ SFT                  steps of trajectories with > 1 step whose decomposition holds;
                                token-mean CE on the criteria JSON + EOS + 10 × score MSE
@@ -220,6 +222,60 @@ def project_and_filter(
     return pi, mu, counts
 
 
+def step_examples(trajs: Sequence[Trajectory]) -> list[tuple[int, int]]:
+    """π SFT's examples, one per agent step as the release's (``build_pi_sft_data``): (trajectory,
+    step) for every step with a sampled token."""
+    return [
+        (i, j)
+        for i, t in enumerate(trajs)
+        for j, s in enumerate(t.steps)
+        if any(t.loss_mask[s.start : s.end])
+    ]
+
+
+def step_view(t: Trajectory, j: int) -> Trajectory:
+    """Step ``j`` of ``t`` as one SFT example: the context the policy saw before it (prompt,
+    earlier turns, observations and messages) with the step's sampled tokens as the only
+    target; ``t``'s tokens cut at the step's end, so the same tokens the agent saw."""
+    s = t.steps[j]
+    v = Trajectory(t.group_id, t.sample_index, t.question_id, t.question, [], list(t.prompt_ids))
+    v.response_ids = list(t.response_ids[: s.end])
+    v.loss_mask = [0] * s.start + list(t.loss_mask[s.start : s.end])
+    v.sampling_logprobs = [0.0] * s.end
+    return v
+
+
+def pi_sft_loss(logp: torch.Tensor, mask: torch.Tensor, group: int) -> torch.Tensor:
+    """π SFT's loss over one optimizer step's examples (rows), the release's normalisation: the
+    token mean of −log π over each group of ``group`` consecutive rows (its per-device batch of
+    2: ``F.cross_entropy`` over a micro-batch's target tokens), averaged over the groups (its
+    loss / grad_accum, 32 micro-batches). ``group`` 1 is a per-example token mean."""
+    tokens = -(logp * mask).sum(dim=1)
+    counts = mask.sum(dim=1)
+    groups = [
+        tokens[g : g + group].sum() / counts[g : g + group].sum().clamp(min=1)
+        for g in range(0, logp.shape[0], group)
+    ]
+    return torch.stack(groups).mean()
+
+
+def pi_sft_batches(n: int, batch: int, rng: random.Random) -> list[list[int]]:
+    """One epoch's optimizer steps over ``n`` examples: a fresh shuffle cut into full batches of
+    ``batch``; the rest (< ``batch``, other examples each epoch) is left out, as the release's
+    loop drops an epoch's incomplete accumulation (``zero_grad`` at every epoch's start). Fewer
+    than ``batch`` examples in all: one step on all of them."""
+    order = list(range(n))
+    rng.shuffle(order)
+    if n < batch:
+        return [order] if order else []
+    return [order[b * batch : (b + 1) * batch] for b in range(pi_steps_per_epoch(n, batch))]
+
+
+def pi_steps_per_epoch(n: int, batch: int) -> int:
+    """Optimizer steps of one π SFT epoch over ``n`` examples (``pi_sft_batches``)."""
+    return 0 if n == 0 else max(1, n // batch)
+
+
 def sft_policy(
     train: TrainEngine,
     trajs: Sequence[Trajectory],
@@ -227,46 +283,64 @@ def sft_policy(
     select_fn,
     logger: MetricsLogger | None,
 ) -> dict:
-    """π SFT on the sampled tokens of ``trajs`` (policy adapter); after each epoch
-    ``select_fn()`` gives held-out EM and the best epoch's adapter is kept."""
+    """π SFT (policy adapter) on the steps of ``trajs``, one example a step, ``warmup.pi_batch``
+    examples an optimizer step on one cosine schedule; after each epoch ``select_fn()`` gives
+    held-out EM and the best SFT epoch's adapter is kept (epoch 0, the base, is measured and
+    recorded but never kept: the release always keeps an SFT epoch; ties go to the earlier)."""
     w = cfg.warmup
     rng = random.Random(cfg.seed)
-    per_epoch = max(1, -(-len(trajs) // w.pi_batch))
+    examples = step_examples(trajs)
+    per_epoch = pi_steps_per_epoch(len(examples), w.pi_batch)
     total = per_epoch * w.pi_epochs
     pad = train.model.lm.config.pad_token_id or 0
-    best = {"epoch": 0, "em": select_fn(), "state": _adapter_state(train.model, "policy")}
-    history = [{"epoch": 0, "select_em": best["em"]}]
+    history = [{"epoch": 0, "select_em": select_fn()}]
+    best: dict | None = None
     step = 0
     for epoch in range(1, w.pi_epochs + 1):
-        order = list(range(len(trajs)))
-        rng.shuffle(order)
-        losses = []
-        for b in range(per_epoch):
-            chunk = [trajs[i] for i in order[b * w.pi_batch : (b + 1) * w.pi_batch]]
+        losses, sizes = [], []
+        for chunk in pi_sft_batches(len(examples), w.pi_batch, rng):
             _set_lrs(
                 train, {"policy": w.pi_lr}, _lr_factor(step, total, int(w.warmup_ratio * total))
             )
-            batch = collate(chunk, pad).to(train.device)
+            views = [step_view(trajs[examples[k][0]], examples[k][1]) for k in chunk]
+            batch = collate(views, pad).to(train.device)
             logits, _ = train("policy", batch.input_ids, batch.attention_mask)
             logp = logprobs_from_logits(logits[:, :-1], batch.input_ids[:, 1:])
-            loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum().clamp(min=1)
+            loss = pi_sft_loss(logp, batch.loss_mask, w.pi_loss_group)
             train.backward(loss)
             train.step()
             losses.append(loss.item())
+            sizes.append(len(chunk))
             step += 1
         em = select_fn()
-        row = {"epoch": epoch, "loss": sum(losses) / len(losses), "select_em": em}
-        history.append(row)
+        row = {
+            "epoch": epoch,
+            "loss": sum(losses) / len(losses),
+            "select_em": em,
+            "optimizer_steps": len(sizes),
+            "examples": sum(sizes),
+        }
         if logger:
             logger.log(epoch, {f"pi_sft/{k}": v for k, v in row.items()})
+        history.append({**row, "examples_per_step": sizes})
         print(
-            f"[arco warmup] π epoch {epoch}: loss {row['loss']:.3f}, held-out EM {em:.3f}",
+            f"[arco warmup] π epoch {epoch}: {len(sizes)} steps of {w.pi_batch} agent steps, "
+            f"loss {row['loss']:.3f}, held-out EM {em:.3f}",
             flush=True,
         )
-        if em > best["em"]:
+        if best is None or em > best["em"]:
             best = {"epoch": epoch, "em": em, "state": _adapter_state(train.model, "policy")}
+    assert best is not None  # pi_epochs >= 1 here (0 skips π SFT before this)
     _load_adapter_state(train.model, best["state"])
-    return {"chosen_epoch": best["epoch"], "chosen_select_em": best["em"], "epochs": history}
+    return {
+        "chosen_epoch": best["epoch"],
+        "chosen_select_em": best["em"],
+        "base_select_em": history[0]["select_em"],
+        "trajectories": len(trajs),
+        "examples": len(examples),
+        "steps_per_epoch": per_epoch,
+        "epochs": history,
+    }
 
 
 def sft_rubric(

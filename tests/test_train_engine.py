@@ -326,10 +326,11 @@ def test_export_of_unknown_adapter_is_an_error():
 # --- two DeepSpeed ranks -----------------------------------------------------------------------
 
 
-def replay_single_process(batches: list, lora: bool) -> tuple[TrainEngine, list[dict]]:
+def replay_single_process(
+    batches: list, lora: bool, clip_sets: bool = False
+) -> tuple[TrainEngine, list[dict]]:
     """The plain path on all ranks' micro-batches: grad_accum = ranks x micro-batches per rank."""
-    config = dataclasses.replace(ds_two_ranks.train_config(2), grad_accum=len(batches[0]))
-    engine = TrainEngine(ds_two_ranks.build_model(lora), config)
+    engine = ds_two_ranks.build_engine(lora, 2, clip_sets, grad_accum=len(batches[0]))
     infos = []
     for step_batches in batches:
         for batch in step_batches:
@@ -339,19 +340,27 @@ def replay_single_process(batches: list, lora: bool) -> tuple[TrainEngine, list[
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("zero_stage", "lora"), [(2, False), (3, True)])
+@pytest.mark.parametrize(
+    ("zero_stage", "lora", "clip_sets"), [(2, False, False), (3, True, False), (2, True, True)]
+)
 def test_two_deepspeed_ranks_match_the_single_process_path(
-    tmp_path, zero_stage, lora, launch_two_ranks
+    tmp_path, zero_stage, lora, clip_sets, launch_two_ranks
 ):
+    """Clip sets: ARCO's parameter groups, π's and μ's adapters clipped apart, under ZeRO-2."""
     args = [str(SCRIPT), "--zero-stage", str(zero_stage), "--out", str(tmp_path)]
-    run = launch_two_ranks(args + (["--lora"] if lora else []), one_thread=False)
+    args += (["--lora"] if lora else []) + (["--clip-sets"] if clip_sets else [])
+    run = launch_two_ranks(args, one_thread=False)
     output = run.stdout[-20000:] + run.stderr[-20000:]
     assert run.returncode == 0, output
     assert "rank 0: ok" in output and "rank 1: ok" in output, output
 
     result = torch.load(tmp_path / "result.pt", weights_only=False)
-    engine, infos = replay_single_process(result["batches"], lora)
+    engine, infos = replay_single_process(result["batches"], lora, clip_sets)
     ds_infos = [info for info in result["infos"] if info["stepped"]]
+    if clip_sets:  # each adapter's own norm, and at least one step clipped by it
+        for key in ("grad_norm/policy", "grad_norm/rubric"):
+            assert [i[key] for i in ds_infos] == pytest.approx([i[key] for i in infos], rel=1e-5)
+        assert max(i["grad_norm/policy"] for i in ds_infos) > ds_two_ranks.CLIP_SETS_NORM
     assert [i["lr"] for i in ds_infos] == pytest.approx([0.0, 1e-2, 1e-2 * 8 / 9])
     assert [i["lr"] for i in ds_infos] == pytest.approx([i["lr"] for i in infos])
     assert [i["grad_norm"] for i in ds_infos] == pytest.approx([i["grad_norm"] for i in infos])
@@ -365,3 +374,88 @@ def test_two_deepspeed_ranks_match_the_single_process_path(
     expected = result["states"]["policy" if lora else None]
     assert all(torch.equal(saved[n], expected[n]) for n in expected)
     assert math.isfinite(ds_infos[-1]["grad_norm"])
+
+
+# --- clip sets and fp32 weights under bf16 -----------------------------------------------------
+
+
+def two_weights() -> torch.nn.Module:
+    model = torch.nn.Module()
+    model.a = linear([0.0, 0.0])
+    model.b = linear([0.0])
+    return model
+
+
+@pytest.mark.parametrize(
+    ("clip", "used_a", "used_b"),
+    [
+        # loss = a . (30, 40) + b . (0.3): a's gradient has norm 50, b's 0.3
+        ({"a": "pi", "b": "mu"}, [0.6, 0.8], [0.3]),  # each set on its own: b untouched
+        (None, [30 / 50.0003, 40 / 50.0003], [0.3 / 50.0009]),  # one clip: b shrunk 166x
+    ],
+)
+def test_clip_sets_are_clipped_apart(clip, used_a, used_b):
+    model = two_weights()
+    groups = [
+        {"name": n, "params": [getattr(model, n).weight], "lr": 0.1}
+        | ({"clip": clip[n]} if clip else {})
+        for n in ("a", "b")
+    ]
+    engine = TrainEngine(model, TrainConfig(lr=0.1, max_grad_norm=1.0), param_groups=groups)
+    loss = model.a(torch.tensor([[30.0, 40.0]])).sum() + model.b(torch.tensor([[0.3]])).sum()
+    engine.backward(loss)
+    info = engine.step()
+    assert info["grad_norm"] == pytest.approx(math.hypot(50, 0.3))
+    if clip:
+        assert info["grad_norm/pi"] == pytest.approx(50.0)
+        assert info["grad_norm/mu"] == pytest.approx(0.3)
+    for name, used in (("a", used_a), ("b", used_b)):
+        state = engine.optimizer.state[getattr(model, name).weight]
+        assert torch.allclose(state["exp_avg"], 0.1 * torch.tensor([used]), rtol=1e-4)
+
+
+def test_clip_sets_must_cover_every_group():
+    model = two_weights()
+    groups = [
+        {"name": "a", "params": [model.a.weight], "clip": "pi"},
+        {"name": "b", "params": [model.b.weight]},
+    ]
+    with pytest.raises(ValueError, match="clip set in every parameter group or in none"):
+        TrainEngine(model, TrainConfig(), param_groups=groups)
+
+
+class HalfFrozen(torch.nn.Module):
+    """A frozen base layer and a trained adapter the model keeps in fp32 under bf16."""
+
+    def __init__(self):
+        super().__init__()
+        self.base = linear([1.0])
+        self.base.weight.requires_grad_(False)
+        self.adapter = linear([1.0])
+
+    @staticmethod
+    def fp32_parameter(name: str) -> bool:
+        return name.startswith("adapter.")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.adapter(x.float())
+
+
+def test_bf16_keeps_the_weights_a_model_names_in_fp32_and_steps_them_directly():
+    model = HalfFrozen()
+    engine = TrainEngine(model, TrainConfig(lr=1e-3, bf16=True, max_grad_norm=0))
+    assert model.base.weight.dtype == torch.bfloat16
+    assert model.adapter.weight.dtype == torch.float32
+    assert engine._backend.masters is None  # the trained weights are fp32 themselves
+    for _ in range(10):
+        engine.backward(engine(torch.ones(1, 1, dtype=torch.bfloat16)).float().sum())
+        engine.step()
+    # fp32 steps of lr each: 1 - 10e-3, which bf16 (spacing 2^-8 below 1) could not hold
+    assert model.adapter.weight.item() == pytest.approx(1 - 10 * 1e-3, abs=1e-6)
+
+
+def test_mixed_trained_dtypes_are_refused():
+    model = HalfFrozen()
+    model.base.weight.requires_grad_(True)  # a trained weight the model leaves to bf16
+    with pytest.raises(ValueError, match="one dtype only"):
+        TrainEngine(model, TrainConfig(bf16=True))

@@ -2,7 +2,13 @@
 
 World size 1 runs plain torch; a larger world runs DeepSpeed ZeRO. Both step the same way:
 AdamW on the mean micro-batch loss of `grad_accum` micro-batches (averaged over ranks), the
-global gradient norm clipped to `max_grad_norm`, then one scheduler step.
+gradient norm clipped to `max_grad_norm` (over all parameters, or per clip set: parameter groups
+that name a ``"clip"`` set are clipped together, each set on its own), then one scheduler step.
+
+bf16: every weight in bf16 with fp32 master copies (full fine-tuning), or, for a model with a
+``fp32_parameter(name)`` predicate (LoRA adapters and heads over a frozen base), the weights it
+names in fp32 and the rest in bf16. Then every trained weight must be fp32: the optimizer steps
+them directly, no master copies, and DeepSpeed runs its fp32 path (its bf16 path would cast them).
 """
 
 from __future__ import annotations
@@ -26,6 +32,35 @@ def _adamw(params: list, config: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(
         params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
     )
+
+
+def clip_sets(groups: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Clip set name -> indices of the parameter groups in it; empty when no group names one
+    (then the norm is clipped over all parameters together)."""
+    sets: dict[str, list[int]] = {}
+    for i, group in enumerate(groups):
+        if "clip" in group:
+            sets.setdefault(group["clip"], []).append(i)
+    if sets and sum(map(len, sets.values())) != len(groups):
+        raise ValueError("TrainEngine: name a clip set in every parameter group or in none")
+    return sets
+
+
+def _clip_per_set(
+    optimizer: torch.optim.Optimizer, sets: dict[str, list[int]], max_norm: float
+) -> dict[str, float]:
+    """Scale each clip set's gradients to norm <= ``max_norm``; the norm of each set, before."""
+    norms = {}
+    for name, indices in sets.items():
+        params = [p for i in indices for p in optimizer.param_groups[i]["params"]]
+        params = [p for p in params if p.grad is not None]
+        if not params:
+            norms[name] = 0.0
+            continue
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        norms[name] = float(norm)
+    return norms
 
 
 def _scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> Any:
@@ -52,6 +87,8 @@ class _PlainBackend:
         self.optimizer = _adamw(groups, config)
         self.scheduler = _scheduler(self.optimizer, config)
         self.config = config
+        self.clip_sets = clip_sets(groups)
+        self.set_norms: dict[str, float] = {}
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
@@ -67,7 +104,11 @@ class _PlainBackend:
             for master, param in zip(self.masters, self.params, strict=True):
                 master.grad = None if param.grad is None else param.grad.float()
         max_norm = self.config.max_grad_norm or math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(trained, max_norm))
+        if self.clip_sets:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(trained, math.inf))
+            self.set_norms = _clip_per_set(self.optimizer, self.clip_sets, max_norm)
+        else:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(trained, max_norm))
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -117,14 +158,20 @@ class _DeepSpeedBackend:
     ):
         import deepspeed
 
+        self.clip_sets = clip_sets(groups)
+        self.set_norms: dict[str, float] = {}
+        if self.clip_sets and config.zero_stage not in (1, 2):
+            raise ValueError("TrainEngine: per-set gradient clipping needs ZeRO stage 1 or 2")
         ds_config = {
             "train_micro_batch_size_per_gpu": 1,  # DeepSpeed's batch bookkeeping only
             "gradient_accumulation_steps": config.grad_accum,
-            "gradient_clipping": config.max_grad_norm,
+            # per clip set: DeepSpeed's global clip off, each set clipped before AdamW's step
+            "gradient_clipping": 0.0 if self.clip_sets else config.max_grad_norm,
             "zero_optimization": {"stage": config.zero_stage},
             "bf16": {"enabled": bf16},
             "steps_per_print": 2**31 - 1,
         }
+        self.config = config
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model,
             model_parameters=groups,
@@ -134,6 +181,9 @@ class _DeepSpeedBackend:
         )
         # LoRA: the frozen base need not be saved, and then cannot be loaded strictly.
         self.frozen = any(not p.requires_grad for p in model.parameters())
+        if self.clip_sets:
+            self._scale: dict[str, float] = {}
+            self.engine.basic_optimizer.register_step_pre_hook(self._clip_hook)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.engine(*args, **kwargs)
@@ -141,7 +191,37 @@ class _DeepSpeedBackend:
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
 
+    def _set_norms(self) -> dict[str, float]:
+        """Each clip set's gradient norm over all ranks, from ZeRO's reduced gradient partitions
+        (ZeRO-1/2 step AdamW one group at a time, so the norms must be known before its step)."""
+        zero = self.engine.optimizer
+        squares = {}
+        for name, indices in self.clip_sets.items():
+            norms = [
+                float(
+                    zero.get_grad_norm_direct(
+                        zero.averaged_gradients[i], zero.params_in_partition[i]
+                    )
+                )
+                for i in indices
+            ]
+            squares[name] = math.sqrt(sum(n * n for n in norms))
+        return squares
+
+    def _clip_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        """Before AdamW steps a group's fp32 partition: scale its gradient by its set's factor."""
+        for group in optimizer.param_groups:
+            scale = self._scale.get(group["clip"], 1.0)
+            if scale < 1.0:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+
     def step(self, boundary: bool) -> float | None:
+        if boundary and self.clip_sets:
+            self.set_norms = self._set_norms()
+            max_norm = self.config.max_grad_norm or math.inf
+            self._scale = {k: max_norm / (n + 1e-6) for k, n in self.set_norms.items()}
         self.engine.step()
         if not boundary:
             return None
@@ -197,12 +277,25 @@ class TrainEngine:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
+        keep_fp32 = getattr(model, "fp32_parameter", None) if self.bf16 else None
+        kept = {n: p.data for n, p in model.named_parameters() if keep_fp32 and keep_fp32(n)}
         model.to(self.device, dtype=torch.bfloat16 if self.bf16 else torch.float32)
+        for name, p in model.named_parameters():
+            if name in kept:  # from the weights as given: a bf16 round trip would round them
+                p.data = kept[name].to(self.device, torch.float32)
         # Before DeepSpeed: a ZeRO-3 model can no longer be copied whole.
         self.reference = ReferenceModel(model) if reference else None
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("TrainEngine: the model has no parameter with requires_grad=True")
+        dtypes = {p.dtype for p in params}
+        if len(dtypes) > 1:
+            raise ValueError(
+                f"TrainEngine: trained parameters in {sorted(map(str, dtypes))}; one dtype only "
+                "(a model's fp32_parameter must name every trained weight)"
+            )
+        # bf16 masters and DeepSpeed's bf16 path only where the trained weights themselves are bf16
+        trained_bf16 = dtypes == {torch.bfloat16}
         groups = param_groups or [{"name": "all", "params": params}]
         grouped = [p for g in groups for p in g["params"]]
         if len(grouped) != len(params) or {id(p) for p in grouped} != {id(p) for p in params}:
@@ -210,7 +303,7 @@ class TrainEngine:
                 "TrainEngine: param_groups must hold each trainable parameter exactly once"
             )
         backend = _DeepSpeedBackend if self.world_size > 1 else _PlainBackend
-        self._backend = backend(model, groups, config, self.bf16)
+        self._backend = backend(model, groups, config, trained_bf16)
         self._model = model
         self._in_engine_forward = False
         model.register_forward_pre_hook(self._refuse_outside_forward)
@@ -280,14 +373,18 @@ class TrainEngine:
         """End one micro-batch; at every grad_accum-th call clip, step AdamW and the schedule.
 
         Returns grad_norm (the global norm before clipping; None between boundaries), lr (the
-        rate of this step) and stepped.
+        rate of this step), stepped, and with clip sets ``grad_norm/<set>`` (each set's norm
+        before clipping) at a boundary.
         """
         lr = self.lr
         self._micro_steps += 1
         stepped = self.pending_micro_batches == 0
         grad_norm = self._backend.step(stepped)
         self.global_step += stepped
-        return {"grad_norm": grad_norm, "lr": lr, "stepped": stepped}
+        info = {"grad_norm": grad_norm, "lr": lr, "stepped": stepped}
+        if stepped:
+            info |= {f"grad_norm/{k}": v for k, v in self._backend.set_norms.items()}
+        return info
 
     def set_adapter(self, name: str) -> None:
         """Route forwards through LoRA adapter `name`; every adapter stays trainable."""

@@ -1,7 +1,8 @@
 """Two DeepSpeed ranks train the tiny Qwen3 for 3 optimizer steps on rank-dependent data.
 
 Launched by tests/test_train_engine.py as `deepspeed --num_gpus 2 ds_two_ranks.py --zero-stage S
---out DIR` (on a CPU machine DeepSpeed's CPU accelerator runs the ranks over gloo). Each rank
+--out DIR [--lora] [--clip-sets]` (``--clip-sets``: the LoRA model with ARCO's parameter groups,
+the policy and rubric adapters each in its own clip set) (on a CPU machine DeepSpeed's CPU accelerator runs the ranks over gloo). Each rank
 checks that all ranks hold the same, changed weights, that a checkpoint round trip restores
 weights and optimizer, and rank 0 writes DIR/result.pt with the batches it saw, for the test to
 replay on the single-process path.
@@ -10,6 +11,7 @@ replay on the single-process path.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -26,6 +28,7 @@ from common.train import (
 )
 
 STEPS, GRAD_ACCUM, BATCH, SEQ = 3, 2, 2, 8
+CLIP_SETS_NORM = 0.1
 
 
 def tiny_qwen3() -> transformers.Qwen3ForCausalLM:
@@ -55,6 +58,26 @@ def build_model(lora: bool) -> torch.nn.Module:
     return model
 
 
+def param_groups(model: torch.nn.Module, clip_sets: bool) -> list[dict] | None:
+    """With ``clip_sets``: one group per adapter, each its own clip set, rubric at half the lr."""
+    if not clip_sets:
+        return None
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [
+        {"name": a, "clip": a, "lr": lr, "params": [p for n, p in named if f".{a}." in n]}
+        for a, lr in (("policy", 1e-2), ("rubric", 5e-3))
+    ]
+
+
+def build_engine(lora: bool, zero_stage: int, clip_sets: bool, grad_accum: int = GRAD_ACCUM):
+    """The engine the script trains (and the test replays on one process)."""
+    model = build_model(lora or clip_sets)
+    config = train_config(zero_stage, grad_accum)
+    if clip_sets:  # a clip the adapters' gradients (norms 0.1-0.15) do reach
+        config = dataclasses.replace(config, max_grad_norm=CLIP_SETS_NORM)
+    return TrainEngine(model, config, param_groups=param_groups(model, clip_sets))
+
+
 def micro_loss(engine: TrainEngine, ids: torch.Tensor, lora: bool) -> torch.Tensor:
     """Mean of two half-batch losses, each its own forward (ARCO: policy half, rubric half)."""
     losses = []
@@ -65,13 +88,13 @@ def micro_loss(engine: TrainEngine, ids: torch.Tensor, lora: bool) -> torch.Tens
     return sum(losses) / 2
 
 
-def train_config(zero_stage: int) -> TrainConfig:
+def train_config(zero_stage: int, grad_accum: int = GRAD_ACCUM) -> TrainConfig:
     return TrainConfig(
         lr=1e-2,
         warmup_steps=1,
         scheduler="linear",
         total_steps=10,
-        grad_accum=GRAD_ACCUM,
+        grad_accum=grad_accum,
         max_grad_norm=1.0,
         zero_stage=zero_stage,
     )
@@ -113,11 +136,13 @@ def main() -> None:
     parser.add_argument("--zero-stage", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--clip-sets", action="store_true")
     parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
     args = parser.parse_args()
 
+    args.lora = args.lora or args.clip_sets
     adapters = ["policy", "rubric"] if args.lora else [None]
-    engine = TrainEngine(build_model(args.lora), train_config(args.zero_stage))
+    engine = build_engine(args.lora, args.zero_stage, args.clip_sets)
     assert engine.world_size == 2, engine.world_size
     initial = flat_weights(engine, adapters)
     assert_same_on_all_ranks(initial, "initial weights")
@@ -136,7 +161,7 @@ def main() -> None:
     train_step(engine, STEPS, args.lora)
     continued = flat_weights(engine, adapters)
 
-    resumed_engine = TrainEngine(build_model(args.lora), train_config(args.zero_stage))
+    resumed_engine = build_engine(args.lora, args.zero_stage, args.clip_sets)
     data_state = load_checkpoint(resumed_engine, run_dir / "checkpoints" / f"step_{STEPS}")
     assert data_state == {"position": STEPS}, data_state
     assert resumed_engine.global_step == STEPS

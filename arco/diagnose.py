@@ -235,7 +235,11 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     read_meta(folder)  # a clear error when it is not an ARCO folder
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
-    model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, folder)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if cfg.train.use_bf16(device) else torch.float32  # as in training
+    model = build_arco_model(
+        cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, folder, dtype=dtype
+    ).to(device)
     check_rubric_matches(cfg, model, str(folder))
     retriever, agent_cfg = build_environment(
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url

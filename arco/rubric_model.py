@@ -8,8 +8,13 @@ frozen references, and μ's scoring head (specs/arco.md, "The model μ").
                                                                     head: H→512→128→K, tanh (fp32)
 
 π_ref and μ_ref are copies of the adapters, never of the base: a reference forward is the base
-under a frozen adapter. ``ArcoModel.forward(adapter, ...)`` runs one of the four; under
-``TrainEngine`` it is the engine's training forward (DeepSpeed sees the whole module).
+under a frozen adapter, always in eval mode (no LoRA dropout). ``ArcoModel.forward(adapter, ...)``
+runs one of the four; under ``TrainEngine`` it is the engine's training forward (DeepSpeed sees
+the whole module).
+
+Precision: with bf16 on, the base runs in bf16 while the four adapters and the head stay fp32
+(``fp32_parameter``; peft's own default for adapters, and the release's head), so the trained
+weights are stepped in fp32 and the head computes in fp32 on the pooled hidden state.
 """
 
 from __future__ import annotations
@@ -52,9 +57,10 @@ class ScoreHead(nn.Module):
 
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of ``hidden`` [B, T, H] over the positions where ``mask`` [B, T] is 1 -> [B, H]."""
-    m = mask.to(hidden.dtype).unsqueeze(-1)
-    return (hidden * m).sum(1) / m.sum(1).clamp(min=1.0)
+    """Mean of ``hidden`` [B, T, H] over the positions where ``mask`` [B, T] is 1 -> [B, H] in
+    float32 (a bf16 sum over a thousand positions would lose the mean's low bits)."""
+    m = mask.float().unsqueeze(-1)
+    return (hidden.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
 
 
 class ArcoModel(nn.Module):
@@ -74,6 +80,11 @@ class ArcoModel(nn.Module):
     def k(self) -> int:
         return self.head.k
 
+    @staticmethod
+    def fp32_parameter(name: str) -> bool:
+        """Weights kept in fp32 under bf16 (``TrainEngine``): every adapter's and the head's."""
+        return name.startswith("head.") or "lora_" in name
+
     def use(self, adapter: str) -> None:
         """Route forwards through ``adapter``; the trainable set never changes (peft would
         otherwise make the active adapter trainable and freeze the others)."""
@@ -89,13 +100,22 @@ class ArcoModel(nn.Module):
         pool_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [B, T, V] under ``adapter``, and with ``pool_mask`` [B, T] the head's scores
-        [B, K] on the mean-pooled last hidden layer over it."""
+        [B, K] on the mean-pooled last hidden layer over it. A reference adapter runs in eval
+        mode (no dropout), whatever the module's mode."""
         self.use(adapter)
-        out = self.lm(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            output_hidden_states=pool_mask is not None,
-        )
+        reference = adapter in REFERENCE.values()
+        was_training = self.training
+        if reference:
+            self.eval()
+        try:
+            out = self.lm(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                output_hidden_states=pool_mask is not None,
+            )
+        finally:
+            if reference:
+                self.train(was_training)
         scores = None
         if pool_mask is not None:
             scores = self.head(mean_pool(out.hidden_states[-1], pool_mask))
@@ -119,7 +139,10 @@ class ArcoModel(nn.Module):
             "rubric": [p for n, p in named if n.startswith("lm.") and ".rubric." in n],
             "head": [p for n, p in named if n.startswith("head.")],
         }
-        return [{"name": k, "params": v, "lr": lrs[k]} for k, v in parts.items() if v]
+        clip = {"policy": "policy", "rubric": "rubric", "head": "rubric"}  # π and μ apart
+        return [
+            {"name": k, "params": v, "lr": lrs[k], "clip": clip[k]} for k, v in parts.items() if v
+        ]
 
     @torch.no_grad()
     def sync_references(self) -> None:
@@ -154,6 +177,7 @@ def build_arco_model(
 ) -> ArcoModel:
     """The base at ``base_path`` with the four adapters and a head for ``k`` scores.
 
+    ``dtype``: the base's (the adapters and the head are fp32 whatever it is).
     ``init_from``: a folder written by ``save_arco`` (warmup output, checkpoint); its policy and
     rubric adapters and head are loaded, its LoRA settings and K win over ``lora``/``k``, and the
     references become copies of the loaded adapters. Without it: fresh adapters (B = 0, so π = μ
@@ -171,6 +195,9 @@ def build_arco_model(
         load_adapters(lm, folder, TRAINED)
         head.load_state_dict(load_file(str(folder / HEAD_FILE)))
     model = ArcoModel(lm, head, spec)
+    for name, p in model.named_parameters():  # adapters and head in fp32 over a bf16 base
+        if model.fp32_parameter(name):
+            p.data = p.data.float()
     model.rubric_meta = meta.get("rubric")
     model.sync_references()
     model.use("policy")

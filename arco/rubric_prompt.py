@@ -3,8 +3,9 @@
 μ sees the question, the trajectory before the judged action (the prefix h_t), the search budget
 left and the action a_t, and writes exactly K short criteria as ``{"criteria": [...]}``.
 ``prefix="after"`` reproduces the public release's RL rollouts, which build the prompt after the
-environment step: the history then already holds a_t and its observation and the budget is off
-by one. ``prefix="none"`` is the w/o-Prefix ablation: the question and the action only.
+environment step: the history then already holds a_t and its observation, and the budget is the
+release's count (``_build_mu_text``): the search budget minus the searches in that history, the
+judged one included; an answer or an invalid action costs nothing there. ``prefix="none"`` is the w/o-Prefix ablation: the question and the action only.
 
 Where the criteria come from is the rubric's ``mode``: ``adaptive`` (μ writes them), ``fixed``
 (the same dataset-level criteria for every step, read by ``read_criteria_file``; w/o-Adaptive) or
@@ -57,6 +58,24 @@ def _history(steps: Sequence[AgentStep]) -> str:
     return "\n".join(lines) or "(none)"
 
 
+def _search_budget(steps: Sequence[AgentStep]) -> int:
+    """The episode's search budget (``env.max_searches``), from the steps' own record: a free
+    turn i was taken with ``max_searches - i`` left (``arco.steps.budget_before``). 0 for an
+    episode whose only turn was the forced one."""
+    for i, step in enumerate(steps):
+        if not step.forced:
+            return step.searches_left + i
+    return 0
+
+
+def release_budget_after(steps: Sequence[AgentStep], t: int) -> int:
+    """The budget the release's μ sees for step ``t`` (``rubric.prefix=after``): its
+    ``max_steps`` minus the Search actions in the history after the environment step, step ``t``
+    included (``_step_cost``: 1 for a Search, 0 for a Finish or an invalid action), at least 0."""
+    done = sum(step.kind == "search" for step in steps[: t + 1])
+    return max(_search_budget(steps) - done, 0)
+
+
 def rubric_messages(
     question: str,
     steps: Sequence[AgentStep],
@@ -74,8 +93,8 @@ def rubric_messages(
     the request out (rubric mode ``none``: the prompt is scored without criteria).
 
     ``prefix``: "before" shows steps < t and the budget before a_t; "after" (the release's RL
-    bug) also shows step t's own action and observation and the budget minus one; "none" shows
-    neither trajectory nor budget.
+    bug) also shows step t's own action and observation and the release's budget after the step
+    (``release_budget_after``); "none" shows neither trajectory nor budget.
     """
     if prefix not in PREFIX_MODES:
         raise ValueError(f"prefix must be one of {PREFIX_MODES}, got {prefix!r}")
@@ -87,7 +106,7 @@ def rubric_messages(
     parts = [f"Question: {question.strip()}"]
     if prefix != "none":
         shown = steps[: t + 1] if prefix == "after" else steps[:t]
-        budget = max(step.searches_left - 1, 0) if prefix == "after" else step.searches_left
+        budget = release_budget_after(steps, t) if prefix == "after" else step.searches_left
         parts.append(f"Trajectory so far:\n{_history(shown)}")
         parts.append(f"Searches remaining before this action: {budget}")
     parts.append(f"Action being evaluated: {step.action}")

@@ -98,6 +98,36 @@ def test_prefix_after_reproduces_the_release():
     assert "Searches remaining before this action: 0\n" in forced
 
 
+# a search, an invalid turn, a search, the gold answer on the forced turn (3 searches allowed)
+WANDER = [
+    AgentStep("search", "Search[Lanterns film]", "Lanterns is a 1998 film by Ora Velk.", 3),
+    AgentStep(
+        "invalid", "I am not sure.", "Invalid action. Use Search[query] or Finish[answer].", 2
+    ),
+    AgentStep("search", "Search[Ora Velk]", "Ora Velk was born in Tamsford.", 1),
+    AgentStep("answer", "Finish[Tamsford]", "", 0, forced=True),
+]
+
+
+@pytest.mark.parametrize(
+    ("steps", "t", "budget"),
+    [
+        # the release (_build_mu_text, _step_cost): 3 minus the Search actions in the history
+        # after the step, the judged one included; a Finish or an invalid action costs nothing
+        (WANDER, 0, 2),  # 3 - 1
+        (WANDER, 1, 2),  # 3 - 1: the invalid turn costs nothing here
+        (WANDER, 2, 1),  # 3 - 2
+        (WANDER, 3, 1),  # 3 - 2: the forced Finish costs nothing
+        (STEPS, 2, 1),  # two searches, then Finish: 3 - 2
+        ([AgentStep("answer", "Finish[Tamsford]", "", 3)], 0, 3),  # Finish at once: 3 - 0
+        (FORCED, 3, 0),  # a search on the forced turn is a Search action: max(3 - 4, 0)
+    ],
+)
+def test_prefix_after_counts_the_searches_as_the_release(steps, t, budget):
+    text = user_text(QUESTION, steps, t, 3, prefix="after")
+    assert f"\n\nSearches remaining before this action: {budget}\n\n" in text
+
+
 def test_prefix_none_has_question_and_action_only():
     text = user_text(QUESTION, STEPS, 2, 3, prefix="none")
     assert text.startswith(f"Question: {QUESTION}\n\nAction being evaluated: Finish[Tamsford]\n")

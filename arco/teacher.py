@@ -20,15 +20,17 @@ from dataclasses import dataclass, field
 
 from arco.projection import project_scores
 from arco.rubric_prompt import strip_thinking
-from arco.steps import AgentStep, Episode
+from arco.steps import AgentStep, Episode, agent_step, budget_before
 from common.data import QAExample
 from common.llm_client import LLMClient
 from common.metrics import exact_match
+from common.rollout.protocols import ReActProtocol
 
 Messages = list[dict[str, str]]
 Search = Callable[[QAExample, str], tuple[str, tuple[str, ...]]]
 
-INVALID_OBSERVATION = "Invalid action. Use Search[query] or Finish[answer]."
+# the explanation the policy's ReAct environment gives after an invalid turn (its frame left out)
+INVALID_OBSERVATION = ReActProtocol().invalid_observation()[1]
 FAILURES = ("unparseable", "wrong_step_count", "wrong_k", "request_failed")
 
 # --- 1. the teacher plays the policy ----------------------------------------------------------
@@ -130,7 +132,7 @@ def teacher_rollouts(
     )
     for turn in range(max_searches + 1):
         forced = turn == max_searches
-        searches_left = 0 if forced else max_searches - turn
+        searches_left = budget_before(turn, max_searches, forced)
         for s in range(samples):
             live = [r for r in rollouts if r.sample == s and not r.done]
             if not live:
@@ -157,7 +159,7 @@ def teacher_rollouts(
                     observation = INVALID_OBSERVATION
                 counts["invalid_steps"] += kind == "invalid"
                 r.steps.append(
-                    AgentStep(kind, action, observation, searches_left, forced, tuple(doc_ids))
+                    agent_step(kind, action, observation, searches_left, forced, tuple(doc_ids))
                 )
     episodes = []
     for r in rollouts:

@@ -36,6 +36,7 @@ from common.rollout.agent import (
     encode_text,
     observation,
     observation_ids,
+    render_observation,
     run_agent,
 )
 from common.rollout.batch import collate
@@ -362,6 +363,51 @@ def test_same_search_every_turn_then_forced_turn(
     assert all(c[1].max_tokens == 16 and c[1].temperature == 0.0 for c in calls)
     assert [q for q, _, _ in searches] == [[case.query]] * 3
     assert set(timings) == {"generation", "retrieval"}
+
+
+def test_budget_statement_is_inserted_before_every_free_turn(
+    serve, agent_world, tok, retriever, cases
+):
+    """``state_budget``: the first prompt states 3 searches, the observations after turns 1 and 2
+    state 2 and 1 (between the body and the frame's tail, within ``max_obs_tokens``); the turn
+    before the forced one gets the forced-answer message instead. All inserted (mask 0), the
+    trajectory token-exact; each step's recorded observation is the documents' text alone."""
+    case = cases[0]
+    path = search_then_answer(tok, case)
+    model = scripted(agent_world, tok, path)
+    cfg = AgentConfig(
+        max_turns=3, topk=3, max_turn_tokens=16, max_obs_tokens=90, state_budget=True, **GREEDY
+    )
+    (t,), _, _ = rollout(serve(model), tok, retriever, [case.example], 1, cfg)
+
+    statement = "search(es) remaining. Use them wisely before submitting your answer."
+    prompt = tok.decode(t.prompt_ids)
+    assert f"Question: {case.example.question}\nYou have 3 {statement}" in prompt
+    assert t.prompt_ids == build_prompt_ids(tok, SEARCH_R1, case.example.question, "", 3)
+    search = path[1 : path.index(tag(tok, "</search>")) + 1]
+    docs = retriever.search([case.query], 3)[0]
+    note2, note1 = f"\nYou have 2 {statement}", f"\nYou have 1 {statement}"
+    obs2 = render_observation(tok, SEARCH_R1, docs, 90, True, note2)[0]
+    obs1 = render_observation(tok, SEARCH_R1, docs, 90, True, note1)[0]
+    obs0 = observation_ids(tok, SEARCH_R1, docs, 90)
+    force = encode_text(tok, SEARCH_R1.force_answer_message())
+    assert_layout(
+        t,
+        [(search, True), (obs2, False), (search, True), (obs1, False), (search, True)]
+        + [(obs0, False), (force, False), (path[1:-1], True)],
+        model,
+    )
+    # the three documents take 69 ids in their frame: whole without the statement, cut to the
+    # limit beside it (the statement counts against max_obs_tokens)
+    assert (len(obs2), len(obs1), len(obs0)) == (90, 90, 69)
+    # each step records the documents' text as shown: no frame, no statement
+    first, second, third, forced = (s.observation for s in t.steps)
+    assert tok.decode(obs2) == f"\n\n<information>{first}{note2}</information>\n\n"
+    assert tok.decode(obs1) == f"\n\n<information>{second}{note1}</information>\n\n"
+    assert tok.decode(obs0) == f"\n\n<information>{third}</information>\n\n"
+    assert first.startswith(f'Doc 1(Title: "{docs[0].title}") {docs[0].text}')
+    assert third == format_docs(docs) and third.startswith(first) and len(first) < len(third)
+    assert forced == ""
 
 
 def test_context_limit_forces_the_answer_early(serve, agent_world, tok, retriever, cases):

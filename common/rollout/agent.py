@@ -3,6 +3,9 @@
 Each turn: generate for every live trajectory at once, parse the actions, send all of the turn's
 queries to the retriever in one call, insert the observations as token ids, repeat; after
 ``max_turns`` turns one last turn is generated with searching disabled to force an answer.
+With ``state_budget`` the inserted text states the searches left before every free turn (in the
+first prompt and inside each observation, between its body and its frame's tail), as the ARCO
+release's ``turn.txt`` does; the forced turn gets the forced-answer message instead.
 A retriever with ``search_for`` (``PerQuestionRetriever``) ranks only each question's own
 paragraphs: the turn's queries go to it in one call per question.
 """
@@ -21,7 +24,7 @@ from common.data import QAExample
 from common.metrics import normalize_answer
 from common.retrieval.base import Doc, Retriever
 from common.rollout.engine import Completion, GenerationEngine, SamplingConfig
-from common.rollout.protocols import get_protocol
+from common.rollout.protocols import BUDGET_STATEMENT, get_protocol
 from common.rollout.trajectory import Step, Trajectory
 
 INVALID_EOS = ("continue", "end")
@@ -63,15 +66,29 @@ class AgentConfig:
             "message, as the spec and Search-R1) | end (forced-terminated)"
         },
     )
+    state_budget: bool = field(
+        default=False,
+        metadata={
+            "help": "state the searches remaining before every free turn, in the first prompt "
+            "and after each observation (the ARCO release's turn.txt)"
+        },
+    )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature", "ge": 0})
     top_p: float = field(default=1.0, metadata={"help": "nucleus mass", "gt": 0, "le": 1})
     top_k: int = field(default=0, metadata={"help": "0 = off", "ge": 0})
 
 
-def build_prompt_ids(tokenizer, protocol, question: str, instruction: str = "") -> list[int]:
-    """The chat-templated user turn plus the assistant header, as token ids."""
+def build_prompt_ids(
+    tokenizer, protocol, question: str, instruction: str = "", budget: int | None = None
+) -> list[int]:
+    """The chat-templated user turn plus the assistant header, as token ids. ``budget`` (the
+    searches before the forced turn; None: not stated) ends the user turn with the budget
+    statement, on a line of its own."""
     content = instruction.format(question=question.strip()) if instruction else None
-    messages = [{"role": "user", "content": content or protocol.user_prompt(question)}]
+    content = content or protocol.user_prompt(question)
+    if budget is not None:
+        content += ("" if content.endswith("\n") else "\n") + BUDGET_STATEMENT.format(n=budget)
+    messages = [{"role": "user", "content": content}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
@@ -125,7 +142,9 @@ def run_agent(
         raise ValueError(f"agent.invalid_eos must be one of {INVALID_EOS}, got {cfg.invalid_eos!r}")
     trajs: list[Trajectory] = []
     for pos, ex in enumerate(examples):
-        prompt = build_prompt_ids(tokenizer, protocol, ex.question, cfg.instruction)
+        prompt = build_prompt_ids(
+            tokenizer, protocol, ex.question, cfg.instruction, first_budget(cfg)
+        )
         for k in range(n):
             trajs.append(
                 Trajectory(
@@ -170,6 +189,11 @@ def run_agent(
         forced = [i for i in live if trajs[i].used_forced_turn]
         free = [i for i in live if not trajs[i].used_forced_turn]
         queries: list[tuple[int, str]] = []
+        note = budget_note(protocol, cfg, turn)
+        turn_invalid_ids = invalid_ids
+        if note:
+            head, body, tail = protocol.invalid_observation()
+            turn_invalid_ids = encode_text(tokenizer, head + body + note + tail)
         for batch, stop in ((free, protocol.stop), (forced, protocol.answer_stop)):
             if not batch and not _multi_rank():
                 continue
@@ -187,7 +211,7 @@ def run_agent(
             comps = _generate_turns(engine, tokenizer, protocol, prompts, params, adapter)
             timings["generation"] = timings.get("generation", 0.0) + time.perf_counter() - t0
             for i, comp in zip(batch, comps, strict=True):
-                q = _take_turn(trajs[i], comp, protocol, tokenizer, invalid_ids, cfg)
+                q = _take_turn(trajs[i], comp, protocol, tokenizer, turn_invalid_ids, cfg)
                 if q is not None:
                     queries.append((i, q))
         if queries:
@@ -201,13 +225,27 @@ def run_agent(
                 t.num_duplicate_queries += key in seen_queries[i]
                 seen_queries[i].add(key)
                 t.steps[-1].docs = list(docs)
-                obs, seen = observation(
-                    tokenizer, protocol, docs, cfg.max_obs_tokens, cfg.obs_titles
+                obs, seen, text = render_observation(
+                    tokenizer, protocol, docs, cfg.max_obs_tokens, cfg.obs_titles, note
                 )
                 t.steps[-1].seen = seen
+                t.steps[-1].observation = text
                 t.append(obs, False)
     report_finished(last=True)
     return trajs
+
+
+def first_budget(cfg: AgentConfig) -> int | None:
+    """The budget the first prompt states: ``max_turns`` under ``state_budget`` (None when off,
+    or when the first turn is already the forced one)."""
+    return cfg.max_turns if cfg.state_budget and cfg.max_turns > 0 else None
+
+
+def budget_note(protocol, cfg: AgentConfig, turn: int) -> str:
+    """The budget statement inserted after turn ``turn`` (0-based) when a free turn follows:
+    ``max_turns - turn - 1`` searches left; "" when off or when the forced turn comes next."""
+    left = cfg.max_turns - turn - 1
+    return protocol.budget_message(left) if cfg.state_budget and left > 0 else ""
 
 
 def _generate_turns(
@@ -296,6 +334,7 @@ def _take_turn(t: Trajectory, comp, protocol, tokenizer, invalid_ids, cfg) -> st
         t.done, t.forced_terminated = True, True
     else:
         t.append(invalid_ids, sampled=False)
+        step.observation = protocol.invalid_observation()[1]
     return None
 
 
@@ -305,19 +344,30 @@ def observation_ids(tokenizer, protocol, docs, max_tokens: int, titles: bool = T
 
 
 def observation(
-    tokenizer, protocol, docs: Sequence[Doc], max_tokens: int, titles: bool = True
+    tokenizer, protocol, docs: Sequence[Doc], max_tokens: int, titles: bool = True, note: str = ""
 ) -> tuple[list[int], list[Doc]]:
     """Observation ids with the body cut to ``max_tokens`` minus the frame, and the documents the
     model saw: those shown whole, then the one the cut fell in with its text cut to what was
     shown (only if some of its text was; a document whose header alone shows is not seen)."""
+    return render_observation(tokenizer, protocol, docs, max_tokens, titles, note)[:2]
+
+
+def render_observation(
+    tokenizer, protocol, docs: Sequence[Doc], max_tokens: int, titles: bool = True, note: str = ""
+) -> tuple[list[int], list[Doc], str]:
+    """``observation``'s ids and documents seen, and the body's text as shown (the documents
+    alone: no frame, no ``note``). ``note`` (the budget statement) goes between the body and the
+    tail and counts against ``max_tokens``."""
     head, body, tail = protocol.observation(list(docs), titles)
     head_ids, tail_ids = encode_text(tokenizer, head), encode_text(tokenizer, tail)
-    room = max(max_tokens - len(head_ids) - len(tail_ids), 0)
+    note_ids = encode_text(tokenizer, note)
+    room = max(max_tokens - len(head_ids) - len(note_ids) - len(tail_ids), 0)
     body_ids = encode_text(tokenizer, body)
-    ids = head_ids + body_ids[:room] + tail_ids
+    ids = head_ids + body_ids[:room] + note_ids + tail_ids
     if len(body_ids) <= room:
-        return ids, list(docs)
-    shown = len(tokenizer.decode(body_ids[:room], skip_special_tokens=False).rstrip("\ufffd"))
+        return ids, list(docs), body
+    text = tokenizer.decode(body_ids[:room], skip_special_tokens=False).rstrip("\ufffd")
+    shown = len(text)
     seen: list[Doc] = []
     start = 0  # where document k's block starts in the body
     for k, doc in enumerate(docs):
@@ -331,4 +381,4 @@ def observation(
         if shown - start > at >= 0:
             seen.append(doc._replace(text=doc.text[: shown - start - at]))
         break
-    return ids, seen
+    return ids, seen, text

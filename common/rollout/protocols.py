@@ -4,6 +4,11 @@
 (inserted), ``<answer> a </answer>``. ``react``: ``Search[q]`` / ``Finish[a]``, one action a turn.
 ``unfinished(text)``: whether a turn that stopped on a stop string must be resumed (ReAct: the
 ``]`` closed a bracket inside the action's argument, not the action).
+
+What the environment inserts comes as (head, body, tail): the body is the environment's answer
+(the documents, the invalid-action explanation), the head and tail are the protocol's frame. An
+agent that states its budget (``budget_message``, the ARCO release's ``turn.txt``) puts the
+statement between body and tail, so the body stays the environment's text alone.
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ SEARCH_R1_INSTRUCTION = (
     "as you want. If you find no further external knowledge needed, you can directly provide "
     "the answer inside <answer> and </answer>, without detailed illustrations. "
     "Question: {question}\n"
+)
+
+BUDGET_STATEMENT = (
+    "You have {n} search(es) remaining. Use them wisely before submitting your answer."
 )
 
 REACT_INSTRUCTION = (
@@ -79,12 +88,22 @@ class SearchR1Protocol:
             body = "".join(f"Doc {i} {d.text}\n" for i, d in enumerate(docs, 1))
         return "\n\n<information>", body, "</information>\n\n"
 
-    def invalid_message(self) -> str:
+    def invalid_observation(self) -> tuple[str, str, str]:
+        """(head, body, tail) of the message after an invalid turn: the body is the explanation."""
         return (
-            "\nMy previous action is invalid. If I want to search, I should put the query "
+            "\n",
+            "My previous action is invalid. If I want to search, I should put the query "
             "between <search> and </search>. If I want to give the final answer, I should put "
-            "the answer between <answer> and </answer>. Let me try again.\n"
+            "the answer between <answer> and </answer>. Let me try again.",
+            "\n",
         )
+
+    def invalid_message(self) -> str:
+        return "".join(self.invalid_observation())
+
+    def budget_message(self, n: int) -> str:
+        """The budget statement, inserted between an observation's body and its tail."""
+        return "\n" + BUDGET_STATEMENT.format(n=n)
 
     def force_answer_message(self) -> str:
         return "\nI have used all my searches. I must give the final answer now.\n"
@@ -148,8 +167,20 @@ class ReActProtocol:
             body = "\n".join(d.text for d in docs)
         return "\nObservation: ", body, "\nThought:"
 
+    def invalid_observation(self) -> tuple[str, str, str]:
+        """(head, body, tail) of the message after an invalid turn: the body is the explanation."""
+        return (
+            "\nObservation: ",
+            "Invalid action. Use Search[query] or Finish[answer].",
+            "\nThought:",
+        )
+
     def invalid_message(self) -> str:
-        return "\nObservation: Invalid action. Use Search[query] or Finish[answer].\nThought:"
+        return "".join(self.invalid_observation())
+
+    def budget_message(self, n: int) -> str:
+        """The budget statement, inserted between an observation's body and its tail."""
+        return "\n" + BUDGET_STATEMENT.format(n=n)
 
     def force_answer_message(self) -> str:
         return "\nObservation: The search budget is used up. Finish now.\nThought:"

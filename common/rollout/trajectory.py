@@ -21,6 +21,11 @@ class Step:
     # the documents the model saw after the observation limit (the last one's text possibly
     # cut); None = not recorded (all of ``docs``)
     seen: list[Doc] | None = None
+    # the environment's answer to this turn as text: a search's documents as the model saw them
+    # (cut where the observation limit cut them), the invalid-action explanation; without the
+    # protocol's frame, the budget statement or the forced-answer message. "" when nothing
+    # answered the turn (an answer, the forced turn, an episode ended).
+    observation: str = ""
 
     @property
     def shown_docs(self) -> list[Doc]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_questions
 from common.config import ConfigError, load_config
 from common.data import DataError, load_qa
 from common.retrieval.bm25 import BM25Retriever
@@ -68,7 +69,12 @@ class GRPOConfig:
     seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
     steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
     questions_per_step: int = field(
-        default=8, metadata={"help": "questions per rank per step", "ge": 1}
+        default=8,
+        metadata={
+            "help": "questions per step over all ranks (global, as verl's data.train_batch_size; "
+            "each rank takes its share)",
+            "ge": 1,
+        },
     )
     n: int = field(default=8, metadata={"help": "rollouts per question (group size)", "ge": 1})
     eval_every: int = field(
@@ -140,12 +146,19 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     """Run the loop; returns the first and last evaluation."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    world = data_world_size()  # the batch is global: each rank's share, checked before any load
+    rank_q = per_rank(cfg.questions_per_step, world, "questions_per_step")
+    cfg.train.grad_accum = check_micro_batches(
+        rank_q * cfg.n,
+        cfg.loss.micro_batch_size,
+        "questions_per_step*n",
+        "loss.micro_batch_size",
+        world,
+    )
     cfg.check_assets()
     # the data is read before the run folder opens and any model loads: a bad row costs nothing
     train_set = load_qa(cfg.path("train"))
     dev_set = load_qa(cfg.path("dev"))[: cfg.eval_questions]
-    batch = cfg.questions_per_step * cfg.n  # a multiple of loss.micro_batch_size (__post_init__)
-    cfg.train.grad_accum = batch // cfg.loss.micro_batch_size
     cfg.train.seed = cfg.seed
     run_dir = Path(cfg.run_dir)
     folder = open_run_folder(run_dir, cfg, cfg.resume)  # lock, settings, trimmed log
@@ -197,11 +210,12 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             print(f"[grpo] resumed from {latest} at step {start}", flush=True)
     elif cfg.eval_every:  # 0: no dev evaluation
         run_eval(0)
+    batch_log = BatchLog(run_dir, start, train.is_main)
     for step in progress(range(start, cfg.steps + 1), desc="grpo", total=cfg.steps):
         t_step = time.perf_counter()
-        per_rank = cfg.questions_per_step
-        base = ((step - 1) * train.world_size + train.rank) * per_rank
-        qs = [train_set[order[(base + i) % len(order)]] for i in range(per_rank)]
+        # this rank's contiguous share of the one-rank batch: a function of (seed, step)
+        idx = rank_questions(step, train.rank, train.world_size, order, cfg.questions_per_step)
+        qs = [train_set[i] for i in idx]
         timings: dict[str, float] = {}
         trajs = run_agent(
             engine,
@@ -218,6 +232,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         adv = group_normalized_advantages(rewards, [t.group_id for t in trajs])
         upd = update_and_push(train, engine, trajs, adv, cfg.loss, cfg.engine, pad_id, timings)
         timings["step"] = time.perf_counter() - t_step
+        batch_log.write(step, [q.id for q in qs], len(trajs))
         groups = rewards.view(-1, cfg.n)
         metrics = {
             **rollout_metrics(trajs),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,16 @@ def test_two_deepspeed_ranks_with_vllm_end_with_identical_weights(
     steps = [r for r in rows if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(0.0 <= r["reward"] <= 1.0 for r in steps)
+    # the batch is global: each step's 2 questions are one on each rank, in rank order the
+    # ones one rank draws (the seed-0 shuffle, 2 a step), and the update has 2 x 4 rollouts
+    train_ids = [ex.id for ex in load_qa(tiny_world / "train.jsonl")]
+    order = list(range(len(train_ids)))
+    random.Random(0).shuffle(order)
+    batches = [json.loads(line) for line in (tmp_path / "run" / "batches.jsonl").open()]
+    assert batches == [
+        {"step": 1, "ids": [train_ids[order[0]], train_ids[order[1]]], "trajectories": 8},
+        {"step": 2, "ids": [train_ids[order[2]], train_ids[order[3]]], "trajectories": 8},
+    ]
     # per-question dev results: both ranks' shards gathered back into the dev file's order,
     # and their mean is the logged dev EM
     dev_ids = [ex.id for ex in load_qa(tiny_world / "dev.jsonl")[:4]]

@@ -233,7 +233,12 @@ class EviBackConfig:
     seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
     steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
     questions_per_step: int = field(
-        default=8, metadata={"help": "questions per rank per step", "ge": 1}
+        default=8,
+        metadata={
+            "help": "questions per step over all ranks (global, as verl's data.train_batch_size; "
+            "each rank takes its share)",
+            "ge": 1,
+        },
     )
     n: int = field(default=8, metadata={"help": "rollouts per question (group size)", "ge": 1})
     eval_every: int = field(

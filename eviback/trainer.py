@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_questions
 from common.data import QAExample
 from common.rl_loop import (
     build_engine,
@@ -223,9 +224,16 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     """Run the loop; returns the dev evaluations (first = before training, last = after)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    world = data_world_size()  # the batch is global: each rank's share, checked before any load
+    rank_q = per_rank(cfg.questions_per_step, world, "questions_per_step")
+    cfg.train.grad_accum = check_micro_batches(
+        rank_q * cfg.n,
+        cfg.loss.micro_batch_size,
+        "questions_per_step*n",
+        "loss.micro_batch_size",
+        world,
+    )
     cfg.check_assets(("model", "train", "dev", "retrieval", "teacher"))
-    batch = cfg.questions_per_step * cfg.n  # a multiple of loss.micro_batch_size (__post_init__)
-    cfg.train.grad_accum = batch // cfg.loss.micro_batch_size
     cfg.train.total_steps = cfg.steps
     cfg.train.seed = cfg.seed
     a = cfg.assets
@@ -272,10 +280,12 @@ def train_eviback(cfg: EviBackConfig) -> dict:
 
     if cfg.eval_every:  # 0: no dev evaluation
         run_eval(0)
+    batch_log = BatchLog(run_dir, 1, train.is_main)
     for step in progress(range(1, cfg.steps + 1), desc="eviback", total=cfg.steps):
         t_step = time.perf_counter()
-        base = ((step - 1) * train.world_size + train.rank) * cfg.questions_per_step
-        qs = [train_set[order[(base + i) % len(order)]] for i in range(cfg.questions_per_step)]
+        # this rank's contiguous share of the one-rank batch: a function of (seed, step)
+        idx = rank_questions(step, train.rank, train.world_size, order, cfg.questions_per_step)
+        qs = [train_set[i] for i in idx]
         timings: dict[str, float] = {}
         trajs = run_agent(
             engine,
@@ -301,6 +311,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             train, engine, trajs, adv, cfg.loss, cfg.engine, tokenizer.pad_token_id, timings
         )
         timings["step"] = time.perf_counter() - t_step
+        batch_log.write(step, [q.id for q in qs], len(trajs))
         metrics = {
             **rollout_metrics(trajs),
             **backoff_metrics(b),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,7 @@ from eviback.cli import DEFAULT_CONFIG
 from eviback.config import EviBackConfig
 
 pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "eviback_two_ranks.py"
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,7 @@ def step_rows(run_dir) -> list[dict]:
 def test_eviback_and_baseline_train_then_eval_with_bootstrap(
     tiny_world, warm, tmp_path, launch_two_ranks
 ):
+    from eviback.assets import select_questions
     from eviback.evaluate import run_eval
     from eviback.trainer import train_eviback
 
@@ -94,10 +98,15 @@ def test_eviback_and_baseline_train_then_eval_with_bootstrap(
     assert f1["n"] == 6 and f1["ci_low"] <= f1["delta"] <= f1["ci_high"]
     assert (runs["eviback"] / "eval" / "table.md").read_text().startswith("| benchmark |")
 
-    # The same evaluation on two ranks (each its own engine on every other question): rank 0
-    # writes the gathered results, in question order, equal to the one-process run's.
-    sharded = tmp_path / "sharded"
-    args = ["-m", "eviback", "eval", "--config", DEFAULT_CONFIG,
+    # Two ranks in one launch: the EviBack run trained again (a micro-batch of 4: each rank's
+    # share is 1 question x 4), then the same evaluation (each its own engine on every other
+    # question): rank 0 writes the gathered results, in question order, equal to the
+    # one-process run's.
+    sharded, trained = tmp_path / "sharded", tmp_path / "two_ranks"
+    args = [str(SCRIPT),
+            "train", "--config", DEFAULT_CONFIG,
+            *overrides(tiny_world, warm, trained, "loss.micro_batch_size=4"),
+            "--then", "eval", "--config", DEFAULT_CONFIG,
             *overrides(tiny_world, warm, sharded),
             f"eval.model={runs['baseline'] / 'checkpoints' / 'step_2'}"]  # fmt: skip
     run = launch_two_ranks(args, torchrun=True)
@@ -105,3 +114,16 @@ def test_eviback_and_baseline_train_then_eval_with_bootstrap(
     one = (runs["baseline"] / "eval" / "per_question.jsonl").read_text()
     assert (sharded / "eval" / "per_question.jsonl").read_text() == one
     assert run.stdout.count("| benchmark |") == 1  # printed by rank 0 only
+    # the batch is global: each step's questions over both ranks, in rank order, are the ones
+    # the one-process run drew (the seed's shuffle of the train set, 2 a step), 2 x 4 rollouts
+    cfg = load_config(EviBackConfig, DEFAULT_CONFIG, overrides(tiny_world, warm, trained))
+    train_set = select_questions(cfg.assets, "train", cfg.seed)
+    order = list(range(len(train_set)))
+    random.Random(cfg.seed).shuffle(order)
+    want = [
+        {"step": s, "ids": [train_set[order[2 * s - 2]].id, train_set[order[2 * s - 1]].id],
+         "trajectories": 8}
+        for s in (1, 2)
+    ]  # fmt: skip
+    for run_dir in (runs["eviback"], trained):
+        assert [json.loads(x) for x in (run_dir / "batches.jsonl").open()] == want

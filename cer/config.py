@@ -211,7 +211,12 @@ class CERConfig:
     )
     steps: int = field(default=30, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
     prompts_per_step: int = field(
-        default=8, metadata={"help": "B: prompts per step (all ranks)", "ge": 1}
+        default=8,
+        metadata={
+            "help": "B: prompts per step over all ranks (global, as verl's "
+            "data.train_batch_size; each of R ranks takes B / R)",
+            "ge": 1,
+        },
     )
     group_size: int = field(default=8, metadata={"help": "G: samples per prompt", "ge": 1})
     max_prompt_tokens: int = field(

@@ -34,6 +34,7 @@ from cer.group_reward import Group, group_rewards, rules_of, verifier_name
 from cer.rollout import sample_groups, step_sampling
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
 from cer.verifree import verifree_batch
+from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_questions
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rl_loop import (
     all_ranks_mean,
@@ -86,21 +87,21 @@ def train_cer(cfg: CERConfig) -> dict:
     """Run the loop; returns the dev evaluations and the run folder."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_assets(cfg.assets, ["model", "train", "dev"])
     train_cfg = cfg.train
+    # the batch is global (B prompts over all ranks): each rank's share, checked before any load
+    world = data_world_size()
+    rank_b = per_rank(cfg.prompts_per_step, world, "prompts_per_step", "prompts")
+    train_cfg.grad_accum = check_micro_batches(
+        rank_b * cfg.group_size,
+        cfg.loss.micro_batch_size,
+        "prompts_per_step*group_size",
+        "loss.micro_batch_size",
+        world,
+    )
+    check_assets(cfg.assets, ["model", "train", "dev"])
     train_cfg.seed = cfg.seed
     train_cfg.total_steps = cfg.steps
-    _, world, _ = init_distributed()
-    if cfg.prompts_per_step % world:
-        raise ValueError(f"prompts_per_step={cfg.prompts_per_step} not divisible by {world} ranks")
-    rank_b = cfg.prompts_per_step // world
-    batch = rank_b * cfg.group_size
-    if batch % cfg.loss.micro_batch_size:
-        raise ValueError(
-            f"prompts per rank x group_size = {batch} is not a multiple of "
-            f"loss.micro_batch_size = {cfg.loss.micro_batch_size}"
-        )
-    train_cfg.grad_accum = batch // cfg.loss.micro_batch_size
+    init_distributed()
     run_dir = Path(cfg.run_dir)
     # No resume: a rerun starts at step 0 and replaces what the folder logged.
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
@@ -163,10 +164,11 @@ def train_cer(cfg: CERConfig) -> dict:
 
     if cfg.eval_every:  # 0: no dev evaluation
         run_eval(0)
+    batch_log = BatchLog(run_dir, 1, train.is_main)
     for step in progress(range(1, cfg.steps + 1), desc=f"cer[{cfg.reward.type}]", total=cfg.steps):
         t_step = time.perf_counter()
-        base = ((step - 1) * train.world_size + train.rank) * rank_b
-        idx = [order[(base + i) % len(order)] for i in range(rank_b)]
+        # this rank's contiguous share of the one-rank batch: a function of (seed, step)
+        idx = rank_questions(step, train.rank, train.world_size, order, cfg.prompts_per_step)
         params = step_sampling(cfg, step, train.rank, train.world_size, len(idx))
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -212,6 +214,7 @@ def train_cer(cfg: CERConfig) -> dict:
             timings,
         )
         timings["step"] = time.perf_counter() - t_step
+        batch_log.write(step, [train_set[i].id for i in idx], len(trained))
         per_group = reward.view(-1, cfg.group_size)
         metrics = {
             "reward": reward.mean().item(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,22 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
             assert rewards["cer"] == 0 and rewards["rule"] == 0
     assert (run_dir / "checkpoints" / "step_2" / "model.safetensors").is_file()
     assert (run_dir / "dev_curve.png").stat().st_size > 0
+    # batches.jsonl: each step's prompts (2 of the seed's shuffle a step) and its 2 x 4 samples
+    from transformers import AutoTokenizer
+
+    from cer.evaluate import load_problems
+
+    tok = AutoTokenizer.from_pretrained(cfg.assets.model)
+    a = cfg.assets
+    problems = load_problems(a.train, tok, cfg.max_prompt_tokens, a.train_format, a.train_filter)
+    train_ids = [ex.id for ex in problems[0]]
+    order = list(range(len(train_ids)))
+    random.Random(cfg.seed).shuffle(order)
+    assert [json.loads(x) for x in (run_dir / "batches.jsonl").open()] == [
+        {"step": s, "ids": [train_ids[order[2 * s - 2]], train_ids[order[2 * s - 1]]],
+         "trajectories": 8}
+        for s in (1, 2)
+    ]  # fmt: skip
     # eval picks up the run's latest checkpoint and writes JSON + markdown
     cfg.eval.k, cfg.eval.max_tokens = 2, 24
     # a benchmark of its own sample count (the paper configs: one sample on multiple choice)

@@ -181,7 +181,23 @@ class WarmupConfig:
         metadata={"help": "π SFT epochs (0: no π SFT, π stays the backbone)", "ge": 0},
     )
     pi_lr: float = field(default=1e-5, metadata={"help": "π SFT learning rate", "gt": 0})
-    pi_batch: int = field(default=64, metadata={"help": "π SFT trajectories per step", "ge": 1})
+    pi_batch: int = field(
+        default=64,
+        metadata={
+            "help": "π SFT examples per optimizer step, one example an agent step (the "
+            "release's 64 = 2 a device x 32 accumulated)",
+            "ge": 1,
+        },
+    )
+    pi_loss_group: int = field(
+        default=2,
+        metadata={
+            "help": "π SFT loss: the token mean over each group of this many examples of a "
+            "step, averaged over the groups (the release's per-device batch, 2; 1: per "
+            "example); divides pi_batch",
+            "ge": 1,
+        },
+    )
     mu_epochs: int = field(default=10, metadata={"help": "μ SFT epochs", "ge": 1})
     mu_lr: float = field(default=5e-5, metadata={"help": "μ SFT adapter learning rate", "gt": 0})
     head_lr: float = field(default=1e-3, metadata={"help": "μ SFT head learning rate", "gt": 0})
@@ -218,6 +234,11 @@ class WarmupConfig:
                 raise ValueError(f"warmup.{name}={getattr(self, name)}; must be >= 1")
         if self.pi_epochs < 0:
             raise ValueError(f"warmup.pi_epochs={self.pi_epochs}; must be >= 0 (0: no π SFT)")
+        if self.pi_loss_group < 1 or self.pi_batch % self.pi_loss_group:
+            raise ValueError(
+                f"warmup.pi_loss_group={self.pi_loss_group} must be >= 1 and divide "
+                f"warmup.pi_batch={self.pi_batch}"
+            )
 
 
 @dataclass
@@ -227,11 +248,20 @@ class RLConfig:
     sparse_steps: int = field(default=90, metadata={"help": "steps of the sparse phase", "ge": 0})
     dense_steps: int = field(default=150, metadata={"help": "steps of the dense phase", "ge": 0})
     sparse_questions: int = field(
-        default=16, metadata={"help": "questions per sparse batch", "ge": 1}
+        default=16,
+        metadata={
+            "help": "questions per sparse update over all ranks (global, as verl's "
+            "data.train_batch_size; each of R ranks takes B / R)",
+            "ge": 1,
+        },
     )
     sparse_n: int = field(default=4, metadata={"help": "rollouts per question (sparse)", "ge": 1})
     dense_questions: int = field(
-        default=64, metadata={"help": "questions per dense batch (1 each)", "ge": 1}
+        default=64,
+        metadata={
+            "help": "questions per dense update over all ranks (global; 1 rollout each)",
+            "ge": 1,
+        },
     )
     c: float = field(default=0.5, metadata={"help": "dense advantage scale c", "ge": 0})
     pi_kl_coef: float = field(
@@ -254,6 +284,23 @@ class RLConfig:
     head_lr: float = field(
         default=5e-4, metadata={"help": "μ head lr (0 with mu_lr: frozen μ)", "ge": 0}
     )
+    pi_dense_from: int = field(
+        default=-1,
+        metadata={
+            "help": "π takes pi_lr_dense and the KL pi_kl_coef after this step (-1: after "
+            "sparse_steps, ARCO's phase switch; method=outcome_only keeps ARCO's switch when it "
+            "turns the dense steps into sparse ones, unless outcome_schedule=sparse)",
+            "ge": -1,
+        },
+    )
+    outcome_schedule: Literal["arco", "sparse"] = field(
+        default="arco",
+        metadata={
+            "help": "method=outcome_only: arco (π's lr and KL switch with ARCO's phases, so the "
+            "baseline differs from ARCO in its advantages only) | sparse (pi_lr_sparse and no KL "
+            "at every step)"
+        },
+    )
     freeze_rubric: bool = field(
         default=False,
         metadata={
@@ -268,7 +315,16 @@ class RLConfig:
         default=32, metadata={"help": "rubric sequences per forward", "ge": 1}
     )
 
+    @property
+    def pi_switch_step(self) -> int:
+        """The last step with π's sparse-phase lr and no KL."""
+        return self.sparse_steps if self.pi_dense_from < 0 else self.pi_dense_from
+
     def __post_init__(self) -> None:
+        if self.outcome_schedule not in ("arco", "sparse"):
+            raise ValueError(
+                f"rl.outcome_schedule={self.outcome_schedule!r}; choose arco or sparse"
+            )
         if self.kl_direction not in ("forward", "reverse"):
             raise ValueError(f"rl.kl_direction={self.kl_direction!r}; choose forward or reverse")
         for name in ("sparse_questions", "sparse_n", "dense_questions", "micro_batch_size"):
@@ -366,6 +422,9 @@ class ArcoConfig:
             self.rubric.mode = "none"
             self.rl.freeze_rubric = True
         if self.method == "outcome_only":  # the same budget: every step a sparse (GRPO) step
+            if self.rl.pi_dense_from < 0:  # ARCO's switch, or never (outcome_schedule=sparse)
+                arco = self.rl.outcome_schedule == "arco"
+                self.rl.pi_dense_from = self.rl.sparse_steps if arco else self.steps
             self.rl.sparse_steps += self.rl.dense_steps
             self.rl.dense_steps = 0
             self.rl.freeze_rubric = True

@@ -43,6 +43,8 @@ from arco.rubrics import (
     write_criteria,
 )
 from arco.steps import Episode, episode_from_trajectory
+from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_slice
+from common.config import ConfigError
 from common.data import load_qa
 from common.rl import logprobs_from_logits
 from common.rl_loop import (
@@ -258,7 +260,7 @@ def update(
     step_adv: Sequence[Sequence[float]],
     rewards: torch.Tensor,
     cfg: ArcoConfig,
-    dense: bool,
+    late: bool,
     pad_id: int,
     timings: dict[str, float],
 ) -> dict[str, float]:
@@ -280,7 +282,7 @@ def update(
             train,
             [trajs[i] for i in chunk],
             [step_adv[i] for i in chunk],
-            cfg.rl.pi_kl_coef if dense else 0.0,
+            cfg.rl.pi_kl_coef if late else 0.0,
             cfg.rl.kl_direction,
             pad_id,
         )
@@ -315,6 +317,8 @@ def update(
     out["grad_norm"] = (
         float(info["grad_norm"]) if info.get("grad_norm") is not None else float("nan")
     )
+    # π and μ are clipped apart (the release): each one's norm before its clip
+    out |= {k: float(v) for k, v in info.items() if k.startswith("grad_norm/")}
     return out
 
 
@@ -394,32 +398,72 @@ def _rubric_view(it: RubricItem) -> dict:
     }
 
 
-def data_cursor(step: int, rl, world: int, rank: int) -> int:
-    """Where step ``step``'s questions start in the shuffled training order: a function of the
-    step alone (so a resumed run draws the same questions), sparse batches first."""
-    sparse = min(step - 1, rl.sparse_steps)
-    dense = max(step - 1 - rl.sparse_steps, 0)
-    done = (sparse * rl.sparse_questions + dense * rl.dense_questions) * world
-    per_rank = rl.dense_questions if step > rl.sparse_steps else rl.sparse_questions
-    return done + rank * per_rank
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """Epoch ``epoch``'s (0-based, over the whole run) permutation of the ``n`` training
+    questions, seeded by (seed, epoch): the release shuffles its examples at every epoch start."""
+    order = list(range(n))
+    random.Random(f"arco-epoch:{seed}:{epoch}").shuffle(order)
+    return order
+
+
+def step_questions(step: int, rl, n: int, seed: int) -> list[int]:
+    """The one-rank batch of step ``step`` (1-based): indices into the ``n`` training questions,
+    a function of the step alone (a resumed run draws the same questions). Each phase walks
+    epochs as the release does, ceil(n / B) batches an epoch over a fresh permutation (sparse
+    B = rl.sparse_questions, dense B = rl.dense_questions; the dense phase starts a new epoch).
+    An epoch's last batch, short in the release, is filled up to B with the first questions of
+    the same epoch's permutation: every update has B distinct questions (B <= n) and every
+    epoch covers every question."""
+    sparse_epoch = -(-n // rl.sparse_questions)  # batches an epoch
+    if step <= rl.sparse_steps:
+        size, k, first = rl.sparse_questions, step - 1, 0
+    else:
+        size, k = rl.dense_questions, step - 1 - rl.sparse_steps
+        first = -(-rl.sparse_steps // sparse_epoch)  # epochs the sparse phase began
+    epoch, b = divmod(k, -(-n // size))
+    order = epoch_order(n, seed, first + epoch)
+    return [order[(b * size + i) % n] for i in range(size)]
+
+
+def rank_step_questions(step: int, rl, n: int, seed: int, rank: int, world: int) -> list[int]:
+    """Rank ``rank`` of ``world``: its contiguous slice of the one-rank batch of ``step``."""
+    return rank_slice(step_questions(step, rl, n, seed), rank, world)
+
+
+def check_batches(rl, world: int, n: int | None = None) -> int:
+    """The global batch sizes against the world size (and the ``n`` training questions); one
+    line naming the key when they do not fit. Returns grad_accum: micro-batches a rank."""
+    batch = rl.sparse_questions * rl.sparse_n
+    if batch != rl.dense_questions:
+        raise ConfigError(
+            f"rl: sparse_questions*sparse_n = {batch} must equal dense_questions = "
+            f"{rl.dense_questions} (one batch size for the run)"
+        )
+    per_rank(rl.sparse_questions, world, "rl.sparse_questions")
+    rank_batch = per_rank(rl.dense_questions, world, "rl.dense_questions")
+    accum = check_micro_batches(
+        rank_batch, rl.micro_batch_size, "rl.dense_questions", "rl.micro_batch_size", world
+    )
+    for key in ("sparse_questions", "dense_questions"):
+        if n is not None and getattr(rl, key) > n:
+            raise ConfigError(
+                f"rl.{key}={getattr(rl, key)} exceeds the {n} training questions "
+                "(a batch holds each question once)"
+            )
+    return accum
 
 
 def train_arco(cfg: ArcoConfig) -> dict:
     """Co-evolution RL from ``warmup_dir``; returns the dev evaluations (first before training)."""
     from transformers import AutoTokenizer
 
-    cfg.check_assets(("model", "train_file", "dev_file", "retrieval", "warmup"))
     rl = cfg.rl
-    batch = rl.sparse_questions * rl.sparse_n
-    if batch != rl.dense_questions or batch % rl.micro_batch_size:
-        raise ValueError(
-            f"rl: sparse_questions*sparse_n = {batch} must equal dense_questions = "
-            f"{rl.dense_questions} (one batch size for the run) and be a multiple of "
-            f"micro_batch_size = {rl.micro_batch_size}"
-        )
+    world = data_world_size()  # batch sizes are global: each rank's share, before any load
+    check_batches(rl, world)
+    cfg.check_assets(("model", "train_file", "dev_file", "retrieval", "warmup"))
     train_set = load_qa(cfg.assets.train_file)
     dev_set = load_qa(cfg.assets.dev_file)[: cfg.eval_questions]
-    cfg.train.grad_accum = batch // rl.micro_batch_size
+    cfg.train.grad_accum = check_batches(rl, world, len(train_set))
     cfg.train.total_steps = max(cfg.steps, 1)
     cfg.train.seed = cfg.seed
     cfg.train.lr = rl.pi_lr_sparse
@@ -444,8 +488,6 @@ def train_arco(cfg: ArcoConfig) -> dict:
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
     push_adapters(engine, model)
-    order = list(range(len(train_set)))
-    random.Random(cfg.seed).shuffle(order)
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals: list[dict] = []
 
@@ -476,13 +518,16 @@ def train_arco(cfg: ArcoConfig) -> dict:
             print(f"[arco] resumed from {latest} at step {start}", flush=True)
     elif cfg.eval_every:  # 0: no dev evaluation
         run_eval(0)
+    batch_log = BatchLog(run_dir, start, train.is_main)
     for step in progress(range(start, cfg.steps + 1), desc="arco", total=cfg.steps - start + 1):
         dense = step > rl.sparse_steps
-        train.set_group_lr("policy", rl.pi_lr_dense if dense else rl.pi_lr_sparse)
+        late = step > rl.pi_switch_step  # π's dense-phase lr and KL (outcome-only: ARCO's switch)
+        train.set_group_lr("policy", rl.pi_lr_dense if late else rl.pi_lr_sparse)
         n = 1 if dense else rl.sparse_n
-        per_rank = rl.dense_questions if dense else rl.sparse_questions
-        cursor = data_cursor(step, rl, train.world_size, train.rank)
-        qs = [train_set[order[(cursor + i) % len(order)]] for i in range(per_rank)]
+        idx = rank_step_questions(
+            step, rl, len(train_set), cfg.seed, train.rank, train.world_size
+        )  # this rank's slice of the one-rank batch: a function of (seed, step)
+        qs = [train_set[i] for i in idx]
         timings: dict[str, float] = {}
         t_step = t0 = time.perf_counter()
         trajs = run_agent(
@@ -516,13 +561,15 @@ def train_arco(cfg: ArcoConfig) -> dict:
         else:
             a = sparse_group_advantages(rewards, [t.group_id for t in trajs]).tolist()
             step_adv = [[a[i]] * len(t.steps) for i, t in enumerate(trajs)]
-        upd = update(train, trajs, items, step_adv, rewards, cfg, dense, pad_id, timings)
+        upd = update(train, trajs, items, step_adv, rewards, cfg, late, pad_id, timings)
         t0 = time.perf_counter()
         push_adapters(engine, model)
         timings["push"] = time.perf_counter() - t0
         timings["step"] = time.perf_counter() - t_step
+        batch_log.write(step, [q.id for q in qs], len(trajs))
         metrics = {
             "phase_dense": float(dense),
+            "pi_late_schedule": float(late),
             **rollout_metrics(trajs),
             **(rubric_metrics(items, kinds, rewards, rl.invalid_bucket) if uses_mu else {}),
             "reward": rewards.mean().item(),

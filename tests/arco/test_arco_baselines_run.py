@@ -85,6 +85,10 @@ def test_outcome_only_is_all_grpo_steps_without_mu(tiny_world, prm_warmed, tmp_p
     out = train_arco(load_config(ArcoConfig, CONFIG, over))
     rows = _rows(Path(out["run_dir"]))
     assert [r["phase_dense"] for r in rows] == [0.0, 0.0]  # 1 sparse + 1 dense -> 2 sparse
+    # ARCO's schedule: after its sparse phase π takes the dense lr and pays KL(π‖π_ref) (here
+    # ~0: one GRPO step on 2 x 2 rollouts rarely moves π)
+    assert [r["pi_late_schedule"] for r in rows] == [0.0, 1.0]
+    assert rows[0]["pi_kl"] == 0.0 and rows[1]["pi_kl"] >= 0.0
     assert all("decomposition_error" not in r and "time/rubric_generation" not in r for r in rows)
     ckpt = Path(out["run_dir"]) / "checkpoints" / "step_2"
     for key, t in _adapter(prm_warmed / "warmup", "rubric").items():

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from arco.rubrics import RubricItem, rubric_batch, step_rewards, write_criteria
-from arco.trainer import _per_token, _place, data_cursor
+from arco.trainer import _per_token, _place
 from common.rollout.engine import Completion
 from common.rollout.trajectory import Step, Trajectory
 
@@ -82,9 +80,3 @@ def test_step_advantages_land_on_the_step_sampled_tokens():
     placed = _place([t], [_per_token(t, [0.5, -1.0])], width=9)
     # response token j is predicted at column len(prompt) - 1 + j = 2 + j
     assert placed.tolist() == [[0, 0, 0.5, 0.5, 0, 0, 0, -1.0]]
-
-
-def test_data_cursor_walks_sparse_then_dense_batches_without_overlap():
-    rl = SimpleNamespace(sparse_steps=2, sparse_questions=4, dense_questions=8)
-    starts = [data_cursor(s, rl, world=2, rank=r) for s in (1, 2, 3, 4) for r in (0, 1)]
-    assert starts == [0, 4, 8, 12, 16, 24, 32, 40]

@@ -158,6 +158,10 @@ def test_interrupted_run_resumes_to_the_same_weights(warmed, tiny_world, tmp_pat
         metrics(tmp_path / "straight")[-1]["loss_mu"]
         == metrics(tmp_path / "resumed")[-1]["loss_mu"]
     )
+    # the questions are a function of the step: the resumed run drew what the straight one did
+    batches = lambda d: (d / "batches.jsonl").read_text()  # noqa: E731
+    assert batches(tmp_path / "resumed") == batches(tmp_path / "straight")
+    assert [json.loads(x)["step"] for x in batches(tmp_path / "straight").splitlines()] == [1, 2]
 
 
 def test_missing_assets_stop_before_any_model_loads(tmp_path, capsys):

@@ -11,7 +11,9 @@ import pytest
 from test_arco_run import overrides
 
 from arco.config import ArcoConfig
+from arco.trainer import step_questions
 from common.config import load_config
+from common.data import load_qa
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "arco" / "configs" / "tiny.yaml"
@@ -24,7 +26,8 @@ def test_two_deepspeed_ranks_with_vllm_lora_end_with_identical_weights(
 ):
     from arco.warmup import run_warmup
 
-    over = overrides(tiny_world, tmp_path)
+    # bf16 as on a GPU: the base in bf16, adapters and head fp32, DeepSpeed on its fp32 path
+    over = [*overrides(tiny_world, tmp_path), "train.bf16=true"]
     run_warmup(load_config(ArcoConfig, CONFIG, over))  # single-process, in this process
     run = launch_two_ranks([str(SCRIPT), "--config", str(CONFIG), *over], timeout=600)
     output = run.stdout[-15000:] + run.stderr[-15000:]
@@ -37,10 +40,26 @@ def test_two_deepspeed_ranks_with_vllm_lora_end_with_identical_weights(
     assert [r["step"] for r in steps] == [1, 2]
     assert [r["phase_dense"] for r in steps] == [0.0, 1.0]
     assert all(0.0 <= r["reward"] <= 1.0 for r in steps)
+    assert all(r["grad_norm/rubric"] > 0.0 for r in steps)  # μ clipped apart from π
     assert [r["step"] for r in rows if "dev/em" in r] == [0, 2]
     ckpt = tmp_path / "run" / "checkpoints" / "step_2"
     assert (ckpt / "adapters" / "policy" / "adapter_model.safetensors").is_file()
     assert (ckpt / "rubric_head" / "head.safetensors").is_file()
+    # the batch is global: the two ranks' questions of a step, rank 0's then rank 1's, are what
+    # one rank draws (2 questions x 2 rollouts sparse, 4 x 1 dense), and so is the update's size
+    cfg = load_config(ArcoConfig, CONFIG, over)
+    train_set = load_qa(cfg.assets.train_file)
+    batches = [json.loads(line) for line in (tmp_path / "run" / "batches.jsonl").open()]
+    assert batches == [
+        {
+            "step": step,
+            "ids": [
+                train_set[i].id for i in step_questions(step, cfg.rl, len(train_set), cfg.seed)
+            ],
+            "trajectories": 4,
+        }
+        for step in (1, 2)
+    ]
 
 
 def test_batch_statistics_span_all_ranks(monkeypatch):

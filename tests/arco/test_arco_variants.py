@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from arco.config import ArcoConfig
 from arco.rubric_prompt import read_criteria_file
 from arco.variants import load_variant, variant_names, variant_overrides
+from common.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(
@@ -82,3 +84,22 @@ def test_a_variant_warmup_replays_the_base_warmups_teacher_cache():
     assert teacher_cache(base) == Path(base.warmup_dir) / "teacher_cache"
     for variant in ("prm", "wo_adaptive", "k5"):  # content-keyed: the same requests cost nothing
         assert teacher_cache(load_variant(cfg, [], variant)) == teacher_cache(base)
+
+
+@pytest.mark.parametrize(("schedule", "switch"), [("arco", 375), ("sparse", 535)])
+def test_outcome_only_keeps_arcos_lr_and_kl_schedule_by_default(schedule, switch):
+    """Its 535 GRPO steps switch π's lr (1e-5 -> 3e-6) and KL (0 -> 0.05) where ARCO's dense
+    phase starts; outcome_schedule=sparse keeps the sparse lr and no KL throughout."""
+    cfg = load_config(
+        ArcoConfig,
+        ROOT / "arco" / "configs" / "qwen3_4b_hotpotqa.yaml",
+        ["method=outcome_only", f"rl.outcome_schedule={schedule}"],
+    )
+    assert (cfg.rl.sparse_steps, cfg.rl.dense_steps) == (535, 0)
+    assert cfg.rl.pi_dense_from == switch
+    assert (
+        load_config(
+            ArcoConfig, ROOT / "arco" / "configs" / "tiny.yaml", ["rl.sparse_steps=3"]
+        ).rl.pi_switch_step
+        == 3
+    )

@@ -115,6 +115,7 @@ class Run:
     arm: str | None = None
     model: Path | None = None
     problem: str | None = None
+    notes: list[str] = field(default_factory=list)  # e.g. an unreadable cache record, redone
 
     @property
     def kind(self) -> str | None:
@@ -144,21 +145,39 @@ def discover(paths: Sequence[str | Path], exclude: Path | None = None) -> list[P
     return sorted(found)
 
 
+class MalformedKey(ValueError):
+    """A config key that recognition reads holds the wrong kind of value (``rl: 5``)."""
+
+
+def section(config: dict[str, Any], key: str) -> dict[str, Any]:
+    """``config[key]`` as a mapping (absent or empty: ``{}``); anything else is a
+    ``MalformedKey`` naming the key and what it holds."""
+    value = config.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MalformedKey(f"`{key}` must be a section (a mapping of keys), not {value!r:.60}")
+    return value
+
+
 def recognise(config: dict[str, Any], run_dir: Path) -> tuple[str, str] | None:
-    """``(method, arm)`` from the keys each trainer's config has, or None."""
-    assets = config.get("assets") if isinstance(config.get("assets"), dict) else {}
+    """``(method, arm)`` from the keys each trainer's config has, or None; a section that is
+    not a mapping (``rl: 5``) or a ``method`` that is not a name is a ``MalformedKey``."""
+    assets = section(config, "assets")
     if "rubric" in config and "warmup_dir" in config:
         chosen = config.get("method", "arco")  # older runs: outcome-only had rl.dense_steps=0
-        if chosen == "arco" and (config.get("rl") or {}).get("dense_steps") == 0:
+        if not isinstance(chosen, str):
+            raise MalformedKey(f"`method` must be a name, not {chosen!r:.60}")
+        if chosen == "arco" and section(config, "rl").get("dense_steps") == 0:
             chosen = "outcome_only"
         method = {"outcome_only": "arco_outcome_only", "prm": "arco_prm"}.get(chosen, "arco")
         return method, method
     if "reward" in config and "benchmarks" in assets:
         if (run_dir / "model").is_dir() and not (run_dir / "checkpoints").is_dir():
             return "cer_warmup", "cer_warmup"
-        return "cer", f"cer/{(config.get('reward') or {}).get('type', 'cer')}"
+        return "cer", f"cer/{section(config, 'reward').get('type', 'cer')}"
     if "teacher" in config and "train_files" in assets:
-        method = "eviback" if (config.get("teacher") or {}).get("enabled", True) else "search_r1"
+        method = "eviback" if section(config, "teacher").get("enabled", True) else "search_r1"
         return method, method
     if "world" in config and "questions_per_step" in config:
         return "grpo", "grpo"
@@ -206,7 +225,11 @@ def load_run(path: Path, root: Path | None = None, step: int | None = None) -> R
         run.problem = "config.yaml does not hold a mapping"
         return run
     run.config = config
-    found = recognise(config, path)
+    try:
+        found = recognise(config, path)
+    except MalformedKey as err:
+        run.problem = f"config.yaml: {err}"
+        return run
     if found is None:
         run.problem = "config.yaml matches no trainer (search_grpo, warmstart, eviback, cer, arco)"
         return run
@@ -215,6 +238,9 @@ def load_run(path: Path, root: Path | None = None, step: int | None = None) -> R
         load_config(config_class(run.method), path / "config.yaml")
     except ConfigError as err:
         run.problem = f"config.yaml no longer loads: {err}"
+        return run
+    except Exception as err:  # a value of a type the loader did not expect: listed, not raised
+        run.problem = f"config.yaml no longer loads: {type(err).__name__}: {err}"
         return run
     run.model, run.problem = model_of(run, step)
     return run
@@ -355,12 +381,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def read_record(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """A ``record.json``: ``(record, "")``, or ``(None, why)`` when it is not JSON (a write cut
+    short) or not a record (``{"benchmarks": {name: {"rows": [{"id": ...}, ...]}}}``)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return None, f"{type(err).__name__}: {err}"
+    benchmarks = record.get("benchmarks") if isinstance(record, dict) else None
+    if not isinstance(benchmarks, dict):
+        return None, "no `benchmarks` mapping"
+    for name, b in benchmarks.items():
+        rows = b.get("rows") if isinstance(b, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "id" in r for r in rows):
+            return None, f"benchmark {name!r}: `rows` is not a list of per-question rows"
+    return record, ""
+
+
 def evaluate_runs(
     runs: Sequence[Run], out: Path, evaluator: Evaluator, force: bool = False
 ) -> dict[str, dict[str, Any]]:
     """Each evaluable run's record (``record.json`` in its cache folder: evaluated now, or read
-    back when an earlier call evaluated the same checkpoint and config). A failed evaluation
-    sets ``run.problem``. Returns ``{run name: record}``."""
+    back when an earlier call evaluated the same checkpoint and config). A cached record that
+    cannot be read is a miss: the run is evaluated again and a note says so (``run.notes``). A
+    failed evaluation sets ``run.problem``. Returns ``{run name: record}``."""
     records: dict[str, dict[str, Any]] = {}
     todo = [r for r in runs if r.problem is None]
     for i, run in enumerate(todo, start=1):
@@ -368,17 +412,27 @@ def evaluate_runs(
         folder = cache_dir(out, run)
         record_file = folder / "record.json"
         if record_file.is_file() and not force:
-            records[run.name] = json.loads(record_file.read_text())
-            print(f"{head}: cached", flush=True)
-            continue
+            record, why = read_record(record_file)
+            if record is not None:
+                records[run.name] = record
+                print(f"{head}: cached", flush=True)
+                continue
+            note = f"cached {record_file} unreadable ({' '.join(why.split())}): evaluated again"
+            run.notes.append(note)
+            print(f"{head}: {note}", flush=True)
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         print(f"{head}: evaluating ...", flush=True)
         t0 = time.perf_counter()
         evaluator(run, folder)
         if record_file.is_file():
-            records[run.name] = json.loads(record_file.read_text())
-            print(f"[eval-all]   done in {time.perf_counter() - t0:.0f} s", flush=True)
+            record, why = read_record(record_file)
+            if record is not None:
+                records[run.name] = record
+                print(f"[eval-all]   done in {time.perf_counter() - t0:.0f} s", flush=True)
+                continue
+            run.problem = f"evaluation wrote an unreadable {record_file}: " + " ".join(why.split())
+            print(f"[eval-all]   {run.problem}", flush=True)
             continue
         error = folder / "error.txt"
         why = error.read_text().strip() if error.is_file() else f"no result; see {folder}/eval.log"
@@ -667,6 +721,8 @@ def beside_published(
     by_name = {r.name: r for r in runs}
     out = []
     for entry in report_runs:
+        if "benchmarks" not in entry:  # not evaluated (its config may not even be readable)
+            continue
         run = by_name[entry["run"]]
         start = (run.config.get("assets") or {}).get("model") or run.config.get("model")
         for package, doc in published.items():
@@ -704,11 +760,13 @@ def build_report(
             "arm": run.arm,
             "model": str(run.model) if run.model else None,
             "problem": run.problem,
+            "notes": list(run.notes),
         }
         if run.name in records and run.kind:
             entry["benchmarks"] = summarize_record(records[run.name], run.kind, resamples)
         rows.append(entry)
     return {
+        "unreadable_cache_records": sum(len(r.notes) for r in runs),
         "beside_published": beside_published(runs, rows, published),
         "resamples": resamples,
         "confidence": 0.95,
@@ -739,6 +797,7 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for r in report["runs"]:
         status = "evaluated" if "benchmarks" in r else f"not evaluated: {r['problem']}"
+        status += "".join(f"; {n}" for n in r.get("notes", []))
         lines.append(f"| {r['run']} | {r['arm'] or '?'} | {r['model'] or ''} | {status} |")
     for kind, title in TITLES.items():
         members = [r for r in report["runs"] if "benchmarks" in r and KIND[r["method"]] == kind]
@@ -844,6 +903,9 @@ def evaluate_all(
         flush=True,
     )
     records = evaluate_runs(runs, out, evaluator)
+    redone = sum(len(r.notes) for r in runs)
+    if redone:
+        print(f"[eval-all] {redone} unreadable cache record(s) evaluated again", flush=True)
     report = build_report(runs, records, resamples, load_published(project_root or Path.cwd()))
     write_report(report, out)
     if plots:

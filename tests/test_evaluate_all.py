@@ -378,3 +378,56 @@ def test_plots_bars_per_benchmark_and_curves_on_one_page(tmp_path):
     assert ("eviback/tiny", 0.5, 0.0, 1.0) in bars["em"]
     assert (out / "bench_tiny_test.png").stat().st_size > 0
     assert (out / "curves.png").stat().st_size > 0
+
+
+def test_an_unreadable_cache_record_is_a_miss_evaluated_again(tmp_path, capsys):
+    runs, out = _runs(tmp_path), tmp_path / "eval"
+    fake = FakeEvaluator()
+    evaluate_all([runs], out, fake, resamples=200, project_root=ROOT, plots=False)
+    (record,) = out.glob("cache/*eviback_tiny-*/record.json")
+    record.write_text(record.read_text()[:40])  # a write cut short: "Unterminated string ..."
+    (other,) = out.glob("cache/*cer_cer-*/record.json")
+    other.write_text('{"benchmarks": 5}')  # JSON, but not a record
+    fake.calls.clear()
+    capsys.readouterr()
+    report = evaluate_all([runs], out, fake, resamples=200, project_root=ROOT, plots=False)
+    assert sorted(fake.calls) == ["arco/tiny", "cer/cer", "eviback/tiny"]
+    printed = capsys.readouterr().out
+    assert f"cached {record} unreadable (JSONDecodeError: Unterminated string" in printed
+    assert f"cached {other} unreadable (no `benchmarks` mapping)" in printed
+    assert "2 unreadable cache record(s) evaluated again" in printed
+    by_run = {r["run"]: r for r in report["runs"]}
+    assert "benchmarks" in by_run["eviback/tiny"] and "benchmarks" in by_run["cer/cer"]
+    assert by_run["eviback/tiny"]["notes"][0].startswith(f"cached {record} unreadable")
+    assert report["unreadable_cache_records"] == 2
+    assert f"| evaluated; cached {record} unreadable" in (out / "results.md").read_text()
+    # the record written again is read from the cache the next time
+    fake.calls.clear()
+    evaluate_all([runs], out, fake, resamples=200, project_root=ROOT, plots=False)
+    assert fake.calls == ["arco/tiny"]
+
+
+@pytest.mark.parametrize(
+    ("run", "key", "value"),
+    [
+        ("arco/tiny", "rl", 5),
+        ("cer/cer", "reward", 5),
+        ("eviback/tiny", "teacher", "on"),
+        ("eviback/base", "assets", [1]),
+        ("arco/prm", "method", ["prm"]),
+    ],
+)
+def test_a_malformed_section_lists_the_run_and_goes_on(tmp_path, run, key, value):
+    runs, out = _runs(tmp_path), tmp_path / "eval"
+    config = yaml.safe_load((runs / run / "config.yaml").read_text())
+    config[key] = value
+    (runs / run / "config.yaml").write_text(yaml.safe_dump(config))
+    fake = FakeEvaluator()
+    report = evaluate_all([runs], out, fake, resamples=200, project_root=ROOT, plots=False)
+    by_run = {r["run"]: r for r in report["runs"]}
+    assert by_run[run]["problem"].startswith(f"config.yaml: `{key}` must be")
+    assert run not in fake.calls and len(fake.calls) == 10  # every other run was evaluated
+    assert (
+        f"| {run} | ? |  | not evaluated: config.yaml: `{key}` must be"
+        in (out / "results.md").read_text()
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from cer.warmup import run_warmup
 from common.config import load_config
 
 TINY = "cer/configs/tiny.yaml"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_config(root: Path, *overrides: str) -> CERConfig:
@@ -216,6 +218,71 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
     )
     assert sum(sum(r["correct"]) for r in per["sampled_rows"]) / 12 == tiny["avg@2"]
     assert "| tiny_test |" in (run_dir / "eval" / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_two_ranks_train_one_ranks_batches_with_identical_weights(
+    tiny_root, tmp_path, launch_two_ranks
+):
+    """`cer train` on two DeepSpeed CPU ranks (ZeRO-2): prompts_per_step is global, so each
+    step's prompts over both ranks, in rank order, are the ones one rank draws for that step,
+    with one rank's trajectories per update; the ranks' weights agree before the first step and
+    after each. The same launch scores uneven groups on a ZeRO-3 model (each forward gathers the
+    parameters across ranks: ranks scoring different numbers of groups still make the same number
+    of forwards)."""
+    from transformers import AutoTokenizer
+
+    from cer.evaluate import load_problems
+    from common.batches import step_batch
+
+    run_dir = tmp_path / "run"
+    task = tiny_root / "task"
+    over = [
+        f"assets.model={tiny_root / 'warmup' / 'model'}",
+        f"assets.train={task / 'train.jsonl'}",
+        f"assets.dev={task / 'dev.jsonl'}",
+        f"run_dir={run_dir}",
+        "steps=2",
+        "prompts_per_step=4",
+        "group_size=2",
+        "loss.micro_batch_size=2",
+        "eval_every=2",
+        "eval_questions=4",
+        "max_response_tokens=16",
+    ]
+    script = ROOT / "tests" / "scripts" / "cer_two_ranks.py"
+    run = launch_two_ranks([str(script), "--config", TINY, *over])
+    output = run.stdout[-15000:] + run.stderr[-15000:]
+    assert run.returncode == 0, output
+    for rank, pairs in ((0, 36), (1, 12)):
+        assert f"rank {rank}: scoring ok ({pairs} pairs)" in output, output
+    weights = {}
+    for rank, step, sha in re.findall(r"rank (\d) step (\d) weights ([0-9a-f]{16})", output):
+        weights.setdefault(int(step), {})[int(rank)] = sha
+    assert sorted(weights) == [0, 1, 2] and all(len(w) == 2 for w in weights.values()), output
+    assert all(w[0] == w[1] for w in weights.values()), weights
+    assert weights[2][0] != weights[0][0]  # the updates moved the weights
+    # one rank's draw of each step with the same config: the seed's shuffle, 4 prompts a step
+    cfg = tiny_config(tiny_root, *over)
+    tok = AutoTokenizer.from_pretrained(cfg.assets.model)
+    a = cfg.assets
+    problems = load_problems(a.train, tok, cfg.max_prompt_tokens, a.train_format, a.train_filter)
+    train_ids = [ex.id for ex in problems[0]]
+    order = list(range(len(train_ids)))
+    random.Random(cfg.seed).shuffle(order)
+    one_rank = [
+        {"step": s, "ids": [train_ids[i] for i in step_batch(s, order, 4)], "trajectories": 8}
+        for s in (1, 2)
+    ]
+    assert [json.loads(x) for x in (run_dir / "batches.jsonl").open()] == one_rank
+    # each rank sampled its own half: the groups in step 1's samples are rank 0's first prompt
+    sample = json.loads((run_dir / "samples" / "step_00001.json").read_text())
+    assert [g["id"] for g in sample["groups"]] == one_rank[0]["ids"][:1]
+    # the dev shards gathered back into dev order
+    dev_ids = [json.loads(line)["id"] for line in (task / "dev.jsonl").open()][:4]
+    for step in (0, 2):
+        path = run_dir / "dev_results" / f"step_{step:05d}.jsonl"
+        assert [json.loads(x)["id"].split(":")[-1] for x in path.open()] == dev_ids
 
 
 def test_warmup_context_weight_changes_the_update(tiny_root, tmp_path):

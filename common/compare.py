@@ -28,6 +28,12 @@ compared on the same questions: for question q, Δ_q = mean over seeds of the ar
 percentile bootstrap of mean(Δ) over questions. The minimal detectable difference printed beside
 it is 2.8 standard errors of that mean (a two-sided 5% test with 80% power); the spread over
 seeds is reported too, which the bootstrap over questions does not include.
+
+``--report-only`` (and the report after the runs) reports what is there: a seed without step-0
+dev results is named as missing and left out (each arm over its seeds present, Δ against an arm
+over the seeds both have); a seed without the runner's done marker is marked unfinished (``*``,
+``unfinished_seeds`` in the JSON) with its own last evaluated step. metrics.jsonl is read as the
+trainers read it (``common.train.logging.read_metrics``: a torn last line dropped with a warning).
 """
 
 from __future__ import annotations
@@ -102,6 +108,152 @@ def run_results(run_dir: Path) -> tuple[dict, dict, int]:
     return start, final, steps[-1]
 
 
+def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl as the trainers read it (``common.train.logging.read_metrics``: a
+    torn last line dropped with a warning, a bad line elsewhere an error naming file and line);
+    no file: no rows."""
+    from common.train.logging import read_metrics
+
+    path = run_dir / "metrics.jsonl"
+    return read_metrics(path) if path.is_file() else []
+
+
+def curve(per_run: Sequence[Sequence[dict]], key: str = "dev/em") -> dict[str, list[float]]:
+    """``{"step", "mean", "low", "high"}`` of ``key`` over the runs' metrics.jsonl rows, at the
+    steps every run logged it (runs without metrics.jsonl left out)."""
+    logged = [{r["step"]: r[key] for r in rows if key in r} for rows in per_run if rows]
+    steps = sorted(set.intersection(*(set(p) for p in logged))) if logged else []
+    values = [[p[s] for p in logged] for s in steps]
+    return {
+        "step": steps,
+        "mean": [statistics.fmean(v) for v in values],
+        "low": [min(v) for v in values],
+        "high": [max(v) for v in values],
+    }
+
+
+def mean_of(rows: dict[str, dict], field: str, path: Path) -> float:
+    """The mean of a per-question field; a field the rows lack names the file."""
+    try:
+        return statistics.fmean(float(r[field]) for r in rows.values())
+    except KeyError:
+        raise ValueError(f"{path}: the per-question rows have no `{field}` field") from None
+
+
+def seed_result(run_dir: Path, seed: int, metric: str) -> dict[str, Any]:
+    """One seed's results: ``start``/``final`` rows and values, ``final_step`` (its own last dev
+    evaluation) and ``finished`` (the runner's done marker is there)."""
+    start, final, step = run_results(run_dir)
+    last = run_dir / "dev_results" / f"step_{step:05d}.jsonl"
+    valid = [float(r["valid"]) for r in final.values() if "valid" in r]
+    return {
+        "seed": seed,
+        "dir": run_dir,
+        "start_rows": start,
+        "final_rows": final,
+        "final_step": step,
+        "finished": (run_dir / DONE_MARKER).exists(),
+        "start": mean_of(start, metric, run_dir / "dev_results" / "step_00000.jsonl"),
+        "final": mean_of(final, metric, last),
+        "valid": statistics.fmean(valid) if valid and len(valid) == len(final) else None,
+    }
+
+
+def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
+    """Finals per arm and seed, the curves, and each arm against the baseline, over the seeds
+    present: a seed without step-0 dev results is listed as missing, one without the runner's
+    done marker as unfinished; an arm is compared with the baseline arm over the seeds both have.
+    Only when no run has results at all is it an error."""
+    out_dir, metric = Path(spec["out"]), spec.get("metric", "em")
+    arms: dict[str, dict[str, Any]] = {}
+    missing: list[dict[str, Any]] = []
+    for arm in spec["arms"]:
+        name, seeds = arm["name"], []
+        for s in spec["seeds"]:
+            run_dir = out_dir / name / f"s{s}"
+            try:
+                seeds.append(seed_result(run_dir, s, metric))
+            except FileNotFoundError as err:
+                missing.append({"arm": name, "seed": s, "why": str(err)})
+        arms[name] = arm_summary(seeds, [m["seed"] for m in missing if m["arm"] == name], spec)
+    if not any(a["seeds_present"] for a in arms.values()):
+        raise FileNotFoundError(f"no run has results yet: {missing[0]['why']}")
+    baseline = spec.get("baseline", "start")
+    comparisons, not_compared = {}, {}
+    for name, a in arms.items():
+        if name == baseline:
+            continue
+        if baseline == "start":
+            seeds = a["seeds_present"]
+        else:
+            seeds = [s for s in a["seeds_present"] if s in arms[baseline]["seeds_present"]]
+        if not seeds:
+            not_compared[name] = (
+                "no seed with results"
+                if baseline == "start" or not a["seeds_present"]
+                else f"no seed that `{baseline}` has too"
+            )
+            continue
+        runs = {s["seed"]: s for s in a["runs"]}
+        finals = [runs[s]["final_rows"] for s in seeds]
+        if baseline == "start":
+            diffs = diffs_from_start(finals, [runs[s]["start_rows"] for s in seeds], metric)
+        else:
+            theirs = {s["seed"]: s for s in arms[baseline]["runs"]}
+            diffs = question_diffs(finals, [theirs[s]["final_rows"] for s in seeds], metric)
+        comparisons[name] = {**paired_bootstrap(diffs, resamples), "seeds": seeds}
+    unfinished = [
+        {"arm": n, "seed": s["seed"], "final_step": s["final_step"]}
+        for n, a in arms.items()
+        for s in a["runs"]
+        if not s["finished"]
+    ]
+    return {"metric": metric, "baseline": baseline, "seeds": spec["seeds"], "arms": arms,
+            "comparisons": comparisons, "not_compared": not_compared, "missing": missing,
+            "unfinished": unfinished}  # fmt: skip
+
+
+def arm_summary(runs: list[dict[str, Any]], missing: list[int], spec: dict) -> dict[str, Any]:
+    """One arm over its seeds present (``runs``, from ``seed_result``)."""
+    metric = spec.get("metric", "em")
+    rows = [metrics_rows(r["dir"]) for r in runs]
+    finals = [r["final"] for r in runs]
+    valid = [r["valid"] for r in runs]
+    steps = [r["final_step"] for r in runs]
+    keep = ("seed", "final_step", "finished", "start", "final", "valid")
+    return {
+        "runs": runs,  # with the per-question rows (left out of comparison.json)
+        "per_seed": [{k: r[k] for k in keep} for r in runs],
+        "seeds_present": [r["seed"] for r in runs],
+        "seeds_missing": missing,
+        "unfinished_seeds": [r["seed"] for r in runs if not r["finished"]],
+        "final_step": steps[0] if steps and len(set(steps)) == 1 else None,
+        "final_step_per_seed": steps,
+        "start": statistics.fmean(r["start"] for r in runs) if runs else None,
+        "final": statistics.fmean(finals) if runs else None,
+        "final_per_seed": finals,
+        "final_seed_sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+        "valid_final": statistics.fmean(valid) if runs and None not in valid else None,
+        "curve": curve(rows, f"dev/{metric}"),
+        "extras": {key: extra_metric(rows, key) for key in spec.get("extra_metrics", [])},
+    }
+
+
+def extra_metric(per_run: Sequence[Sequence[dict]], key: str) -> dict[str, Any] | None:
+    """The last logged value of ``key`` per run (its metrics.jsonl rows), their mean and the
+    curve over the steps every run logged it; None when some run never logs it (an arm without
+    that part) or there are no runs."""
+    last = []
+    for rows in per_run:
+        values = [r[key] for r in rows if key in r]
+        if not values:
+            return None
+        last.append(float(values[-1]))
+    if not last:
+        return None
+    return {"final": statistics.fmean(last), "per_seed": last, "curve": curve(per_run, key)}
+
+
 def question_diffs(
     arm: Sequence[dict[str, dict]], base: Sequence[dict[str, dict]], metric: str
 ) -> list[float]:
@@ -121,74 +273,6 @@ def question_diffs(
     return [mean(arm, q) - mean(base, q) for q in ids]
 
 
-def curve(run_dirs: Sequence[Path], key: str = "dev/em") -> dict[str, list[float]]:
-    """``{"step", "mean", "low", "high"}`` of ``key`` over the runs' metrics.jsonl, at the steps
-    every run evaluated."""
-    per_run = []
-    for d in run_dirs:
-        rows = [json.loads(line) for line in (d / "metrics.jsonl").open()]
-        per_run.append({r["step"]: r[key] for r in rows if key in r})
-    steps = sorted(set.intersection(*(set(p) for p in per_run)))
-    values = [[p[s] for p in per_run] for s in steps]
-    return {
-        "step": steps,
-        "mean": [statistics.fmean(v) for v in values],
-        "low": [min(v) for v in values],
-        "high": [max(v) for v in values],
-    }
-
-
-def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
-    """Finals per arm and seed, the curves, and each arm against the baseline."""
-    out_dir, metric = Path(spec["out"]), spec.get("metric", "em")
-    arms: dict[str, dict[str, Any]] = {}
-    for arm in spec["arms"]:
-        dirs = [out_dir / arm["name"] / f"s{s}" for s in spec["seeds"]]
-        results = [run_results(d) for d in dirs]
-        finals = [statistics.fmean(float(r[metric]) for r in f.values()) for _, f, _ in results]
-        starts = [statistics.fmean(float(r[metric]) for r in s.values()) for s, _, _ in results]
-        arms[arm["name"]] = {
-            "dirs": dirs,
-            "start_runs": [s for s, _, _ in results],
-            "final_runs": [f for _, f, _ in results],
-            "final_step": results[0][2],
-            "start": statistics.fmean(starts),
-            "final": statistics.fmean(finals),
-            "final_per_seed": finals,
-            "final_seed_sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
-            "valid_final": statistics.fmean(
-                statistics.fmean(float(r["valid"]) for r in f.values()) for _, f, _ in results
-            ),
-            "curve": curve(dirs, f"dev/{metric}"),
-            "extras": {key: extra_metric(dirs, key) for key in spec.get("extra_metrics", [])},
-        }
-    baseline = spec.get("baseline", "start")
-    comparisons = {}
-    for name, a in arms.items():
-        if baseline == "start":
-            diffs = diffs_from_start(a["final_runs"], a["start_runs"], metric)
-        elif name == baseline:
-            continue
-        else:
-            diffs = question_diffs(a["final_runs"], arms[baseline]["final_runs"], metric)
-        comparisons[name] = paired_bootstrap(diffs, resamples)
-    return {"metric": metric, "baseline": baseline, "seeds": spec["seeds"], "arms": arms,
-            "comparisons": comparisons}  # fmt: skip
-
-
-def extra_metric(run_dirs: Sequence[Path], key: str) -> dict[str, Any] | None:
-    """The last logged value of ``key`` per run, their mean and the curve over the steps every
-    run logged it; None when some run never logs it (an arm without that part)."""
-    last = []
-    for d in run_dirs:
-        rows = [json.loads(line) for line in (d / "metrics.jsonl").open() if line.strip()]
-        values = [r[key] for r in rows if key in r]
-        if not values:
-            return None
-        last.append(float(values[-1]))
-    return {"final": statistics.fmean(last), "per_seed": last, "curve": curve(run_dirs, key)}
-
-
 def diffs_from_start(finals: Sequence[dict], starts: Sequence[dict], metric: str) -> list:
     """Per question: the mean over seeds of (final − start), each seed against its own start."""
     ids = list(finals[0])
@@ -200,28 +284,66 @@ def diffs_from_start(finals: Sequence[dict], starts: Sequence[dict], metric: str
     ]
 
 
+def _seeds(seeds: Sequence[int]) -> str:
+    return ", ".join(f"s{s}" for s in seeds)
+
+
 def markdown(summary: dict[str, Any]) -> str:
     m, base = summary["metric"], summary["baseline"]
     against = "its own step 0" if base == "start" else f"`{base}`"
     lines = [
         f"Seeds {summary['seeds']}; dev {m} (greedy); Δ against {against}, per question, "
         "pooled over seeds; 95% paired bootstrap over questions; MDE = 2.8 SE (80% power).",
+    ]
+    missing = summary.get("missing", [])
+    unfinished = summary.get("unfinished", [])
+    if missing:
+        names = ", ".join(f"{x['arm']} s{x['seed']}" for x in missing)
+        lines.append(
+            f"Missing (no dev results at step 0): {names}; the numbers below are over the seeds "
+            "present, and each Δ against an arm over the seeds both have."
+        )
+    if unfinished:
+        names = ", ".join(f"{x['arm']} s{x['seed']} (step {x['final_step']})" for x in unfinished)
+        lines.append(
+            f"Unfinished (*: no `{DONE_MARKER}`, the run stopped or still runs; its last dev "
+            f"results are used): {names}."
+        )
+    lines += [
         "",
         f"| arm | step | {m} at step 0 | final {m} (mean ± sd over seeds) | per seed | valid answers"
         " | Δ | 95% CI | MDE |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    all_seeds = list(summary["seeds"])
     for name, a in summary["arms"].items():
+        if not a["seeds_present"]:
+            lines.append(f"| {name} | – | missing: no seed has results | | | | | | |")
+            continue
         c = summary["comparisons"].get(name)
-        delta = (
-            f"{c['delta']:+.3f} | [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {c['mde']:.3f}"
-            if c
-            else "(baseline) | | "
-        )
-        seeds = ", ".join(f"{v:.3f}" for v in a["final_per_seed"])
+        if c:
+            over = "" if c["seeds"] == all_seeds else f" ({_seeds(c['seeds'])})"
+            delta = (
+                f"{c['delta']:+.3f}{over} | [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | "
+                f"{c['mde']:.3f}"
+            )
+        elif name in summary.get("not_compared", {}):
+            delta = f"– ({summary['not_compared'][name]}) | | "
+        else:
+            delta = "(baseline) | | "
+        per_seed = a["per_seed"]
+        whole = a["seeds_present"] == all_seeds and not a["unfinished_seeds"]
+        if whole and a["final_step"] is not None:
+            step = str(a["final_step"])
+            seeds = ", ".join(f"{p['final']:.3f}" for p in per_seed)
+        else:
+            mark = {p["seed"]: "" if p["finished"] else "*" for p in per_seed}
+            step = ", ".join(f"s{p['seed']} {p['final_step']}{mark[p['seed']]}" for p in per_seed)
+            seeds = ", ".join(f"s{p['seed']} {p['final']:.3f}{mark[p['seed']]}" for p in per_seed)
+        valid = "–" if a["valid_final"] is None else f"{a['valid_final']:.2f}"
         lines.append(
-            f"| {name} | {a['final_step']} | {a['start']:.3f} | {a['final']:.3f} ± "
-            f"{a['final_seed_sd']:.3f} | {seeds} | {a['valid_final']:.2f} | {delta} |"
+            f"| {name} | {step} | {a['start']:.3f} | {a['final']:.3f} ± "
+            f"{a['final_seed_sd']:.3f} | {seeds} | {valid} | {delta} |"
         )
     keys = [k for a in summary["arms"].values() for k in a.get("extras", {})]
     keys = list(dict.fromkeys(keys))
@@ -246,7 +368,7 @@ def plot(summary: dict[str, Any], path: Path, key: str | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     for name, a in summary["arms"].items():
         c = a["curve"] if key is None else (a["extras"].get(key) or {}).get("curve")
-        if not c:
+        if not c or not c["step"]:
             continue
         ax.plot(c["step"], c["mean"], marker="o", ms=3, label=name)
         ax.fill_between(c["step"], c["low"], c["high"], alpha=0.2)
@@ -263,22 +385,60 @@ def plot(summary: dict[str, Any], path: Path, key: str | None = None) -> Path:
 
 def load_spec(path: str | Path) -> dict[str, Any]:
     """The spec, with its keys checked (one-line errors naming the key)."""
-    spec = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    try:
+        spec = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise FileNotFoundError(f"--spec {path}: cannot read it ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        why = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise ValueError(f"{path}: not valid YAML{where}: {why}") from None
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: expected a mapping of keys (out, seeds, arms, ...)")
     for key in ("out", "seeds", "arms"):
         if key not in spec:
             raise ValueError(f"{path}: missing key `{key}`")
-    names = [a.get("name") for a in spec["arms"]]
+    if not isinstance(spec["out"], str) or not spec["out"]:
+        raise ValueError(f"{path}: `out` must be a folder, not {spec['out']!r:.60}")
+    seeds = spec["seeds"]
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
+        raise ValueError(
+            f"{path}: `seeds` must be a list of integers, e.g. [0, 1, 2], not {seeds!r:.60}"
+        )
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"{path}: `seeds` repeat: {seeds}")
+    if not isinstance(spec["arms"], list) or not spec["arms"]:
+        raise ValueError(f"{path}: `arms` must be a list of arms (each with `name`, `command`)")
     for i, arm in enumerate(spec["arms"]):
-        if not arm.get("name") or not arm.get("command"):
+        if not isinstance(arm, dict) or not arm.get("name") or not arm.get("command"):
             raise ValueError(f"{path}: arms[{i}] needs `name` and `command`")
+        if not isinstance(arm["name"], str):
+            raise ValueError(f"{path}: arms[{i}].name must be a string, not {arm['name']!r:.60}")
+        for key in ("command", "overrides"):
+            value = arm.get(key, [])
+            if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
+                raise ValueError(f"{path}: arms[{i}].{key} must be a list of strings")
+    names = [a["name"] for a in spec["arms"]]
     if len(set(names)) != len(names):
         raise ValueError(f"{path}: arm names repeat: {names}")
+    for key in ("metric", "baseline"):
+        if key in spec and not (isinstance(spec[key], str) and spec[key]):
+            raise ValueError(f"{path}: `{key}` must be a name, not {spec[key]!r:.60}")
     base = spec.get("baseline", "start")
     if base != "start" and base not in names:
         raise ValueError(f"{path}: baseline `{base}` is not an arm ({names}) nor `start`")
     for i, arm in enumerate(spec["arms"]):
         then = arm.get("then", [])
-        if not isinstance(then, list) or not all(isinstance(c, list) and c for c in then):
+        if not isinstance(then, list) or not all(
+            isinstance(c, list) and c and all(isinstance(x, str) for x in c) for c in then
+        ):
             raise ValueError(f"{path}: arms[{i}].then must be a list of commands (lists)")
     extra = spec.get("extra_metrics", [])
     if not isinstance(extra, list) or not all(isinstance(k, str) for k in extra):
@@ -302,7 +462,8 @@ def with_command_line(
         unknown = [a for a in arms if a not in names]
         if unknown:
             raise ValueError(f"--arms: no arm named {', '.join(unknown)}; the spec has {names}")
-        keep = {*arms, spec["baseline"]}
+        base = spec.get("baseline", "start")  # "start": no baseline arm to keep
+        keep = {*arms, base}
         spec["arms"] = [a for a in spec["arms"] if a["name"] in keep]
     spec["arms"] = [
         {
@@ -357,8 +518,7 @@ def report(spec: dict[str, Any]) -> str:
     slim = {
         **summary,
         "arms": {
-            n: {k: v for k, v in a.items() if k not in ("dirs", "start_runs", "final_runs")}
-            for n, a in summary["arms"].items()
+            n: {k: v for k, v in a.items() if k != "runs"} for n, a in summary["arms"].items()
         },
     }
     (out_dir / "comparison.json").write_text(json.dumps(slim, indent=1) + "\n")

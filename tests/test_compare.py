@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -222,3 +223,143 @@ def test_arms_runs_and_reports_a_subset_with_the_baseline(tmp_path):
     out = tmp_path / "cmp"
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["plain", "third"]
     assert set(json.loads((out / "comparison.json").read_text())["arms"]) == {"plain", "third"}
+
+
+def _ran(tmp_path: Path, **extra) -> tuple[Path, Path]:
+    """The stand-in comparison run once (3 seeds, 2 arms); the spec and the output folder."""
+    spec_path = _spec(tmp_path, **extra)
+    assert main(["--spec", str(spec_path)]) == 0
+    return spec_path, tmp_path / "cmp"
+
+
+def test_report_only_reports_the_arms_and_seeds_present(tmp_path, capsys):
+    spec_path, out = _ran(tmp_path, baseline="plain")
+    shutil.rmtree(out / "bonus" / "s1")
+    shutil.rmtree(out / "plain" / "s2" / "dev_results")
+    capsys.readouterr()
+    assert main(["--spec", str(spec_path), "--report-only"]) == 0
+    summary = json.loads((out / "comparison.json").read_text())
+    bonus, plain = summary["arms"]["bonus"], summary["arms"]["plain"]
+    assert (bonus["seeds_present"], bonus["seeds_missing"]) == ([0, 2], [1])
+    assert (plain["seeds_present"], plain["seeds_missing"]) == ([0, 1], [2])
+    assert [(m["arm"], m["seed"]) for m in summary["missing"]] == [("plain", 2), ("bonus", 1)]
+    assert "bonus/s1: no per-question dev results at step 0" in summary["missing"][1]["why"]
+    # paired over the seeds both have: seed 0 only; plain s0 misses q0 and q3, bonus none
+    c = summary["comparisons"]["bonus"]
+    assert c["seeds"] == [0] and c["delta"] == pytest.approx(2 / 6)
+    assert bonus["final_per_seed"] == [1.0, 1.0]
+    text = (out / "comparison.md").read_text()
+    assert "Missing (no dev results at step 0): plain s2, bonus s1;" in text
+    assert (
+        "| bonus | s0 2, s2 2 | 0.000 | 1.000 ± 0.000 | s0 1.000, s2 1.000 | 1.00 | +0.333 (s0) |"
+        in text
+    )
+
+    # against the start: each arm over its own seeds present
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["baseline"] = "start"
+    spec_path.write_text(yaml.safe_dump(spec))
+    summary = summarize(load_spec(spec_path), resamples=200)
+    assert summary["comparisons"]["bonus"]["seeds"] == [0, 2]
+    assert summary["comparisons"]["plain"]["delta"] == pytest.approx(2 / 3)
+
+    # an arm with no seed at all: listed as missing, the others still reported
+    shutil.rmtree(out / "bonus")
+    assert main(["--spec", str(spec_path), "--report-only"]) == 0
+    summary = json.loads((out / "comparison.json").read_text())
+    assert summary["arms"]["bonus"]["seeds_present"] == [] and "bonus" in summary["not_compared"]
+    assert "| bonus | – | missing: no seed has results |" in (out / "comparison.md").read_text()
+    # no run with results at all: one line naming the first run looked for
+    shutil.rmtree(out / "plain")
+    capsys.readouterr()
+    assert main(["--spec", str(spec_path), "--report-only"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no run has results yet:" in err and "plain/s0" in err
+
+
+def test_metrics_jsonl_is_read_as_the_trainers_read_it(tmp_path, capsys):
+    spec_path, out = _ran(tmp_path)
+    metrics = out / "plain" / "s0" / "metrics.jsonl"
+    with metrics.open("a") as f:
+        f.write('{"step": 3, "dev/e')  # killed while writing: a torn last line
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:3: dropped a torn last line"):
+        assert main(["--spec", str(spec_path), "--report-only"]) == 0
+    summary = json.loads((out / "comparison.json").read_text())
+    assert summary["arms"]["plain"]["curve"]["step"] == [0, 2]
+    # a bad line elsewhere: one line naming the file and the line
+    lines = metrics.read_text().split("\n")
+    metrics.write_text("\n".join([lines[0], "not json", *lines[1:]]))
+    capsys.readouterr()
+    assert main(["--spec", str(spec_path), "--report-only"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{metrics}:2: not a JSON line" in err
+
+
+def test_unfinished_seeds_are_marked_with_their_own_step(tmp_path):
+    spec_path, out = _ran(tmp_path)
+    run = out / "bonus" / "s2"
+    (run / DONE_MARKER).unlink()  # stopped (or still running) after its step-0 evaluation
+    (run / "dev_results" / "step_00002.jsonl").unlink()
+    assert main(["--spec", str(spec_path), "--report-only"]) == 0
+    summary = json.loads((out / "comparison.json").read_text())
+    bonus = summary["arms"]["bonus"]
+    assert bonus["unfinished_seeds"] == [2] and bonus["final_step_per_seed"] == [2, 2, 0]
+    assert bonus["final_step"] is None  # the seeds disagree
+    assert [p["finished"] for p in bonus["per_seed"]] == [True, True, False]
+    assert summary["unfinished"] == [{"arm": "bonus", "seed": 2, "final_step": 0}]
+    assert summary["arms"]["plain"]["unfinished_seeds"] == []
+    text = (out / "comparison.md").read_text()
+    assert "| bonus | s0 2, s1 2, s2 0* |" in text and "s2 0.000*" in text
+    assert "Unfinished (*: no `.compare_done`" in text and "bonus s2 (step 0)" in text
+    assert "| plain | 2 | 0.000 | 0.667 ± 0.000 |" in text  # finished arms read as before
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("out: x\nseeds: [0\n", r"not valid YAML \(line 3, column 1\): expected"),
+        ("- out\n", "expected a mapping of keys"),
+        ("out: x\nseeds: 0\narms: []\n", "`seeds` must be a list of integers"),
+        ("out: x\nseeds: [0, 0]\narms: []\n", "`seeds` repeat"),
+        ("out: x\nseeds: [0]\narms: 5\n", "`arms` must be a list of arms"),
+        ("out: x\nseeds: [0]\narms: [5]\n", r"arms\[0\] needs `name` and `command`"),
+        ("out: x\nseeds: [0]\narms: [{name: a, command: python x}]\n", r"arms\[0\].command"),
+        ("out: x\nseeds: [0]\narms: [{name: a, command: [x], overrides: a=1}]\n", "overrides"),
+        ("out: x\nseeds: [0]\nmetric: [em]\narms: [{name: a, command: [x]}]\n", "`metric`"),
+        ("out: 5\nseeds: [0]\narms: [{name: a, command: [x]}]\n", "`out` must be a folder"),
+    ],
+)
+def test_spec_mistakes_are_one_line_naming_the_key(tmp_path, capsys, text, message):
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_spec(path)
+    assert main(["--spec", str(path), "--report-only"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {path}: ")
+    assert main(["--spec", str(tmp_path / "none.yaml")]) == 2
+    assert "none.yaml: cannot read it" in capsys.readouterr().err
+
+
+def test_arms_without_a_baseline_key_compare_against_the_start(tmp_path):
+    spec_path = _spec(tmp_path)
+    spec = yaml.safe_load(spec_path.read_text())
+    del spec["baseline"]
+    spec_path.write_text(yaml.safe_dump(spec))
+    sub = with_command_line(load_spec(spec_path), None, [0], [], ["bonus"])
+    assert [a["name"] for a in sub["arms"]] == ["bonus"]
+    assert main(["--spec", str(spec_path), "--seeds", "0", "--arms", "bonus"]) == 0
+    summary = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert list(summary["arms"]) == ["bonus"] and summary["comparisons"]["bonus"]["delta"] == 1.0
+
+
+def test_a_metric_the_results_lack_names_the_file(tmp_path, capsys):
+    spec_path, out = _ran(tmp_path)
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["metric"] = "emm"
+    spec_path.write_text(yaml.safe_dump(spec))
+    capsys.readouterr()
+    assert main(["--spec", str(spec_path), "--report-only"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "plain/s0/dev_results/step_00000.jsonl" in err
+    assert "no `emm` field" in err

@@ -468,7 +468,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
     cfg.train.seed = cfg.seed
     cfg.train.lr = rl.pi_lr_sparse
     run_dir = Path(cfg.run_dir)
-    folder = open_run_folder(run_dir, cfg, cfg.resume)  # lock, settings, trimmed log
+    folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
     model = build_arco_model(
@@ -488,6 +488,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
     push_adapters(engine, model)
+    folder.begin()  # every load-time check passed: record the settings, trim the log
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals: list[dict] = []
 

@@ -112,7 +112,7 @@ def train_cer(cfg: CERConfig) -> dict:
     )
     dev_set, dev_prompts = load_problems(a.dev, tokenizer, cfg.max_prompt_tokens)
     dev_set, dev_prompts = dev_set[: cfg.eval_questions], dev_prompts[: cfg.eval_questions]
-    folder = open_run_folder(run_dir, cfg, resume=False)
+    folder = open_run_folder(run_dir, cfg, resume=False, begin=False)  # recorded at begin()
     model = AutoModelForCausalLM.from_pretrained(cfg.assets.model, dtype=torch.float32)
     # Before the engine wraps the model (and before ZeRO-3 could partition it).
     frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.reward.frozen_scorer else None
@@ -137,6 +137,7 @@ def train_cer(cfg: CERConfig) -> dict:
     dev_verifier = "+".join(sorted({verifier_name(ex, rules_of(cfg)) for ex in dev_set}))
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
+    folder.begin()  # every load-time check passed: record the settings, trim the log
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals: list[dict] = []
     reward_rules = (cfg.reward.m_selection, rules_of(cfg))

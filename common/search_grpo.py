@@ -161,7 +161,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     dev_set = load_qa(cfg.path("dev"))[: cfg.eval_questions]
     cfg.train.seed = cfg.seed
     run_dir = Path(cfg.run_dir)
-    folder = open_run_folder(run_dir, cfg, cfg.resume)  # lock, settings, trimmed log
+    folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.path("model"))
     model = AutoModelForCausalLM.from_pretrained(cfg.path("model"), dtype=torch.float32)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
@@ -179,6 +179,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     order = list(range(len(train_set)))
     rng.shuffle(order)
     pad_id = tokenizer.pad_token_id
+    folder.begin()  # every load-time check passed: record the settings, trim the log
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals = []
 

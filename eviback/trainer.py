@@ -242,7 +242,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
     run_dir = Path(cfg.run_dir)
     # No resume: a rerun starts at step 0 and replaces what the folder logged.
-    folder = open_run_folder(run_dir, cfg, resume=False)
+    folder = open_run_folder(run_dir, cfg, resume=False, begin=False)  # recorded at begin()
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
@@ -259,6 +259,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     )
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
+    folder.begin()  # every load-time check passed: record the settings, trim the log
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals: list[dict] = []
 

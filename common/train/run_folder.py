@@ -14,6 +14,12 @@ other ranks only learn where to resume from):
 A start whose settings differ from the folder's (config.yaml, or the last accepted change) stops
 with one line per differing key, unless the config says ``allow_config_change: true``; then the
 change is recorded in config_changes.jsonl and config.yaml keeps the settings that ran first.
+
+A trainer opens the folder with ``begin=False`` before any model loads (the lock and the settings
+check) and calls ``folder.begin()`` right before its first step (or step-0 evaluation), once the
+model, checkpoint and engine have loaded and passed their checks: only then are the settings,
+the environment row and the trimmed log written. A start that fails on the way leaves only the
+lock file, so the corrected start is not refused for the settings of one that never trained.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import re
 import socket
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +132,23 @@ class RunFolder:
     checkpoint: Path | None  # the checkpoint to resume from, None: start at step 0
     start_step: int  # the first step this start runs (0: the step-0 evaluation)
     lock: RunLock | None
+    config: dict | None = None  # the settings to record (None: no settings check)
+    allow_config_change: bool = False
+    begun: bool = False
+
+    def begin(self) -> None:
+        """Record this start: config.yaml on the first start (or the accepted change in
+        config_changes.jsonl), a row of env_history.jsonl, metrics.jsonl trimmed to the resume
+        point. Call it once the start has passed every check that can fail before its first
+        step; a second call does nothing. Rank 0 only (other ranks: nothing to do)."""
+        if self.begun or self.lock is None:
+            self.begun = True
+            return
+        if self.config is not None:
+            check_settings(self.path, self.config, self.start_step, self.allow_config_change)
+        write_environment(self.path, self.start_step)
+        trim_run(self.path, self.start_step - 1)
+        self.begun = True
 
     def close(self) -> None:
         """Release the lock at the end of the run."""
@@ -137,6 +161,7 @@ def open_run_folder(
     cfg: Any,
     resume: bool = True,
     allow_config_change: bool | None = None,
+    begin: bool = True,
 ) -> RunFolder:
     """Take ``run_dir`` for a run with config ``cfg`` (a config dataclass; None: no settings
     check, for a folder every start rewrites whole), before any model loads.
@@ -146,7 +171,9 @@ def open_run_folder(
     default ``cfg.allow_config_change``. Rank 0 locks the folder, checks and records the
     settings and environment and trims metrics.jsonl; every rank gets the resume point.
     Raises ``RunFolderError`` (a ``ConfigError``) when another run holds the folder or the
-    settings differ without ``allow_config_change``.
+    settings differ without ``allow_config_change``. begin=False: check only (the lock, the
+    settings against the folder's); nothing is written until ``folder.begin()``, which the
+    trainers call right before their first step.
     """
     path = Path(run_dir)
     checkpoint = find_latest_checkpoint(path) if resume else None
@@ -157,12 +184,21 @@ def open_run_folder(
     if allow_config_change is None:
         allow_config_change = bool(getattr(cfg, "allow_config_change", False))
     folder.lock = RunLock.acquire(path)
+    folder.allow_config_change = allow_config_change
     try:
         if cfg is not None:
-            config = redact_secrets(config_to_dict(cfg))
-            check_settings(path, config, folder.start_step, allow_config_change)
-        write_environment(path, folder.start_step)
-        trim_run(path, last_step)
+            folder.config = redact_secrets(config_to_dict(cfg))
+            check_settings(
+                path, folder.config, folder.start_step, allow_config_change, dry_run=True
+            )
+        if begin:
+            folder.begin()
+        else:  # a torn or bad metrics.jsonl is found before any model loads, as with begin
+            metrics = path / METRICS_FILE
+            if metrics.exists():
+                with warnings.catch_warnings():  # a torn last line: begin() says so
+                    warnings.simplefilter("ignore")
+                    read_jsonl(metrics, key="step")
     except BaseException:
         folder.close()
         raise
@@ -178,12 +214,16 @@ def checkpoint_step(checkpoint: Path) -> int:
         raise RunFolderError(f"{state}: unreadable trainer state: {err!r}") from None
 
 
-def check_settings(run_dir: Path, config: dict, start_step: int, allow_change: bool) -> None:
+def check_settings(
+    run_dir: Path, config: dict, start_step: int, allow_change: bool, dry_run: bool = False
+) -> None:
     """Compare ``config`` with the folder's settings; write config.yaml on the first start,
-    refuse a difference or (``allow_change``) record it in config_changes.jsonl."""
+    refuse a difference or (``allow_change``) record it in config_changes.jsonl.
+    dry_run: refuse a difference, write nothing."""
     saved_file = run_dir / CONFIG_FILE
     if not saved_file.exists():
-        _write_atomic(saved_file, yaml.safe_dump(config, sort_keys=False))
+        if not dry_run:
+            _write_atomic(saved_file, yaml.safe_dump(config, sort_keys=False))
         return
     try:
         saved = yaml.safe_load(saved_file.read_text(encoding="utf-8"))
@@ -205,6 +245,8 @@ def check_settings(run_dir: Path, config: dict, start_step: int, allow_change: b
             "set allow_config_change=true to continue with the new settings (the change is "
             f"recorded in {CHANGES_FILE}), or choose another run_dir"
         )
+    if dry_run:
+        return
     record = {
         "time": _now(),
         "from_step": start_step,

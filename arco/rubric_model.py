@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from common.config import ConfigError
 from common.train.export import iter_named_weights
 from common.train.lora import build_lora_model
 
@@ -186,14 +187,23 @@ def build_arco_model(
     from transformers import AutoModelForCausalLM
 
     meta = read_meta(init_from) if init_from else {"lora": dict(lora), "k": k}
+    if init_from:  # every file read before the base loads: a damaged folder costs nothing
+        folder = Path(init_from)
+        states = {name: read_adapter(folder, name) for name in TRAINED}
+        head_state = _read_weights(folder / HEAD_FILE, "scoring head", folder)
     base = AutoModelForCausalLM.from_pretrained(str(base_path), dtype=dtype)
     spec = meta["lora"]
     lm = build_lora_model(base, {name: spec for name in (*TRAINED, *REFERENCE.values())})
     head = ScoreHead(base.config.hidden_size, int(meta["k"]))
     if init_from:
-        folder = Path(init_from)
-        load_adapters(lm, folder, TRAINED)
-        head.load_state_dict(load_file(str(folder / HEAD_FILE)))
+        load_adapters(lm, folder, TRAINED, states)
+        try:
+            head.load_state_dict(head_state)
+        except RuntimeError as err:  # another K or hidden size than arco.json says
+            raise ArcoFolderError(
+                f"{folder / HEAD_FILE}: the scoring head does not fit ({_one_line(err)}); "
+                f"{_redo(folder)}"
+            ) from None
     model = ArcoModel(lm, head, spec)
     for name, p in model.named_parameters():  # adapters and head in fp32 over a bf16 base
         if model.fp32_parameter(name):
@@ -204,16 +214,74 @@ def build_arco_model(
     return model
 
 
-def load_adapters(lm: nn.Module, folder: str | Path, names: Sequence[str]) -> None:
-    """The adapters ``names`` of the ARCO folder ``folder`` (``adapters/<name>/``) into ``lm``."""
-    from peft import load_peft_weights, set_peft_model_state_dict
+class ArcoFolderError(ConfigError):
+    """An ARCO folder (warmup output or checkpoint) with a missing or unreadable file: one line
+    naming the file and what to do (rerun the warmup, or resume from another checkpoint)."""
 
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def _redo(folder: Path) -> str:
+    """What to do about a damaged ARCO folder: a checkpoint or a warmup output."""
+    if (folder / "trainer_state.json").is_file() or folder.parent.name == "checkpoints":
+        return (
+            f"the checkpoint {folder} is damaged: remove it (a run resumes from the one before) "
+            "or pass another checkpoint"
+        )
+    return f"rerun the warmup (`python -m arco warmup warmup_dir={folder}`)"
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return f"{type(err).__name__}: {text[:200]}"
+
+
+def _read_weights(path: Path, what: str, folder: Path) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file ``path``, or an ``ArcoFolderError`` naming it."""
+    if not path.is_file():
+        raise ArcoFolderError(f"{path}: {what} is missing; {_redo(folder)}")
+    try:
+        return load_file(str(path), device="cpu")
+    except Exception as err:  # truncated, or not a safetensors file
+        raise ArcoFolderError(
+            f"{path}: unreadable {what} ({_one_line(err)}); {_redo(folder)}"
+        ) from None
+
+
+def read_adapter(folder: str | Path, name: str) -> dict[str, torch.Tensor]:
+    """The peft state of adapter ``name`` of the ARCO folder ``folder``."""
+    folder = Path(folder)
+    return _read_weights(folder / "adapters" / name / ADAPTER_WEIGHTS, f"adapter {name!r}", folder)
+
+
+def load_adapters(
+    lm: nn.Module,
+    folder: str | Path,
+    names: Sequence[str],
+    states: Mapping[str, dict[str, torch.Tensor]] | None = None,
+) -> None:
+    """The adapters ``names`` of the ARCO folder ``folder`` (``adapters/<name>/``) into ``lm``
+    (``states``: those already read). A missing, unreadable or ill-fitting adapter file is an
+    ``ArcoFolderError`` naming it."""
+    from peft import set_peft_model_state_dict
+
+    folder = Path(folder)
     for name in names:
-        state = load_peft_weights(str(Path(folder) / "adapters" / name), device="cpu")
-        result = set_peft_model_state_dict(lm, state, adapter_name=name)
+        weights = folder / "adapters" / name / ADAPTER_WEIGHTS
+        state = states[name] if states and name in states else read_adapter(folder, name)
+        try:
+            result = set_peft_model_state_dict(lm, state, adapter_name=name)
+        except RuntimeError as err:  # shapes of another LoRA rank or model
+            raise ArcoFolderError(
+                f"{weights}: adapter {name!r} does not fit this model ({_one_line(err)}); "
+                f"{_redo(folder)}"
+            ) from None
         missing = [m for m in result.missing_keys if f".{name}." in m and "lora_" in m]
         if missing:
-            raise ValueError(f"{folder}: adapter {name!r} lacks {missing[:3]}...")
+            raise ArcoFolderError(
+                f"{weights}: adapter {name!r} lacks {missing[:3]}...; {_redo(folder)}"
+            )
 
 
 def read_meta(folder: str | Path) -> dict[str, Any]:
@@ -222,7 +290,15 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
         raise FileNotFoundError(
             f"{path} not found: not an ARCO model folder (write one with `python -m arco warmup`)"
         )
-    return json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        int(meta["k"])
+        dict(meta["lora"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as err:
+        raise ArcoFolderError(
+            f"{path}: unreadable ARCO settings ({_one_line(err)}); {_redo(Path(folder))}"
+        ) from None
+    return meta
 
 
 def save_arco(model: ArcoModel, folder: str | Path) -> Path:

@@ -1,0 +1,84 @@
+"""What a user can get wrong around an ARCO start is one line on stderr and exit 2, before the run
+folder records anything: a damaged warmup folder (issue 24 items 2-3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from arco.cli import main
+from arco.rubric_model import ArcoFolderError, build_arco_model, save_arco
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "arco" / "configs" / "tiny.yaml"
+LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+
+
+def train_args(world: Path, tmp: Path, *more: str) -> list[str]:
+    return [
+        "train",
+        "--config",
+        str(CONFIG),
+        f"assets.model={world / 'model'}",
+        f"assets.train_file={world / 'train.jsonl'}",
+        f"assets.dev_file={world / 'dev.jsonl'}",
+        f"assets.corpus={world / 'corpus.jsonl'}",
+        f"warmup_dir={tmp / 'warmup'}",
+        f"run_dir={tmp / 'run'}",
+        "engine.backend=hf",
+        "lora.r=4",
+        "lora.lora_alpha=8",
+        *more,
+    ]
+
+
+@pytest.fixture()
+def warmup(tiny_world, tmp_path) -> Path:
+    """A warmup folder as the warmup writes it (fresh adapters and head, K=3)."""
+    torch.manual_seed(0)
+    return save_arco(build_arco_model(tiny_world / "model", LORA, k=3), tmp_path / "warmup")
+
+
+def one_line_exit_2(capsys, args: list[str]) -> str:
+    code = main(args)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_a_truncated_head_file_names_it_and_says_to_rerun_the_warmup(
+    warmup, tiny_world, tmp_path, capsys
+):
+    head = warmup / "rubric_head" / "head.safetensors"
+    head.write_bytes(head.read_bytes()[:5])
+    with pytest.raises(ArcoFolderError, match="rerun the warmup"):
+        build_arco_model(tiny_world / "model", LORA, k=3, init_from=warmup)
+    err = one_line_exit_2(capsys, train_args(tiny_world, tmp_path))
+    assert str(head) in err and "unreadable scoring head" in err and "arco warmup" in err
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
+def test_a_deleted_adapter_file_names_it(warmup, tiny_world, tmp_path, capsys):
+    weights = warmup / "adapters" / "policy" / "adapter_model.safetensors"
+    weights.unlink()
+    err = one_line_exit_2(capsys, train_args(tiny_world, tmp_path))
+    assert str(weights) in err and "adapter 'policy' is missing" in err
+    assert "rerun the warmup" in err
+
+
+def test_a_damaged_checkpoint_says_which_checkpoint(warmup, tiny_world, tmp_path):
+    ckpt = tmp_path / "run" / "checkpoints" / "step_2"
+    ckpt.parent.mkdir(parents=True)
+    warmup.rename(ckpt)
+    (ckpt / "adapters" / "rubric" / "adapter_model.safetensors").write_bytes(b"\0" * 16)
+    with pytest.raises(ArcoFolderError, match=r"the checkpoint .*step_2 is damaged"):
+        build_arco_model(tiny_world / "model", LORA, k=3, init_from=ckpt)
+
+
+def test_unreadable_settings_name_arco_json(warmup, tiny_world):
+    (warmup / "arco.json").write_text('{"lora": ')
+    with pytest.raises(ArcoFolderError, match=r"arco\.json: unreadable ARCO settings"):
+        build_arco_model(tiny_world / "model", LORA, k=3, init_from=warmup)

@@ -7,7 +7,6 @@ Every external input (base model, QA files, corpus or retrieval server, teacher 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -20,12 +19,12 @@ from arco.rubric_prompt import (
     RUBRIC_MODES,
     SYSTEM_TEMPLATE,
 )
+from common.model_id import model_problem
 from common.rl_loop import EngineConfig
 from common.rollout import AgentConfig
 from common.train import TrainConfig
 from common.train.logging import LogConfig
 
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 METHODS = ("arco", "outcome_only", "prm")
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -446,8 +445,9 @@ class ArcoConfig:
         """Fail before any model loads when a needed input is missing, saying how to get it."""
         a = self.assets
         problems = []
-        if "model" in needs and not (Path(a.model).exists() or _HUB_ID.fullmatch(a.model)):
-            problems.append(f"assets.model: {a.model!r} not found; {HOW_TO_GET['model']}")
+        problem = model_problem(a.model) if "model" in needs else None
+        if problem:  # a local folder, a cached hub id, or (online) one the hub has
+            problems.append(f"{problem}; {HOW_TO_GET['model']}")
         for key in [k for k in ("train_file", "dev_file") if k in needs]:
             path = getattr(a, key)
             if not path or not Path(path).exists():
@@ -484,4 +484,6 @@ class ArcoConfig:
                 if not getattr(a, key):
                     problems.append(f"assets.{key} is empty; {HOW_TO_GET['teacher']}")
         if problems:
+            if len(problems) == 1:  # one problem, one line
+                raise FileNotFoundError(f"missing asset: {problems[0]}")
             raise FileNotFoundError("missing assets:\n  " + "\n  ".join(problems))

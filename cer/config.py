@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from common.model_id import model_reason
 from common.rl_loop import EngineConfig
 from common.rl_loop import LossConfig as GRPOLossConfig
 from common.train import TrainConfig
@@ -269,17 +270,6 @@ class MissingAssetError(FileNotFoundError):
     """A model or data file the run needs is not there."""
 
 
-def _model_available(name: str) -> bool:
-    """A local HF folder, or a hub id whose config is in the local HF cache."""
-    if Path(name).is_dir():
-        return (Path(name) / "config.json").is_file()
-    if name.count("/") != 1 or Path(name).exists():
-        return False
-    from huggingface_hub import try_to_load_from_cache
-
-    return isinstance(try_to_load_from_cache(name, "config.json"), str)
-
-
 def check_assets(assets: AssetsConfig, needed: list[str]) -> None:
     """Raise ``MissingAssetError`` naming every missing asset of ``needed`` (field names of
     ``AssetsConfig``; ``benchmarks`` checks them all) and how to get them. ``hf://`` data is
@@ -288,8 +278,9 @@ def check_assets(assets: AssetsConfig, needed: list[str]) -> None:
     for name in needed:
         if name in ("model", "init_model"):
             path = getattr(assets, name)
-            if not path or not _model_available(path):
-                missing.append(f"assets.{name} = {path!r} (no HF model folder or cached hub id)")
+            reason = model_reason(path) if path else "is empty"
+            if reason:  # a local folder, a cached hub id, or (online) one the hub has
+                missing.append(f"assets.{name} = {path!r} ({reason})")
             continue
         paths = assets.benchmarks if name == "benchmarks" else {name: getattr(assets, name)}
         for key, path in paths.items():

@@ -7,19 +7,16 @@ get it.
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from common.model_id import model_problem
 from common.retrieval.index_folder import is_index_folder
 from common.rl_loop import EngineConfig, LossConfig
 from common.rollout import AgentConfig
 from common.train import TrainConfig
 from common.train.logging import LogConfig
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 HOW_TO_GET = {
     "model": "build the tiny warm start with `python -m eviback warmup` (tiny), or give a hub id "
@@ -346,20 +343,7 @@ def _check_batch(questions_per_step: int, n: int, micro_batch_size: int) -> None
 
 
 def _check_model(model: str) -> None:
-    p = Path(model)
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            raise FileNotFoundError(f"assets.model: {p} has no config.json (not an HF folder)")
-        return
-    if p.exists() or not _HUB_ID.fullmatch(model) or model.startswith(("runs/", "./", "../")):
-        raise FileNotFoundError(
-            f"assets.model: {model} is not a model folder. To get it: {HOW_TO_GET['model']}"
-        )
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0"):
-        from huggingface_hub import try_to_load_from_cache
-
-        if not isinstance(try_to_load_from_cache(model, "config.json"), str):
-            raise FileNotFoundError(
-                f"assets.model: {model} is not in the local hub cache and HF_HUB_OFFLINE is set. "
-                f"To get it: {HOW_TO_GET['model']}"
-            )
+    """A local HF folder, a cached hub id, or (online) a hub id the hub has (common.model_id)."""
+    problem = model_problem(model)
+    if problem:
+        raise FileNotFoundError(f"{problem}. To get it: {HOW_TO_GET['model']}")

@@ -296,7 +296,9 @@ def test_llm_teacher_warmup_in_the_distractor_setting(
     assert (out / "data.jsonl").read_text() == first_data
 
 
-def test_llm_teacher_without_endpoint_stops_before_any_model_loads(tmp_path, capsys, monkeypatch):
+def test_llm_teacher_without_endpoint_stops_before_any_model_loads(
+    tiny_world, tmp_path, capsys, monkeypatch
+):
     def no_load(*args, **kwargs):
         raise AssertionError("a model loaded")
 
@@ -314,7 +316,7 @@ def test_llm_teacher_without_endpoint_stops_before_any_model_loads(tmp_path, cap
             "assets.annotator_endpoint=http://127.0.0.1:9/v1",
             "assets.annotator_model=annotator",
             f"warmup_dir={tmp_path / 'w'}",
-            "assets.model=Qwen/Qwen3-0.6B",  # a hub id passes the check; loading it would fail
+            f"assets.model={tiny_world / 'model'}",  # a hub id would be looked up on the hub
         ]
     )
     err = capsys.readouterr().err

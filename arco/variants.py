@@ -11,6 +11,7 @@ Keys given on the command line still win over the variant's.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from arco.config import ArcoConfig
 from common.config import load_config
 
 VARIANTS_DIR = Path(__file__).parent / "configs" / "variants"
+_NAME = re.compile(r"[A-Za-z0-9][\w-]*")  # a variant's file stem: letters, digits, _ and -
 
 
 def variant_names() -> list[str]:
@@ -39,6 +41,11 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 def variant_overrides(name: str, base: ArcoConfig) -> list[str]:
     """The variant's keys as ``key=value`` overrides, its placeholders filled from ``base``."""
+    if not _NAME.fullmatch(name):  # a name, not a path: ../tiny is no variant
+        raise ValueError(
+            f"--variant {name!r}: not a variant name; choose one of {variant_names()} "
+            f"(the files of {VARIANTS_DIR})"
+        )
     path = VARIANTS_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"--variant {name}: no {path}; choose one of {variant_names()}")
@@ -49,7 +56,13 @@ def variant_overrides(name: str, base: ArcoConfig) -> list[str]:
     out = []
     for key, value in _flatten(data):
         if isinstance(value, str):
-            value = value.format(**fill)
+            try:
+                value = value.format(**fill)
+            except (KeyError, IndexError, ValueError) as err:
+                raise ValueError(
+                    f"{path}: {key}: placeholder {err} is not one of "
+                    "{run_dir}, {warmup_dir} (write a literal brace as {{ or }})"
+                ) from None
         out.append(f"{key}={json.dumps(value)}")
     return out
 

@@ -103,3 +103,16 @@ def test_outcome_only_keeps_arcos_lr_and_kl_schedule_by_default(schedule, switch
         ).rl.pi_switch_step
         == 3
     )
+
+
+@pytest.mark.parametrize("name", ["../tiny", "../configs/tiny", "/etc/passwd", "wo_prefix/", ""])
+def test_a_variant_must_be_a_name_one_line_exit_2(name, capsys):
+    """``--variant ../tiny`` once loaded the base config as a variant (KeyError: 'question')."""
+    from arco.cli import main
+
+    if name:
+        with pytest.raises(ValueError, match="not a variant name"):
+            variant_overrides(name, load_config(ArcoConfig, Path("arco/configs/tiny.yaml")))
+    code = main(["train", "--config", "arco/configs/tiny.yaml", "--variant", name or ".."])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "not a variant name" in err, err

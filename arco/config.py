@@ -18,6 +18,7 @@ from arco.rubric_prompt import (
     REQUEST_TEMPLATE,
     RUBRIC_MODES,
     SYSTEM_TEMPLATE,
+    read_criteria_file,
 )
 from common.model_id import model_problem
 from common.rl_loop import EngineConfig
@@ -467,6 +468,11 @@ class ArcoConfig:
                 f"rubric.criteria_file: {crit!r} not found; write one criterion a line "
                 "(arco/criteria/tiny.txt is the tiny world's)"
             )
+        elif "model" in needs and self.rubric.mode == "fixed":
+            try:  # its length and text now, not after the first rollouts
+                read_criteria_file(crit, self.rubric.k)
+            except (OSError, ValueError) as err:
+                problems.append(f"rubric.criteria_file: {err}")
         src = self.warmup.policy_from
         if "teacher" in needs and src and not (Path(src) / "arco.json").is_file():
             problems.append(f"warmup.policy_from: {src!r} has no arco.json; {HOW_TO_GET['warmup']}")

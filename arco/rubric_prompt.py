@@ -126,8 +126,18 @@ def format_criteria(criteria: Sequence[str]) -> str:
 def read_criteria_file(path: str, k: int) -> list[str]:
     """The fixed criteria of the w/o-Adaptive ablation: one a line, blank lines and ``#`` lines
     skipped; exactly ``k`` of them, else a one-line error naming the file."""
-    with open(path, encoding="utf-8") as f:
-        lines = [line.strip() for line in f]
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path}: not UTF-8 text (byte {err.start}); the criteria file is one criterion a line"
+        ) from None
+    bad = next((i for i, line in enumerate(lines, 1) if not line.isprintable()), None)
+    if bad is not None:
+        raise ValueError(
+            f"{path}:{bad}: not readable text (control characters); one criterion a line"
+        )
     criteria = [line for line in lines if line and not line.startswith("#")]
     if len(criteria) != k:
         raise ValueError(

@@ -82,3 +82,32 @@ def test_unreadable_settings_name_arco_json(warmup, tiny_world):
     (warmup / "arco.json").write_text('{"lora": ')
     with pytest.raises(ArcoFolderError, match=r"arco\.json: unreadable ARCO settings"):
         build_arco_model(tiny_world / "model", LORA, k=3, init_from=warmup)
+
+
+@pytest.mark.parametrize("command", ["warmup", "train"])
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(b"is the search useful\nis the answer short\n", "2 criteria, rubric.k=3"),
+     (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "not UTF-8 text"),
+     (b"one\ntwo\x00\x01\nthree\n", ":2: not readable text")],
+    ids=["short", "binary", "control"],
+)  # fmt: skip
+def test_a_bad_criteria_file_is_one_line_before_any_model_loads(
+    command, content, expected, tiny_world, tmp_path, capsys, monkeypatch
+):
+    import arco.trainer
+    import arco.warmup
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model loaded")
+
+    monkeypatch.setattr(arco.warmup, "build_arco_model", no_load)
+    monkeypatch.setattr(arco.trainer, "build_arco_model", no_load)
+    crit = tmp_path / "criteria.txt"
+    crit.write_bytes(content)
+    (tmp_path / "warmup").mkdir()
+    (tmp_path / "warmup" / "arco.json").write_text("{}")
+    args = train_args(tiny_world, tmp_path, "rubric.mode=fixed", f"rubric.criteria_file={crit}")
+    err = one_line_exit_2(capsys, [command, *args[1:]])
+    assert str(crit) in err and expected in err
+    assert not (tmp_path / "run").exists()

@@ -3,7 +3,8 @@ model by the checkpoint) on each benchmark of ``assets.eval_files`` (default: th
 
 Writes ``run_dir/eval/results.json``, ``results.md`` and ``per_question/<benchmark>.jsonl`` (one
 row per question, ``common.rl_loop.question_rows``), or the same under ``out``; ``checkpoint``
-chooses another checkpoint than the latest (``common.evaluate_all``). Under the launcher each rank
+chooses another checkpoint than the latest (``common.evaluate_all``). ``engine.backend=hf``
+generates with HF on that merged model (a run trained with the HF engine evaluates with it). Under the launcher each rank
 evaluates its shard of the questions and the metrics are averaged over ranks.
 """
 
@@ -36,7 +37,13 @@ def run_eval(
     data = {name: load_qa(path) for name, path in benchmarks.items()}
     rank, world, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
-    engine = build_engine(cfg.engine, str(ckpt), None, tokenizer, cfg.seed + rank)
+    model = None
+    if cfg.engine.backend == "hf":  # HF generate on the checkpoint's merged policy
+        from transformers import AutoModelForCausalLM
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = AutoModelForCausalLM.from_pretrained(ckpt, dtype="auto").to(device).eval()
+    engine = build_engine(cfg.engine, str(ckpt), model, tokenizer, cfg.seed + rank)
     retriever, agent_cfg = build_environment(
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
     )

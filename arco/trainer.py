@@ -19,6 +19,7 @@ import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -32,7 +33,7 @@ from arco.losses import (
     policy_step_loss,
     token_kl,
 )
-from arco.rubric_model import ArcoModel, build_arco_model
+from arco.rubric_model import ArcoModel, build_arco_model, read_meta
 from arco.rubric_prompt import read_criteria_file
 from arco.rubrics import (
     RubricItem,
@@ -467,6 +468,11 @@ def train_arco(cfg: ArcoConfig) -> dict:
     cfg.train.total_steps = max(cfg.steps, 1)
     cfg.train.seed = cfg.seed
     cfg.train.lr = rl.pi_lr_sparse
+    uses_mu = cfg.method != "outcome_only"
+    if uses_mu:  # the warmup's K and rubric settings from its arco.json, before any load
+        meta = read_meta(cfg.warmup_dir)
+        warm = SimpleNamespace(k=int(meta["k"]), rubric_meta=meta.get("rubric"))
+        check_rubric_matches(cfg, warm, cfg.warmup_dir)
     run_dir = Path(cfg.run_dir)
     folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
@@ -474,7 +480,6 @@ def train_arco(cfg: ArcoConfig) -> dict:
     model = build_arco_model(
         cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, cfg.warmup_dir
     )
-    uses_mu = cfg.method != "outcome_only"
     if uses_mu:
         check_rubric_matches(cfg, model, cfg.warmup_dir)
     if cfg.rl.freeze_rubric:

@@ -111,3 +111,22 @@ def test_a_bad_criteria_file_is_one_line_before_any_model_loads(
     err = one_line_exit_2(capsys, [command, *args[1:]])
     assert str(crit) in err and expected in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_start_refused_for_its_rubric_k_does_not_trap_the_corrected_one(
+    warmup, tiny_world, tmp_path, capsys, monkeypatch
+):
+    """Issue 24 item 1 as a user meets it: K=2 against a K=3 head stops with one line; the
+    corrected start (K=3) is not refused for the settings of the one that never trained."""
+    import arco.trainer
+
+    err = one_line_exit_2(capsys, train_args(tiny_world, tmp_path, "rubric.k=2"))
+    assert "head gives 3 scores" in err
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+    def engine_fails(*args, **kwargs):  # past the settings and model checks: stop here
+        raise ValueError("engine stand-in: the corrected start got this far")
+
+    monkeypatch.setattr(arco.trainer, "build_engine", engine_fails)
+    assert main(train_args(tiny_world, tmp_path, "rubric.k=3")) == 2  # the models loaded
+    assert "the corrected start got this far" in capsys.readouterr().err

@@ -22,7 +22,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -36,14 +36,21 @@ from arco.projection import decomposition_holds, project_scores
 from arco.rubric_model import ArcoModel, build_arco_model, load_adapters, save_arco
 from arco.rubric_prompt import format_criteria
 from arco.rubrics import RubricItem, rubric_batch, write_criteria
-from arco.steps import Episode, episode_from_trajectory
+from arco.steps import Episode, agent_step, episode_from_trajectory
 from arco.teacher import StepAnnotation, annotate, oracle_annotation, teacher_rollouts
 from common.data import QAExample, load_qa
 from common.llm_client import LLMClient
+from common.retrieval.base import Doc
 from common.rl import logprobs_from_logits
 from common.rl_loop import evaluate
 from common.rollout import AgentConfig, Trajectory, run_agent
-from common.rollout.agent import build_prompt_ids, encode_text
+from common.rollout.agent import (
+    budget_note,
+    build_prompt_ids,
+    encode_text,
+    first_budget,
+    render_observation,
+)
 from common.rollout.batch import collate
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step
@@ -64,13 +71,23 @@ def _set_lrs(train: TrainEngine, lrs: dict[str, float], factor: float) -> None:
         g["lr"] = lrs.get(g["name"], 0.0) * factor
 
 
-def trajectory_from_episode(ep: Episode, tokenizer, agent: AgentConfig) -> Trajectory:
-    """The token view of a text episode (an LLM teacher's) as ``run_agent`` builds a policy's:
-    the actions are the sampled tokens (loss mask 1); inserted between them are a search's
-    observation in the protocol's frame, cut to ``agent.max_obs_tokens``, the invalid-action
-    message after an invalid turn and the forced-answer message before the forced turn."""
+def trajectory_from_episode(
+    ep: Episode, tokenizer, agent: AgentConfig, docs: Mapping[str, Doc] | None = None
+) -> Trajectory:
+    """The token view of a text episode (an LLM teacher's) as ``run_agent`` builds a policy's for
+    the same play: the prompt (with the budget statement under ``agent.state_budget``), the
+    actions as the sampled tokens (loss mask 1), and inserted between them a search's observation
+    in the protocol's frame cut to ``agent.max_obs_tokens`` (the budget statement between body
+    and tail), the invalid-action message (the same statement inside it) after an invalid turn
+    and the forced-answer message before the forced turn. Step ``j`` is the agent's turn ``j``.
+
+    ``docs`` (doc id -> the document a search returned, uncut) renders each search's documents
+    with ``render_observation``, so the ids are token for token the agent's; without it (a
+    hand-built episode) the observation's text is encoded and cut."""
     protocol = get_protocol(agent.protocol)
-    prompt = build_prompt_ids(tokenizer, protocol, ep.question, agent.instruction)
+    prompt = build_prompt_ids(
+        tokenizer, protocol, ep.question, agent.instruction, first_budget(agent)
+    )
     t = Trajectory(
         f"teacher:{ep.question_id}",
         ep.metadata.get("sample", 0),
@@ -81,8 +98,7 @@ def trajectory_from_episode(ep: Episode, tokenizer, agent: AgentConfig) -> Traje
     )
     head, _, tail = protocol.observation([], agent.obs_titles)
     head_ids, tail_ids = encode_text(tokenizer, head), encode_text(tokenizer, tail)
-    room = max(agent.max_obs_tokens - len(head_ids) - len(tail_ids), 0)
-    for s in ep.steps:
+    for turn, s in enumerate(ep.steps):
         if s.forced and not t.used_forced_turn:
             t.used_forced_turn = True
             t.append(encode_text(tokenizer, protocol.force_answer_message()), sampled=False)
@@ -92,13 +108,47 @@ def trajectory_from_episode(ep: Episode, tokenizer, agent: AgentConfig) -> Traje
         t.steps.append(Step(s.kind, start, len(t.response_ids), forced=s.forced))
         if s.forced or s.kind == "answer":
             continue
-        if s.kind == "search":
+        note = budget_note(protocol, agent, turn)
+        if s.kind == "search" and docs is not None:
+            shown = [docs[i] for i in s.doc_ids]
+            obs = render_observation(
+                tokenizer, protocol, shown, agent.max_obs_tokens, agent.obs_titles, note
+            )[0]
+        elif s.kind == "search":
+            note_ids = encode_text(tokenizer, note)
+            room = max(agent.max_obs_tokens - len(head_ids) - len(note_ids) - len(tail_ids), 0)
             body = encode_text(tokenizer, s.observation)[:room]
-            t.append(head_ids + body + tail_ids, sampled=False)
+            obs = head_ids + body + note_ids + tail_ids
         else:
-            t.append(encode_text(tokenizer, protocol.invalid_message()), sampled=False)
+            i_head, i_body, i_tail = protocol.invalid_observation()
+            obs = encode_text(tokenizer, i_head + i_body + note + i_tail)
+        t.append(obs, sampled=False)
     t.answer, t.done = ep.answer, True
     return t
+
+
+def shown_as_the_agent(
+    ep: Episode, tokenizer, agent: AgentConfig, docs: Mapping[str, Doc]
+) -> Episode:
+    """``ep`` with each search's observation the text ``run_agent`` records for it at that turn
+    (``Step.observation``): its documents' body cut where the agent cuts it, the budget statement
+    of the turn counted against ``agent.max_obs_tokens``, so that μ's prompts for the teacher's
+    play are RL's for the same play."""
+    protocol = get_protocol(agent.protocol)
+    steps = []
+    for turn, s in enumerate(ep.steps):
+        if s.kind == "search" and s.observation:
+            text = render_observation(
+                tokenizer,
+                protocol,
+                [docs[i] for i in s.doc_ids],
+                agent.max_obs_tokens,
+                agent.obs_titles,
+                budget_note(protocol, agent, turn),
+            )[2]
+            s = agent_step(s.kind, s.action, text, s.searches_left, s.forced, s.doc_ids)
+        steps.append(s)
+    return replace(ep, steps=steps)
 
 
 def collect_oracle(
@@ -161,27 +211,42 @@ def collect_llm(
     )
 
     protocol = get_protocol(agent_cfg.protocol)
+    returned: dict[str, dict[str, Doc]] = {}  # question id -> doc id -> the document, uncut
 
     def search(ex: QAExample, query: str) -> tuple[str, tuple[str, ...]]:
-        """The policy's observation body (distractor: the paragraph without its title)."""
+        """The policy's observation body as the agent shows it (distractor: the paragraph
+        without its title), cut at ``agent.max_obs_tokens``."""
         if hasattr(retriever, "search_for"):
             where = ex.metadata.get("paragraphs", ex.id)
             docs = retriever.search_for(where, [query], agent_cfg.topk)[0]
         else:
             docs = retriever.search([query], agent_cfg.topk)[0]
-        _, body, _ = protocol.observation(docs, agent_cfg.obs_titles)
-        return body, tuple(d.id for d in docs)
+        returned.setdefault(ex.id, {}).update((d.id, d) for d in docs)
+        text = render_observation(
+            tokenizer, protocol, docs, agent_cfg.max_obs_tokens, agent_cfg.obs_titles
+        )[2]
+        return text, tuple(d.id for d in docs)
 
     episodes, counts = teacher_rollouts(
         player, examples, search, w.samples, cfg.env.max_searches, cache_tag=f"seed{cfg.seed}"
     )
+    # the teacher saw each paragraph cut without the turn's budget statement (its search does
+    # not know the turn); the episodes keep the agent's cut, which makes room for the statement
+    by_episode = [returned.get(ep.question_id, {}) for ep in episodes]
+    episodes = [
+        shown_as_the_agent(ep, tokenizer, agent_cfg, docs)
+        for ep, docs in zip(episodes, by_episode, strict=True)
+    ]
     result = annotate(annotator, episodes, cfg.rubric.k)
     player.close()
     annotator.close()
     counts = {**counts, **{f"annotation/{k}": v for k, v in result.counts.items()}}
     counts["player_usage"] = player.stats.as_dict()
     counts["annotator_usage"] = result.usage
-    trajs = [trajectory_from_episode(ep, tokenizer, agent_cfg) for ep in episodes]
+    trajs = [
+        trajectory_from_episode(ep, tokenizer, agent_cfg, docs)
+        for ep, docs in zip(episodes, by_episode, strict=True)
+    ]
     return trajs, episodes, result.annotations, counts
 
 

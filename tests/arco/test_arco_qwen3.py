@@ -279,3 +279,82 @@ def test_rl_episode_under_search_r1_holds_the_environments_text(qwen3_tokenizer)
     ]
     response = tok.decode(traj.response_ids)
     assert f"<information>Doc 1 {text1}\n\nYou have 2 search(es) remaining." in response
+
+
+def lengthened(ex, extra: str):
+    """``ex`` with both supporting paragraphs followed by ``extra`` (the same titles, so the
+    teacher's and the replayed searches still find them)."""
+    import copy
+
+    ex = copy.deepcopy(ex)
+    for p in ex.metadata["paragraphs"]:
+        if p["title"] in ex.metadata["supporting_titles"]:
+            p["text"] = f"{p['text']} {extra}"
+    return ex
+
+
+@pytest.mark.parametrize("long", [False, True], ids=["short", "cut"])
+def test_warmup_sft_transcript_is_the_agents_own_for_one_play(
+    qwen3_tokenizer, teacher_server, tmp_path, long
+):
+    """With the budget stated every turn (the paper config), π's SFT transcript of the LLM
+    teacher's play (``collect_llm``'s trajectory) is, token for token, the one ``run_agent``
+    builds for the same play: the prompt with "You have 3 search(es) remaining", each
+    observation with the turn's statement between body and tail, the invalid message with it
+    too, the same loss mask. With paragraphs longer than ``agent.max_obs_tokens`` (``cut``),
+    the teacher's episode holds each paragraph cut where the agent cuts it (the turn's budget
+    statement counted against the limit: turn 0 keeps less of it than turn 2, which has none),
+    so μ's warmup prompts are RL's."""
+    from arco import warmup
+    from arco.steps import episode_from_trajectory
+    from arco.trainer import make_rubric_items
+    from common.rollout import run_agent
+
+    tok = qwen3_tokenizer
+    url = teacher_server
+    cfg = load_config(
+        ArcoConfig,
+        ROOT / "arco" / "configs" / "qwen3_4b_hotpotqa.yaml",
+        [
+            f"assets.teacher_endpoint={url}/player/v1",
+            f"assets.annotator_endpoint={url}/annotator/v1",
+            "warmup.samples=1",
+        ],
+    )
+    ex = load_qa(SAMPLE)[2]
+    if long:
+        ex = lengthened(ex, long_document().text)
+    retriever, agent = build_environment(cfg.env, cfg.agent)
+    assert agent.state_budget
+    (t,), (warm,), _, _ = warmup.collect_llm(cfg, tok, retriever, agent, [ex], tmp_path / "c")
+
+    play = [s.action for s in warm.steps]
+    assert [s.kind for s in warm.steps] == ["search", "invalid", "search", "answer"]
+    (traj,) = run_agent(ReplayEngine(tok, play), tok, retriever, [ex], 1, agent)
+    assert t.prompt_ids == traj.prompt_ids
+    assert "You have 3 search(es) remaining." in tok.decode(t.prompt_ids)
+    assert t.response_ids == traj.response_ids
+    assert t.loss_mask == traj.loss_mask
+    assert [(s.kind, s.start, s.end) for s in t.steps] == [
+        (s.kind, s.start, s.end) for s in traj.steps
+    ]
+    assert t.answer == traj.answer == "40 members"
+
+    rl = episode_from_trajectory(traj, tok, cfg.env.max_searches)
+    assert warm.steps == rl.steps
+    (_, text1), (_, text2) = (paragraph(ex, x) for x in ex.metadata["supporting_titles"])
+    first, second = warm.steps[0].observation, warm.steps[2].observation
+    if long:  # cut, the budget statement's room taken from turn 0's paragraph, not turn 2's
+        assert len(tok.encode(text1, add_special_tokens=False)) > agent.max_obs_tokens
+        assert text1.startswith(first) and len(first) < len(text1)
+        assert text2.startswith(second) and len(second) < len(text2)
+        frame = len(encode_text(tok, "\nObservation: ") + encode_text(tok, "\nThought:"))
+        note = len(encode_text(tok, get_protocol("react").budget_message(2)))
+        assert len(encode_text(tok, first)) <= agent.max_obs_tokens - frame - note
+        assert len(encode_text(tok, second)) > agent.max_obs_tokens - frame - note
+    else:
+        assert (first, second) == (text1, text2)
+    warm_items = make_rubric_items(cfg, [warm], tok)
+    rl_items = make_rubric_items(cfg, [rl], tok)
+    assert [it.prompt_ids for it in warm_items] == [it.prompt_ids for it in rl_items]
+    assert f"Observation: {second}\n" in tok.decode(warm_items[-1].prompt_ids)

@@ -24,7 +24,9 @@ from arco.steps import AgentStep, Episode
 from common.config import load_config
 from common.data import load_qa
 from common.llm_client import LLMClient
+from common.retrieval.base import Doc
 from common.rollout import run_agent
+from common.rollout.agent import render_observation
 from common.rollout.engine import Completion
 from common.rollout.protocols import get_protocol
 
@@ -240,7 +242,10 @@ def test_llm_teacher_warmup_in_the_distractor_setting(
         total = sum(sum(a["scores"]) / K for a in ann)
         assert total == pytest.approx(r["reward"], abs=1e-6)
     episodes = [episode_of(r) for r in rows]
-    searches = 0
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world / "model")
+    retriever, agent = build_environment(cfg.env, cfg.agent)
+    protocol = get_protocol(agent.protocol)
+    searches, cut = 0, 0
     for ep in episodes:
         paragraphs = ep.metadata["paragraphs"]
         for step in ep.steps:
@@ -250,16 +255,24 @@ def test_llm_teacher_warmup_in_the_distractor_setting(
             (doc,) = step.doc_ids
             paragraph = paragraphs[int(doc)]
             assert step.action.endswith(f"Search[{paragraph['title']}]")  # found its title
-            assert step.observation == paragraph["text"]  # the text without its title
+            # the text without its title, cut where the agent cuts it (agent.max_obs_tokens)
+            shown = render_observation(
+                tokenizer,
+                protocol,
+                [Doc(doc, paragraph["title"], paragraph["text"], 0.0)],
+                agent.max_obs_tokens,
+                agent.obs_titles,
+            )[2]
+            assert step.observation == shown.strip()
+            assert paragraph["text"].startswith(step.observation)
+            cut += step.observation != paragraph["text"]
     assert searches == 4 + 4 + 4  # right and wrong: one an episode; wander: two; guess: none
+    assert 0 < cut < searches  # the tiny world's limit cuts some paragraphs, not all
 
     # --- π SFT on R = 1 trajectories with > 1 step; their token view is the policy's own
     assert [e["epoch"] for e in report["pi_sft"]["epochs"]] == [0, 1]
     assert report["pi_sft"]["epochs"][1]["loss"] > 0
     assert len(report["mu_sft"]["epochs"]) == 1
-    tokenizer = AutoTokenizer.from_pretrained(tiny_world / "model")
-    retriever, agent = build_environment(cfg.env, cfg.agent)
-    protocol = get_protocol(agent.protocol)
     wins = [e for e in episodes if e.reward == 1.0 and len(e.steps) > 1]
     assert len(wins) == 6
     for ep in wins:

@@ -34,7 +34,7 @@ from cer.group_reward import Group, group_rewards, rules_of, verifier_name
 from cer.rollout import sample_groups, step_sampling
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
 from cer.verifree import verifree_batch
-from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_questions
+from common.batches import BatchLog, group_grad_accum, rank_questions
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rl_loop import (
     all_ranks_mean,
@@ -89,15 +89,10 @@ def train_cer(cfg: CERConfig) -> dict:
 
     train_cfg = cfg.train
     # the batch is global (B prompts over all ranks): each rank's share, checked before any load
-    world = data_world_size()
-    rank_b = per_rank(cfg.prompts_per_step, world, "prompts_per_step", "prompts")
-    train_cfg.grad_accum = check_micro_batches(
-        rank_b * cfg.group_size,
-        cfg.loss.micro_batch_size,
-        "prompts_per_step*group_size",
-        "loss.micro_batch_size",
-        world,
-    )
+    train_cfg.grad_accum = group_grad_accum(
+        cfg.prompts_per_step, "prompts_per_step", cfg.group_size, "group_size",
+        cfg.loss.micro_batch_size, "loss.micro_batch_size", "prompts",
+    )  # fmt: skip
     check_assets(cfg.assets, ["model", "train", "dev"])
     train_cfg.seed = cfg.seed
     train_cfg.total_steps = cfg.steps
@@ -124,14 +119,14 @@ def train_cer(cfg: CERConfig) -> dict:
     engine = build_engine(
         cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
     )
-    score_fn = make_score_fn(cfg, engine, train.model, frozen, world)
+    score_fn = make_score_fn(cfg, engine, train.model, frozen, train.world_size)
     # HF engine on the training model: the scorer reads the samples' generation caches instead
     # of forwarding prompt and solution again (same model, same weights until the update).
     reuse_kv = (
         isinstance(engine, HFEngine)
         and frozen is None
         and cfg.reward.scorer == "prefix"
-        and not (world > 1 and cfg.train.zero_stage == 3)
+        and not (train.world_size > 1 and cfg.train.zero_stage == 3)
     )
     # The rule the dev accuracy is by: math-verify, letter, or the alias oracle (alias task).
     dev_verifier = "+".join(sorted({verifier_name(ex, rules_of(cfg)) for ex in dev_set}))

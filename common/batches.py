@@ -56,6 +56,23 @@ def check_micro_batches(per_rank_batch: int, micro: int, key: str, micro_key: st
     return per_rank_batch // micro
 
 
+def group_grad_accum(
+    questions: int,
+    key: str,
+    n: int,
+    n_key: str,
+    micro: int,
+    micro_key: str,
+    what: str = "questions",
+) -> int:
+    """grad_accum of a group-sampling trainer: the global ``questions`` (config key ``key``) over
+    this launch's ranks, ``n`` samples each (``n_key``), in micro-batches of ``micro``; one
+    ``ConfigError`` line when either does not divide. Run it before any load."""
+    world = data_world_size()
+    rank_q = per_rank(questions, world, key, what)
+    return check_micro_batches(rank_q * n, micro, f"{key}*{n_key}", micro_key, world)
+
+
 def step_batch(step: int, order: Sequence[int], size: int) -> list[int]:
     """The one-rank batch of ``step`` (1-based): the next ``size`` entries of ``order`` after the
     ``step - 1`` batches before it, wrapping around at the end."""

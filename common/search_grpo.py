@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_questions
+from common.batches import BatchLog, group_grad_accum, rank_questions
 from common.config import ConfigError, load_config
 from common.data import DataError, load_qa
 from common.retrieval.bm25 import BM25Retriever
@@ -146,15 +146,11 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     """Run the loop; returns the first and last evaluation."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    world = data_world_size()  # the batch is global: each rank's share, checked before any load
-    rank_q = per_rank(cfg.questions_per_step, world, "questions_per_step")
-    cfg.train.grad_accum = check_micro_batches(
-        rank_q * cfg.n,
-        cfg.loss.micro_batch_size,
-        "questions_per_step*n",
-        "loss.micro_batch_size",
-        world,
-    )
+    # the batch is global: each rank's share, checked before any load
+    cfg.train.grad_accum = group_grad_accum(
+        cfg.questions_per_step, "questions_per_step", cfg.n, "n",
+        cfg.loss.micro_batch_size, "loss.micro_batch_size",
+    )  # fmt: skip
     cfg.check_assets()
     # the data is read before the run folder opens and any model loads: a bad row costs nothing
     train_set = load_qa(cfg.path("train"))

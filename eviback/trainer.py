@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_questions
+from common.batches import BatchLog, group_grad_accum, rank_questions
 from common.data import QAExample
 from common.rl_loop import (
     build_engine,
@@ -224,15 +224,11 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     """Run the loop; returns the dev evaluations (first = before training, last = after)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    world = data_world_size()  # the batch is global: each rank's share, checked before any load
-    rank_q = per_rank(cfg.questions_per_step, world, "questions_per_step")
-    cfg.train.grad_accum = check_micro_batches(
-        rank_q * cfg.n,
-        cfg.loss.micro_batch_size,
-        "questions_per_step*n",
-        "loss.micro_batch_size",
-        world,
-    )
+    # the batch is global: each rank's share, checked before any load
+    cfg.train.grad_accum = group_grad_accum(
+        cfg.questions_per_step, "questions_per_step", cfg.n, "n",
+        cfg.loss.micro_batch_size, "loss.micro_batch_size",
+    )  # fmt: skip
     cfg.check_assets(("model", "train", "dev", "retrieval", "teacher"))
     cfg.train.total_steps = cfg.steps
     cfg.train.seed = cfg.seed

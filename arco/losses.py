@@ -1,5 +1,6 @@
 """ARCO's losses on tensors: the rubric model's decomposition loss and class weights, the exact
-token KL, the policy's per-step loss and the rubric model's warmup SFT loss (specs/arco.md).
+token KL (at the positions that count, in chunks), the policy's per-step loss and the rubric
+model's warmup SFT loss (specs/arco.md).
 
 Each returns per-row values (or a scalar where said); reductions over the batch are the
 trainer's.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 KL_DIRECTIONS = ("forward", "reverse")
 
@@ -43,23 +45,69 @@ def decomposition_loss(
     return weights * (total - outcomes) ** 2
 
 
+def _kl_rows(logits: torch.Tensor, ref_logits: torch.Tensor, reverse: bool) -> torch.Tensor:
+    """KL per row of [n, V] x2 -> [n], in float32 (one chunk of ``token_kl``)."""
+    logp = F.log_softmax(logits.float(), dim=-1)  # [n, V]
+    logq = F.log_softmax(ref_logits.float(), dim=-1)  # [n, V]
+    if reverse:
+        logp, logq = logq, logp
+    return (logp.exp() * (logp - logq)).sum(dim=-1)  # [n]
+
+
 def token_kl(
-    logits: torch.Tensor, ref_logits: torch.Tensor, direction: str = "forward"
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    direction: str = "forward",
+    chunk_size: int = 1024,
 ) -> torch.Tensor:
     """Exact KL over the vocabulary at each position, in float32.
 
         forward (the paper's):    KL(pi || pi_ref) = sum_v p log(p / q)
         reverse (the release's):  KL(pi_ref || pi) = sum_v q log(q / p)
 
-    with p = softmax(logits), q = softmax(ref_logits). Shapes: [N, T, V] x2 -> [N, T].
+    with p = softmax(logits), q = softmax(ref_logits). Shapes: [..., V] x2 -> [...]; give it the
+    positions that count only (``masked_token_kl``, or the model's logits at those positions).
+    Positions go ``chunk_size`` at a time, each chunk checkpointed: the float32 log-softmaxes
+    exist for one [chunk_size, V] chunk at a time, in the forward and in the backward.
     """
     if direction not in KL_DIRECTIONS:
         raise ValueError(f"token_kl: direction must be one of {KL_DIRECTIONS}; got {direction!r}")
-    logp = F.log_softmax(logits.float(), dim=-1)  # [N, T, V]
-    logq = F.log_softmax(ref_logits.float(), dim=-1)  # [N, T, V]
-    if direction == "reverse":
-        logp, logq = logq, logp
-    return (logp.exp() * (logp - logq)).sum(dim=-1)  # [N, T]
+    if chunk_size < 1:
+        raise ValueError(f"token_kl: chunk_size must be >= 1, got {chunk_size}")
+    if logits.shape != ref_logits.shape:
+        raise ValueError(f"token_kl: {tuple(logits.shape)} vs {tuple(ref_logits.shape)}")
+    v = logits.shape[-1]
+    rows, ref_rows = logits.reshape(-1, v), ref_logits.reshape(-1, v)  # [n, V]
+    reverse = direction == "reverse"
+    parts = [
+        checkpoint(_kl_rows, z, q, reverse, use_reentrant=False)
+        if torch.is_grad_enabled() and (z.requires_grad or q.requires_grad)
+        else _kl_rows(z, q, reverse)
+        for z, q in zip(rows.split(chunk_size), ref_rows.split(chunk_size), strict=True)
+    ]
+    out = torch.cat(parts) if parts else rows.new_zeros(0, dtype=torch.float32)
+    return out.view(logits.shape[:-1])
+
+
+def scatter_positions(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Values at the positions of ``mask`` (row-major, as ``x[mask]`` lists them) placed back in
+    ``mask``'s shape, 0 elsewhere; differentiable in ``values``. Shapes: [n], [N, T] -> [N, T]."""
+    where = mask.bool().nonzero(as_tuple=True)
+    out = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)
+    return out.index_put(where, values)
+
+
+def masked_token_kl(
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    mask: torch.Tensor,
+    direction: str = "forward",
+    chunk_size: int = 1024,
+) -> torch.Tensor:
+    """``token_kl`` at the positions where ``mask`` is 1 only, 0 elsewhere (the positions are
+    selected before any log-softmax). Shapes: [N, T, V] x2, mask [N, T] -> [N, T]."""
+    m = mask.bool()
+    return scatter_positions(token_kl(logits[m], ref_logits[m], direction, chunk_size), m)
 
 
 def masked_token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -99,28 +99,43 @@ class ArcoModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         pool_mask: torch.Tensor | None = None,
+        logit_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits [B, T, V] under ``adapter``, and with ``pool_mask`` [B, T] the head's scores
-        [B, K] on the mean-pooled last hidden layer over it. A reference adapter runs in eval
-        mode (no dropout), whatever the module's mode."""
+        """Logits under ``adapter``, and with ``pool_mask`` [B, T] the head's scores [B, K] on
+        the mean-pooled last hidden layer over it. A reference adapter runs in eval mode (no
+        dropout), whatever the module's mode.
+
+        Logits: [B, T, V] at every position; with ``logit_mask`` [B, T] only at its positions,
+        [n, V] in row-major order (``x[logit_mask]``): the language-model head is applied to
+        those hidden states alone, so no [B, T, V] tensor exists (n = 0 gives [0, V])."""
         self.use(adapter)
         reference = adapter in REFERENCE.values()
         was_training = self.training
         if reference:
             self.eval()
         try:
-            out = self.lm(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                output_hidden_states=pool_mask is not None,
-            )
+            if logit_mask is None:
+                out = self.lm(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    output_hidden_states=pool_mask is not None,
+                )
+                logits, hidden = (
+                    out.logits,
+                    out.hidden_states[-1] if pool_mask is not None else None,
+                )
+            else:
+                hf = self.lm.get_base_model()
+                body = getattr(hf, hf.base_model_prefix)  # the decoder, under the LoRA layers
+                hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                logits = hf.get_output_embeddings()(hidden[logit_mask.bool()])  # [n, V]
         finally:
             if reference:
                 self.train(was_training)
         scores = None
         if pool_mask is not None:
-            scores = self.head(mean_pool(out.hidden_states[-1], pool_mask))
-        return out.logits, scores
+            scores = self.head(mean_pool(hidden, pool_mask))
+        return logits, scores
 
     def freeze_rubric(self) -> None:
         """μ out of training (frozen μ, the PRM baseline, outcome-only): the rubric adapter and

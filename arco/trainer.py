@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 
 from arco.advantages import dense_advantages, position_buckets, sparse_group_advantages
 from arco.config import ArcoConfig
@@ -31,6 +32,7 @@ from arco.losses import (
     decomposition_loss,
     masked_token_mean,
     policy_step_loss,
+    scatter_positions,
     token_kl,
 )
 from arco.rubric_model import ArcoModel, build_arco_model, read_meta
@@ -197,20 +199,22 @@ def policy_loss(
     batch = collate(trajs, pad_id).to(train.device)
     width = batch.input_ids.shape[1]
     adv = _place(trajs, [_per_token(t, a) for t, a in zip(trajs, step_adv, strict=True)], width)
-    logits, _ = train("policy", batch.input_ids, batch.attention_mask)
-    loss = policy_step_loss(
-        logprobs_from_logits(logits[:, :-1], batch.input_ids[:, 1:]),
-        adv.to(train.device),
-        batch.loss_mask,
-    )
+    step_of = _place(trajs, [_per_token(t, range(1, len(t.steps) + 1)) for t in trajs], width).to(
+        train.device
+    )  # step number per label position, 0 = not sampled
+    # the positions that count: sampled tokens (loss) and the steps' tokens (KL), label-aligned
+    where = batch.loss_mask.bool() | (step_of > 0) if kl_coef > 0 else batch.loss_mask.bool()
+    at = F.pad(where, (0, 1))  # [B, T]: position t predicts token t+1
+    logits, _ = train("policy", batch.input_ids, batch.attention_mask, logit_mask=at)  # [n, V]
+    logp = scatter_positions(logprobs_from_logits(logits, batch.input_ids[:, 1:][where]), where)
+    loss = policy_step_loss(logp, adv.to(train.device), batch.loss_mask)
     stats = {"pi_kl": 0.0}
     if kl_coef > 0:
         with torch.no_grad():
-            ref_logits, _ = train.model("policy_ref", batch.input_ids, batch.attention_mask)
-        kl_tok = token_kl(logits[:, :-1], ref_logits[:, :-1], direction)  # [B, T-1]
-        step_of = _place(
-            trajs, [_per_token(t, range(1, len(t.steps) + 1)) for t in trajs], width
-        ).to(train.device)  # step number per label position, 0 = not sampled
+            ref_logits, _ = train.model(
+                "policy_ref", batch.input_ids, batch.attention_mask, logit_mask=at
+            )
+        kl_tok = scatter_positions(token_kl(logits, ref_logits, direction), where)  # [B, T-1]
         kl = torch.zeros(len(trajs), device=train.device)
         for s in range(1, int(step_of.max().item()) + 1):
             kl = kl + masked_token_mean(kl_tok, (step_of == s).float())
@@ -233,7 +237,9 @@ def rubric_loss(
     """Σ over trajectories ``first_traj ..`` of w_τ (Σ_t s_t − R)² + β Σ_t tokenmean KL_t(μ‖μ_ref),
     scores recomputed with gradient through the head and the rubric adapter."""
     ids, attn, crit = rubric_batch(items, pad_id, train.device)
-    logits, scores = train("rubric", ids, attn, pool_mask=attn)
+    kl_on = beta > 0 and bool(crit.any())  # fixed criteria or none: nothing of μ's to hold
+    at = F.pad(crit.bool() & kl_on, (0, 1))  # [M, T]: logits at the criteria positions only
+    logits, scores = train("rubric", ids, attn, pool_mask=attn, logit_mask=at)  # [n, V]
     s = scores.mean(-1)  # [M] step rewards s_t
     n_steps = max(it.step for it in items) + 1
     step_scores = torch.zeros((n_trajs, n_steps), device=train.device)
@@ -245,10 +251,11 @@ def rubric_loss(
     decomp = decomposition_loss(step_scores, step_mask, outcomes, weights)  # [n_trajs]
     loss = decomp.sum()
     stats = {"mu_decomp_loss": decomp.mean().item(), "mu_kl": 0.0}
-    if beta > 0 and crit.any():  # fixed criteria or none: nothing of μ's to hold near μ_ref
+    if kl_on:
         with torch.no_grad():
-            ref_logits, _ = train.model("rubric_ref", ids, attn)
-        kl = masked_token_mean(token_kl(logits[:, :-1], ref_logits[:, :-1], direction), crit)
+            ref_logits, _ = train.model("rubric_ref", ids, attn, logit_mask=at)
+        kl_tok = scatter_positions(token_kl(logits, ref_logits, direction), crit.bool())
+        kl = masked_token_mean(kl_tok, crit)
         loss = loss + beta * kl.sum()
         stats["mu_kl"] = kl.sum().item() / n_trajs
     return loss, stats

@@ -28,10 +28,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from arco.config import ArcoConfig
 from arco.environment import build_environment
-from arco.losses import rubric_sft_loss
+from arco.losses import rubric_sft_loss, scatter_positions
 from arco.projection import decomposition_holds, project_scores
 from arco.rubric_model import ArcoModel, build_arco_model, load_adapters, save_arco
 from arco.rubric_prompt import format_criteria
@@ -310,6 +311,29 @@ def step_view(t: Trajectory, j: int) -> Trajectory:
     return v
 
 
+def target_logprobs(
+    train: TrainEngine,
+    adapter: str,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mask: torch.Tensor,
+    pool: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log p(token_{t+1}) under ``adapter`` at the label positions where ``mask`` [B, T-1] is 1,
+    0 elsewhere ([B, T-1]); the logits exist at those positions only. With ``pool`` also the
+    head's scores [B, K] on the mean over the attention mask."""
+    where = mask.bool()
+    logits, scores = train(
+        adapter,
+        input_ids,
+        attention_mask,
+        pool_mask=attention_mask if pool else None,
+        logit_mask=F.pad(where, (0, 1)),
+    )  # [n, V]
+    logp = logprobs_from_logits(logits, input_ids[:, 1:][where])
+    return scatter_positions(logp, where), scores
+
+
 def pi_sft_loss(logp: torch.Tensor, mask: torch.Tensor, group: int) -> torch.Tensor:
     """π SFT's loss over one optimizer step's examples (rows), the release's normalisation: the
     token mean of −log π over each group of ``group`` consecutive rows (its per-device batch of
@@ -369,8 +393,9 @@ def sft_policy(
             )
             views = [step_view(trajs[examples[k][0]], examples[k][1]) for k in chunk]
             batch = collate(views, pad).to(train.device)
-            logits, _ = train("policy", batch.input_ids, batch.attention_mask)
-            logp = logprobs_from_logits(logits[:, :-1], batch.input_ids[:, 1:])
+            logp = target_logprobs(
+                train, "policy", batch.input_ids, batch.attention_mask, batch.loss_mask
+            )[0]
             loss = pi_sft_loss(logp, batch.loss_mask, w.pi_loss_group)
             train.backward(loss)
             train.step()
@@ -431,8 +456,7 @@ def sft_rubric(
             chunk = [items[i] for i in order[b * w.mu_batch : (b + 1) * w.mu_batch]]
             _set_lrs(train, lrs, _lr_factor(step, total, int(w.warmup_ratio * total)))
             ids, attn, crit = rubric_batch(chunk, pad_id, train.device)
-            logits, scores = train("rubric", ids, attn, pool_mask=attn)
-            logp = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
+            logp, scores = target_logprobs(train, "rubric", ids, attn, crit, pool=True)
             target = torch.tensor([it.target_scores for it in chunk], device=train.device)
             loss = rubric_sft_loss(logp, crit, scores, target, w.score_weight)
             train.backward(loss)

@@ -204,6 +204,15 @@ class WarmupConfig:
     mu_batch: int = field(
         default=32, metadata={"help": "μ SFT steps (rubric prompts) per step", "ge": 1}
     )
+    micro_batch_size: int = field(
+        default=8,
+        metadata={
+            "help": "π and μ SFT examples per forward and backward; an optimizer step still "
+            "takes pi_batch (mu_batch) examples, accumulated with the whole batch's loss "
+            "normalisation",
+            "ge": 1,
+        },
+    )
     check_items: int = field(
         default=64,
         metadata={"help": "after μ SFT, SFT steps μ writes criteria for (validity check)", "ge": 0},
@@ -229,7 +238,14 @@ class WarmupConfig:
     def __post_init__(self) -> None:
         if self.teacher not in ("oracle", "llm"):
             raise ValueError(f"warmup.teacher={self.teacher!r}; choose oracle or llm")
-        for name in ("questions", "samples", "mu_epochs", "pi_batch", "mu_batch"):
+        for name in (
+            "questions",
+            "samples",
+            "mu_epochs",
+            "pi_batch",
+            "mu_batch",
+            "micro_batch_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"warmup.{name}={getattr(self, name)}; must be >= 1")
         if self.pi_epochs < 0:

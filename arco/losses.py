@@ -138,6 +138,8 @@ def rubric_sft_loss(
     pred_scores: torch.Tensor,
     target_scores: torch.Tensor,
     score_weight: float = 10.0,
+    n_tokens: int | None = None,
+    n_scores: int | None = None,
 ) -> torch.Tensor:
     """Warmup loss of the rubric model, a scalar:
 
@@ -146,7 +148,13 @@ def rubric_sft_loss(
     the cross-entropy a token mean over all masked tokens of the batch (criteria JSON + EOS),
     the MSE a mean over all B*K scores. Shapes: token_logp [B, T], token_mask [B, T],
     pred_scores [B, K], target_scores [B, K] -> [].
+
+    ``n_tokens`` and ``n_scores``: the whole batch's masked tokens and scores when these rows are
+    one micro-batch of it (default: these rows'), so the micro-batches' losses sum to the batch's.
     """
     m = token_mask.bool()  # [B, T]
-    ce = -torch.where(m, token_logp, 0.0).sum() / m.sum().clamp(min=1)
-    return ce + score_weight * F.mse_loss(pred_scores, target_scores)
+    tokens = int(m.sum()) if n_tokens is None else n_tokens
+    scores = pred_scores.numel() if n_scores is None else n_scores
+    ce = -torch.where(m, token_logp, 0.0).sum() / max(tokens, 1)
+    sq = (pred_scores.float() - target_scores.float()) ** 2
+    return ce + score_weight * sq.sum() / max(scores, 1)

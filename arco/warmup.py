@@ -6,11 +6,15 @@
     3. projection             scores onto {Σ_t mean_k = R, [-1, 1]}; unparseable ones dropped
     4. π SFT                  the steps of R = 1 trajectories with > 1 step, one example a
                                step, ``warmup.pi_batch`` steps an optimizer step (the
-                               release's 2 × 32); the best SFT epoch on held-out training
+                               release's 2 × 32, here ``warmup.micro_batch_size`` a
+                               forward, accumulated); the best SFT epoch on held-out training
                                questions (never the reported dev split) is kept; or π
                                taken from an earlier warmup (``warmup.policy_from``)
     5. μ SFT                  steps of trajectories with > 1 step whose decomposition holds;
-                               token-mean CE on the criteria JSON + EOS + 10 × score MSE
+                               token-mean CE on the criteria JSON + EOS + 10 × score MSE,
+                               ``warmup.mu_batch`` steps an optimizer step, accumulated
+                               over micro-batches as π's (one process: the warmup's
+                               gradient accumulation is the plain engine's)
 
 Writes ``warmup_dir``: the adapters and head (``save_arco``), ``report.json`` (counts, teacher
 cost, losses, the epoch choice) and ``data.jsonl`` (the annotated trajectories).
@@ -348,6 +352,18 @@ def pi_sft_loss(logp: torch.Tensor, mask: torch.Tensor, group: int) -> torch.Ten
     return torch.stack(groups).mean()
 
 
+def pi_sft_row_weights(counts: Sequence[int], group: int) -> list[float]:
+    """Each row's weight in ``pi_sft_loss``: 1 / (its group's target tokens · the number of
+    groups), so that the loss is Σ_rows weight · (−Σ_t log π) and any split of the rows into
+    micro-batches sums to the whole batch's loss exactly. ``counts``: target tokens per row."""
+    n_groups = -(-len(counts) // group)
+    weights = []
+    for g in range(0, len(counts), group):
+        total = max(sum(counts[g : g + group]), 1)
+        weights += [1.0 / (total * n_groups)] * len(counts[g : g + group])
+    return weights
+
+
 def pi_sft_batches(n: int, batch: int, rng: random.Random) -> list[list[int]]:
     """One epoch's optimizer steps over ``n`` examples: a fresh shuffle cut into full batches of
     ``batch``; the rest (< ``batch``, other examples each epoch) is left out, as the release's
@@ -373,7 +389,9 @@ def sft_policy(
     logger: MetricsLogger | None,
 ) -> dict:
     """π SFT (policy adapter) on the steps of ``trajs``, one example a step, ``warmup.pi_batch``
-    examples an optimizer step on one cosine schedule; after each epoch ``select_fn()`` gives
+    examples an optimizer step on one cosine schedule, forwarded ``warmup.micro_batch_size`` at a
+    time with the gradient accumulated (``pi_sft_row_weights``: the loss is ``pi_sft_loss`` of
+    the whole batch exactly, whatever the split); after each epoch ``select_fn()`` gives
     held-out EM and the best SFT epoch's adapter is kept (epoch 0, the base, is measured and
     recorded but never kept: the release always keeps an SFT epoch; ties go to the earlier)."""
     w = cfg.warmup
@@ -392,14 +410,20 @@ def sft_policy(
                 train, {"policy": w.pi_lr}, _lr_factor(step, total, int(w.warmup_ratio * total))
             )
             views = [step_view(trajs[examples[k][0]], examples[k][1]) for k in chunk]
-            batch = collate(views, pad).to(train.device)
-            logp = target_logprobs(
-                train, "policy", batch.input_ids, batch.attention_mask, batch.loss_mask
-            )[0]
-            loss = pi_sft_loss(logp, batch.loss_mask, w.pi_loss_group)
-            train.backward(loss)
+            weights = pi_sft_row_weights([sum(v.loss_mask) for v in views], w.pi_loss_group)
+            loss = 0.0
+            for a in range(0, len(views), w.micro_batch_size):  # accumulated: one step
+                b = a + w.micro_batch_size
+                batch = collate(views[a:b], pad).to(train.device)
+                logp = target_logprobs(
+                    train, "policy", batch.input_ids, batch.attention_mask, batch.loss_mask
+                )[0]
+                row_w = torch.tensor(weights[a:b], device=train.device)
+                part = (row_w * -(logp * batch.loss_mask).sum(dim=1)).sum()
+                train.backward(part)
+                loss += part.item()
             train.step()
-            losses.append(loss.item())
+            losses.append(loss)
             sizes.append(len(chunk))
             step += 1
         em = select_fn()
@@ -440,7 +464,9 @@ def sft_rubric(
     pad_id: int,
     logger: MetricsLogger | None,
 ) -> dict:
-    """μ SFT: −tokenmean log μ(criteria JSON + EOS) + score_weight · MSE(head, projected scores)."""
+    """μ SFT: −tokenmean log μ(criteria JSON + EOS) + score_weight · MSE(head, projected scores),
+    over ``warmup.mu_batch`` items an optimizer step, forwarded ``warmup.micro_batch_size`` at a
+    time with the gradient accumulated (the token mean and the MSE over the whole batch)."""
     w = cfg.warmup
     rng = random.Random(cfg.seed + 1)
     per_epoch = max(1, -(-len(items) // w.mu_batch))
@@ -455,15 +481,24 @@ def sft_rubric(
         for b in range(per_epoch):
             chunk = [items[i] for i in order[b * w.mu_batch : (b + 1) * w.mu_batch]]
             _set_lrs(train, lrs, _lr_factor(step, total, int(w.warmup_ratio * total)))
-            ids, attn, crit = rubric_batch(chunk, pad_id, train.device)
-            logp, scores = target_logprobs(train, "rubric", ids, attn, crit, pool=True)
-            target = torch.tensor([it.target_scores for it in chunk], device=train.device)
-            loss = rubric_sft_loss(logp, crit, scores, target, w.score_weight)
-            train.backward(loss)
+            n_tokens = sum(len(it.criteria_ids) for it in chunk if it.written)
+            n_scores = sum(len(it.target_scores) for it in chunk)
+            parts = [0.0, 0.0]  # the batch's CE and MSE, summed over its micro-batches
+            for a in range(0, len(chunk), w.micro_batch_size):  # accumulated: one step
+                micro = chunk[a : a + w.micro_batch_size]
+                ids, attn, crit = rubric_batch(micro, pad_id, train.device)
+                logp, scores = target_logprobs(train, "rubric", ids, attn, crit, pool=True)
+                target = torch.tensor([it.target_scores for it in micro], device=train.device)
+                loss = rubric_sft_loss(
+                    logp, crit, scores, target, w.score_weight, n_tokens, n_scores
+                )
+                train.backward(loss)
+                with torch.no_grad():
+                    parts[0] += (-(logp * crit).sum() / max(n_tokens, 1)).item()
+                    parts[1] += (((scores.float() - target) ** 2).sum() / n_scores).item()
             train.step()
-            with torch.no_grad():
-                ce.append((-(logp * crit).sum() / crit.sum().clamp(min=1)).item())
-                mse.append(torch.mean((scores.float() - target) ** 2).item())
+            ce.append(parts[0])
+            mse.append(parts[1])
             step += 1
         row = {"epoch": epoch, "criteria_ce": float(np.mean(ce)), "score_mse": float(np.mean(mse))}
         history.append(row)

@@ -1,6 +1,7 @@
 """π's SFT in ARCO's warmup as the release's (``scripts/sft_pi.py``): one example an agent step,
 ``warmup.pi_batch`` of them an optimizer step, the loss the token mean over each pair of examples
-averaged over the pairs, and the best SFT epoch kept even when the base scores higher. Hand-built
+averaged over the pairs, and the best SFT epoch kept even when the base scores higher; π's and
+μ's SFT micro-batches (``warmup.micro_batch_size``) give the whole batch's gradient. Hand-built
 trajectories with known step counts, the tiny model and the real training engine."""
 
 from __future__ import annotations
@@ -137,3 +138,115 @@ def test_the_best_sft_epoch_is_kept_even_when_the_base_scores_higher(tiny_world)
         torch.testing.assert_close(value, snapshots[2][name], rtol=0, atol=0)
     assert any(not torch.equal(kept[n], snapshots[0][n]) for n in kept)  # not the base
     assert any(not torch.equal(kept[n], snapshots[3][n]) for n in kept)  # not the last epoch
+
+
+def _uneven(n_steps: int, first: int) -> Trajectory:
+    """Steps of 1, 2, 3, ... sampled tokens: the groups' token counts differ."""
+    t = Trajectory(f"u{first}", 0, f"u{first}", "question?", ["a"], [5, 6, 7])
+    for j in range(n_steps):
+        start = len(t.response_ids)
+        ids = [first + 3 * j + i for i in range(j % 3 + 1)]
+        t.append(ids, sampled=True, logprobs=[0.0] * len(ids))
+        t.steps.append(Step("search", start, len(t.response_ids)))
+        t.append([50, 51], sampled=False)
+    return t
+
+
+def _first_step_grads(train: TrainEngine) -> dict[str, torch.Tensor]:
+    """The gradients the first optimizer step of ``train`` sees (recorded, then it steps)."""
+    seen: dict[str, torch.Tensor] = {}
+    step = train.step
+
+    def record():
+        if not seen:
+            seen.update(
+                {n: p.grad.clone() for n, p in train.model.named_parameters() if p.grad is not None}
+            )
+        return step()
+
+    train.step = record
+    return seen
+
+
+def test_micro_batches_give_the_whole_batch_gradient(tiny_world):
+    """pi_batch 6 in pi_loss_group 2 over examples of uneven lengths: micro-batches of 4 (a group
+    split across none, then 2 rows) and of 1 give the gradient of the whole batch at once,
+    the release's normalisation (token mean within a pair, mean over the pairs)."""
+    trajs = [_uneven(3, 30), _uneven(4, 60)]  # 7 examples: one step of 6
+    grads, losses = {}, {}
+    for micro in (6, 4, 1):
+        cfg, train = _engine(
+            tiny_world,
+            "warmup.pi_epochs=1",
+            "warmup.pi_batch=6",
+            "warmup.pi_loss_group=2",
+            f"warmup.micro_batch_size={micro}",
+        )
+        with torch.no_grad():  # π away from B = 0, so every LoRA weight gets a gradient
+            g = torch.Generator().manual_seed(3)
+            for p in train.model.parameters():
+                if p.requires_grad:
+                    p.add_(0.05 * torch.randn(p.shape, generator=g))
+        grads[micro] = _first_step_grads(train)
+        report = sft_policy(train, trajs, cfg, lambda: 0.0, None)
+        losses[micro] = report["epochs"][1]["loss"]
+        assert train.global_step == 1
+    assert grads[6] and all(".policy." in n for n in grads[6])
+    for micro in (4, 1):
+        assert losses[micro] == pytest.approx(losses[6], abs=1e-6)
+        for n, g in grads[6].items():
+            torch.testing.assert_close(grads[micro][n], g, rtol=1e-6, atol=1e-6)
+
+
+def test_row_weights_reproduce_pi_sft_loss():
+    # counts 3, 1 | 2, 2 | 4: groups of 2 -> weights 1/(4*3), 1/(4*3), 1/(4*3), 1/(4*3), 1/(4*3)
+    from arco.warmup import pi_sft_row_weights
+
+    assert pi_sft_row_weights([3, 1, 2, 2, 4], 2) == pytest.approx([1 / 12] * 5)
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(5, 6, generator=g)
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [0, 1, 1, 0, 0, 0]] * 2)[:5]
+    w = torch.tensor(pi_sft_row_weights(mask.sum(1).tolist(), 2))
+    got = (w * -(logp * mask).sum(1)).sum()
+    assert got.item() == pytest.approx(pi_sft_loss(logp, mask, 2).item(), abs=1e-7)
+
+
+def test_mu_micro_batches_give_the_whole_batch_gradient(tiny_world):
+    """μ SFT over 5 items (criteria of 3, 1, 4 and 2 tokens, one fixed item without any), one
+    step of mu_batch 5: micro-batches of 2 and of 1 give the whole batch's gradient (the CE a
+    token mean over the batch's criteria tokens, the MSE a mean over its 5 x 3 scores)."""
+    from arco.rubrics import RubricItem
+    from arco.warmup import sft_rubric
+
+    def items() -> list[RubricItem]:
+        rows = [([5, 6, 7], [20, 21, 2]), ([5, 6], [22]), ([5, 6, 7, 8, 9], [23, 24, 25, 2])]
+        rows += [([5, 8], [26, 2]), ([5, 6, 9, 9], [27, 2])]
+        out = [
+            RubricItem(i, 0, p, criteria_ids=c, target_scores=[0.1 * i, -0.2, 0.5])
+            for i, (p, c) in enumerate(rows)
+        ]
+        out[4].written = False  # fixed criteria: scored, no CE
+        return out
+
+    grads, rows = {}, {}
+    for micro in (5, 2, 1):
+        cfg, train = _engine(
+            tiny_world,
+            "warmup.mu_epochs=1",
+            "warmup.mu_batch=5",
+            f"warmup.micro_batch_size={micro}",
+        )
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(4)
+            for p in train.model.parameters():
+                if p.requires_grad:
+                    p.add_(0.05 * torch.randn(p.shape, generator=g))
+        grads[micro] = _first_step_grads(train)
+        rows[micro] = sft_rubric(train, items(), cfg, 0, None)["epochs"][0]
+        assert train.global_step == 1
+    assert any(n.startswith("head.") for n in grads[5]) and any(".rubric." in n for n in grads[5])
+    for micro in (2, 1):
+        assert rows[micro]["criteria_ce"] == pytest.approx(rows[5]["criteria_ce"], abs=1e-6)
+        assert rows[micro]["score_mse"] == pytest.approx(rows[5]["score_mse"], abs=1e-6)
+        for n, g in grads[5].items():
+            torch.testing.assert_close(grads[micro][n], g, rtol=1e-6, atol=1e-6)

@@ -9,6 +9,7 @@ from pathlib import Path
 from arco.config import ArcoConfig
 from arco.variants import load_variant
 from common.config import ConfigError, describe_config
+from common.launcher import without_local_rank
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "tiny.yaml")
 HELPS = {
@@ -56,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(without_local_rank(argv))
     try:
         cfg = load_variant(args.config, args.overrides, args.variant)
         if args.command == "warmup":

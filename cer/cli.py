@@ -25,6 +25,7 @@ from cer.aliastask import (
 from cer.config import CERConfig, MissingAssetError
 from common.config import ConfigError, describe_config, load_config
 from common.data import DataError
+from common.launcher import without_local_rank
 
 DEFAULT_CONFIG = "cer/configs/tiny.yaml"
 
@@ -101,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(without_local_rank(argv))
     try:
         if args.command == "build-tiny":
             from cer.tiny import build_tiny

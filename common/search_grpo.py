@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from common.config import describe_config
+    from common.launcher import without_local_rank
 
     parser = argparse.ArgumentParser(
         description="Reference GRPO loop for a search agent.",
@@ -280,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", default=None, help="YAML config")
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(without_local_rank(argv))
     try:
         out = train_grpo(load_config(GRPOConfig, args.config, args.overrides))
     except (ConfigError, DataError, FileNotFoundError) as e:

@@ -240,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; a bad setting, a missing input or a bad QA file is one line and exit 2."""
     import argparse
 
+    from common.launcher import without_local_rank
+
     parser = argparse.ArgumentParser(
         description="Supervised warm start on gold search paths.",
         epilog=describe_config(WarmStartConfig),
@@ -247,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", default=None)
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(without_local_rank(argv))
     try:
         print(run_warm_start(load_config(WarmStartConfig, args.config, args.overrides)))
     except (ConfigError, DataError, FileNotFoundError) as e:

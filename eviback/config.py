@@ -223,6 +223,12 @@ class EviBackConfig:
 
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     run_dir: str = field(default="runs/eviback/tiny", metadata={"help": "output folder"})
+    resume: bool = field(
+        default=True,
+        metadata={
+            "help": "continue from the latest checkpoint (false: start at step 0, replace the run)"
+        },
+    )
     allow_config_change: bool = field(
         default=False,
         metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},

@@ -10,8 +10,10 @@ same loop. The pieces that do not change between methods come from ``common.rl_l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,12 +23,14 @@ from pathlib import Path
 import torch
 
 from common.batches import BatchLog, group_grad_accum, rank_questions
+from common.config import ConfigError
 from common.data import QAExample
 from common.rl_loop import (
     build_engine,
     dev_results_path,
     end_of_step,
     evaluate,
+    logged_evals,
     plot_curve,
     rollout_metrics,
     update_and_push,
@@ -35,9 +39,11 @@ from common.rollout import Trajectory, run_agent
 from common.train import (
     MetricsLogger,
     TrainEngine,
+    iter_named_weights,
+    load_checkpoint,
     progress,
 )
-from common.train.run_folder import open_run_folder
+from common.train.run_folder import RunFolder, open_run_folder
 from eviback.assets import build_retriever, build_teacher, load_questions, select_questions
 from eviback.config import EviBackConfig, TeacherConfig
 from eviback.prompts import rounds_from_trajectory
@@ -237,8 +243,13 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     dev_set = load_questions(a.dev_files, {}, cfg.seed)
     dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
     run_dir = Path(cfg.run_dir)
-    # No resume: a rerun starts at step 0 and replaces what the folder logged.
-    folder = open_run_folder(run_dir, cfg, resume=False, begin=False)  # recorded at begin()
+    # resume: continue after run_dir's latest complete checkpoint (none: start at step 0)
+    folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # recorded at begin()
+    try:
+        policy_sha = check_policy_file(run_dir, cfg, folder)  # the frozen APE policy, unchanged
+    except ConfigError:
+        folder.close()
+        raise
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
@@ -256,6 +267,9 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
     folder.begin()  # every load-time check passed: record the settings, trim the log
+    if train.is_main:
+        start_afresh(run_dir, cfg.resume)
+        record_policy_file(run_dir, cfg.teacher.policy_file, policy_sha)
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals: list[dict] = []
 
@@ -275,10 +289,20 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             logger.log(step, {f"dev/{k}": v for k, v in m.items()})
             print(f"[eviback] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
 
-    if cfg.eval_every:  # 0: no dev evaluation
+    start = 1
+    if folder.checkpoint is not None:
+        # weights, optimizer, schedule, RNGs; the questions are a function of (seed, step)
+        start = load_checkpoint(train, folder.checkpoint)["step"] + 1
+        if cfg.engine.backend == "vllm":  # the HF engine generates with train.model itself
+            engine.push_weights(iter_named_weights(train))
+        evals.extend(logged_evals(run_dir / "metrics.jsonl", before=start))
+        if train.is_main:
+            print(f"[eviback] resumed from {folder.checkpoint} at step {start}", flush=True)
+    elif cfg.eval_every:  # 0: no dev evaluation
         run_eval(0)
-    batch_log = BatchLog(run_dir, 1, train.is_main)
-    for step in progress(range(1, cfg.steps + 1), desc="eviback", total=cfg.steps):
+    batch_log = BatchLog(run_dir, start, train.is_main)
+    steps = range(start, cfg.steps + 1)
+    for step in progress(steps, desc="eviback", total=len(steps)):
         t_step = time.perf_counter()
         # this rank's contiguous share of the one-rank batch: a function of (seed, step)
         idx = rank_questions(step, train.rank, train.world_size, order, cfg.questions_per_step)
@@ -329,6 +353,8 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
     if overlap:
         overlap.close()
+    if not evals and cfg.eval_every:  # resumed after the last step, no evaluation logged
+        run_eval(cfg.steps)
     folder.close()
     if logger:
         logger.close()
@@ -336,6 +362,52 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             plot_curve(evals, run_dir / "dev_curve.png")
     before, after = (evals[0], evals[-1]) if evals else (None, None)
     return {"before": before, "after": after, "evals": evals, "run_dir": str(run_dir)}
+
+
+POLICY_RECORD = "teacher_policy.json"
+
+
+def check_policy_file(run_dir: Path, cfg: EviBackConfig, folder: RunFolder) -> str | None:
+    """The sha256 of ``teacher.policy_file`` (None: none set, or the teacher is off). A resume
+    whose policy file differs from the one the run started with (``run_dir/teacher_policy.json``)
+    is a ``ConfigError`` unless ``allow_config_change``: its steps would be judged by another
+    teacher. Call before any model loads; nothing is written here."""
+    policy = cfg.teacher.policy_file
+    if not (cfg.teacher.enabled and cfg.teacher.backend == "llm" and policy):
+        return None
+    sha = hashlib.sha256(Path(policy).read_bytes()).hexdigest()
+    record = run_dir / POLICY_RECORD
+    if folder.checkpoint is None or not record.is_file() or cfg.allow_config_change:
+        return sha
+    saved = json.loads(record.read_text(encoding="utf-8"))
+    if saved.get("sha256") != sha:
+        raise ConfigError(
+            f"teacher.policy_file {policy} (sha256 {sha[:12]}) is not the policy run_dir "
+            f"{run_dir} started with ({saved.get('file')}, sha256 {str(saved.get('sha256'))[:12]}"
+            f", {record}); restore it, set allow_config_change=true, or set resume=false"
+        )
+    return sha
+
+
+def record_policy_file(run_dir: Path, policy: str, sha: str | None) -> None:
+    """``run_dir/teacher_policy.json``: the policy file this start judges with (removed when
+    none is used)."""
+    record = run_dir / POLICY_RECORD
+    if sha is None:
+        record.unlink(missing_ok=True)
+        return
+    record.write_text(json.dumps({"file": policy, "sha256": sha}) + "\n", encoding="utf-8")
+
+
+def start_afresh(run_dir: Path, resume: bool) -> None:
+    """``resume=false``: this start replaces the run in ``run_dir``, so the earlier run's
+    checkpoints go too (a later resume would otherwise continue the earlier run under this
+    one's log). The teacher cache stays: it is keyed by each request's whole content."""
+    ckpts = run_dir / "checkpoints"
+    if resume or not ckpts.is_dir():
+        return
+    shutil.rmtree(ckpts)
+    print(f"[eviback] resume=false: removed the earlier run's {ckpts}", flush=True)
 
 
 def write_samples(

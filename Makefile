@@ -30,7 +30,7 @@ endif
 .PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-eviback compare-cer compare-arco \
-	compare-arco-smoke
+	compare-arco-smoke rehearse rehearse-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -167,3 +167,17 @@ bench:  ## every benchmark script, then their ratios against the targets and the
 bench-trl:  ## our GRPO step against TRL's GRPOTrainer (installs the optional trl extra)
 	$(PY) -m pip install -q -e ".[bench]"
 	$(PY) benchmarks/bench_grpo_step.py
+
+# A paper config's whole pipeline on this machine with a shrunken stand-in model (real tokenizer),
+# stand-in data, retrieval and endpoints: SCALE/DATA/VARIANT pick the config as above, RANKS the
+# DeepSpeed ranks. Report: runs/rehearse/<config>/report.md
+# METHOD=eviback|cer|arco, e.g. make rehearse METHOD=eviback SCALE=1.7b
+METHOD ?=
+REHEARSE_CONFIG = $(if $(filter eviback,$(METHOD)),$(EVIBACK_CONFIG),$(if $(filter cer,$(METHOD)),$(CER_CONFIG),$(if $(filter arco,$(METHOD)),$(ARCO_CONFIG))))
+rehearse:  ## rehearse one paper config: METHOD=eviback|cer|arco SCALE=... [DATA=...] [VARIANT=...] [RANKS=2]
+	$(if $(REHEARSE_CONFIG),,$(error give METHOD=eviback|cer|arco, e.g. make rehearse METHOD=eviback SCALE=1.7b))
+	$(if $(filter tiny,$(SCALE)),$(error rehearse needs a paper SCALE, e.g. SCALE=1.7b or SCALE=qwen3-4b))
+	$(PY) -m common.rehearse --config $(REHEARSE_CONFIG) $(ARCO_VARIANT) --ranks $(RANKS)
+
+rehearse-all:  ## every paper config and ARCO variant, rehearsed one after another
+	$(PY) -m common.rehearse --all --ranks $(RANKS)

@@ -1,0 +1,684 @@
+"""The rehearsal of one paper config: stand-ins prepared, servers up, each stage a user would run
+(``python -m <package> <stage> --config <paper config> [overrides]``) run in turn, a report.
+
+Only these differ from the paper run: the model (``standin``), the data (``assets``), retrieval
+(``common.retrieval serve`` on loopback over a stand-in corpus, dense where the config is),
+the LLM endpoints (``endpoint``, with a share of malformed answers, 5xx and timeouts), the sizes
+(``SIZES``: steps, questions per step, evaluation sizes) and what applies only on a GPU
+(``GPU_ONLY``). Everything else is the paper config's: lengths and budgets, dtype, ZeRO stage,
+gradient checkpointing, LoRA, KL and loss settings, sampling.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.rehearse.stages import (
+    Stage,
+    StageFailed,
+    StageResult,
+    free_port,
+    metric_sum,
+    overrides,
+    read_jsonl,
+    run_stage,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+PAPER_CONFIGS: tuple[str, ...] = (
+    "eviback/configs/qwen3_0.6b.yaml",
+    "eviback/configs/qwen3_1.7b.yaml",
+    "eviback/configs/qwen3_4b.yaml",
+    "cer/configs/qwen3_4b_base_math.yaml",
+    "cer/configs/qwen3_4b_base_webinstruct.yaml",
+    "cer/configs/qwen3_8b_base_math.yaml",
+    "cer/configs/qwen3_8b_base_webinstruct.yaml",
+    "arco/configs/qwen3_4b_hotpotqa.yaml",
+    "arco/configs/qwen3_4b_2wiki.yaml",
+    "arco/configs/qwen3_4b_musique.yaml",
+    "arco/configs/llama3.2_3b_hotpotqa.yaml",
+    "arco/configs/llama3.2_3b_2wiki.yaml",
+    "arco/configs/llama3.2_3b_musique.yaml",
+)
+ARCO_VARIANT_CONFIG = "arco/configs/qwen3_4b_hotpotqa.yaml"  # the config the variants rehearse on
+DATA_ROWS = 16  # training rows per data file: the rehearsal's steps draw a few of them
+# The teacher and annotator clients' timeout in the rehearsal: the endpoint's "timeout" answers
+# wait longer than this, so the client's timeout path runs without minutes of waiting.
+CLIENT_TIMEOUT_S = 3
+# The resume stage extends the run by a step, as a user continues a finished run: the step count
+# is a setting, so the run folder's settings check needs leave to change it.
+EXTEND = {"allow_config_change": True}
+# The stand-in endpoint's answers that break the contract or fail: each client's counted
+# fallback runs, and the valid path stays the common one.
+ENDPOINT_SHARES = {
+    "malformed": 0.08,
+    "bad_body": 0.02,
+    "http_500": 0.04,
+    "http_503": 0.02,
+    "timeout": 0.02,
+    "timeout_delay_s": CLIENT_TIMEOUT_S + 2,
+}
+
+
+class RehearsalError(RuntimeError):
+    """The rehearsal could not be set up (before any stage ran)."""
+
+
+def family(config: str | Path) -> str:
+    """The method package a config belongs to, from its folder (``eviback/configs/...``)."""
+    parts = Path(config).resolve().relative_to(ROOT).parts if Path(config).is_absolute() else None
+    first = (parts or Path(config).parts)[0]
+    if first not in ("eviback", "cer", "arco"):
+        raise RehearsalError(f"{config}: not a config of eviback/, cer/ or arco/")
+    return first
+
+
+def loaded_config(config: Path, variant: str | None) -> dict[str, Any]:
+    """The config as its trainer builds it (defaults filled in, the variant applied), as a dict."""
+    from common.config import config_to_dict, load_config
+
+    fam = family(config)
+    if fam == "arco":
+        from arco.variants import load_variant
+
+        return config_to_dict(load_variant(str(ROOT / config), [], variant))
+    if fam == "eviback":
+        from eviback.config import EviBackConfig as cls
+    else:
+        from cer.config import CERConfig as cls
+    return config_to_dict(load_config(cls, ROOT / config))
+
+
+def rehearsal_name(config: str | Path, variant: str | None) -> str:
+    return Path(config).stem + (f"-{variant}" if variant else "")
+
+
+@dataclass
+class Setup:
+    """What a family's plan needs: the config, the prepared stand-ins and the servers' URLs."""
+
+    config: Path
+    raw: dict[str, Any]
+    variant: str | None
+    ranks: int
+    out: Path
+    device: str
+    model_dir: Path
+    data: dict[str, Any]
+    retrieval_url: str | None
+    endpoint_url: str
+    stats: Callable[[], dict[str, Any]]
+    notes: list[str] = field(default_factory=list)  # what was changed for the CPU, and why
+
+    @property
+    def runs(self) -> Path:
+        return self.out / "runs"
+
+
+# ----------------------------------------------------------------------------- per-family plans
+
+
+def _common(s: Setup) -> dict[str, Any]:
+    """Overrides every trainer of the rehearsal takes: stand-in model, seed kept, GPU-only off."""
+    values: dict[str, Any] = {"assets.model": str(s.model_dir), **s.data}
+    engine = s.raw.get("engine", {})
+    if s.device == "cpu" and engine.get("sleep_during_update"):
+        values["engine.sleep_during_update"] = False
+    bf16 = s.raw.get("train", {}).get("bf16", "auto")
+    if s.device == "cpu" and bf16 == "auto":
+        values["train.bf16"] = True  # "auto" is bf16 on every GPU the papers used
+    return values
+
+
+def _endpoint_delta(s: Setup, before: dict[str, Any]) -> dict[str, Any]:
+    after = s.stats()
+    delta: dict[str, Any] = {}
+    for contract, outcomes in after.get("by_contract", {}).items():
+        old = before.get("by_contract", {}).get(contract, {})
+        for outcome, n in outcomes.items():
+            d = n - old.get(outcome, 0)
+            if d:
+                delta[f"endpoint/{contract}/{outcome}"] = d
+    return delta
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise StageFailed(f"{path} was not written")
+    return [r for r in read_jsonl(path) if "loss" in r or "reward" in r]
+
+
+def _require(counts: dict[str, Any], key: str, what: str) -> None:
+    if not counts.get(key):
+        raise StageFailed(f"{what} never ran ({key} = {counts.get(key, 0)})")
+
+
+def _train_counts(run_dir: Path, steps: int) -> dict[str, Any]:
+    rows = _metrics(run_dir)
+    counts: dict[str, Any] = {"steps_logged": len(rows)}
+    if len(rows) < steps:
+        raise StageFailed(f"{run_dir}/metrics.jsonl has {len(rows)} training steps of {steps}")
+    counts["nonzero_grad_steps"] = sum(1 for r in rows if r.get("grad_norm", 0) > 0)
+    counts["response_tokens_mean"] = metric_sum(rows, "response_tokens") / max(len(rows), 1)
+    for key in sorted({k for r in rows for k in r}):
+        if key.startswith("teacher/") and not key.endswith(("_s", "rate", "share")):
+            counts[key] = metric_sum(rows, key)  # counts: summed over the steps
+        elif key.startswith(("reward", "cer/", "rubric/", "advantage", "mixed_", "dense/")):
+            counts[key] = metric_sum(rows, key) / len(rows)  # rates: the mean step's
+    ckpt = run_dir / "checkpoints"
+    counts["checkpoints"] = sorted(p.name for p in ckpt.glob("step_*")) if ckpt.is_dir() else []
+    if not counts["checkpoints"]:
+        raise StageFailed(f"no checkpoint under {ckpt}")
+    return counts
+
+
+def _resume_check(run_dir: Path, log: Path, steps: int) -> Callable[[], dict[str, Any]]:
+    def check() -> dict[str, Any]:
+        text = log.read_text(errors="replace")
+        if "resumed from" not in text:
+            raise StageFailed("the second start did not resume from the checkpoint")
+        counts = _train_counts(run_dir, steps)
+        logged = [r["step"] for r in _metrics(run_dir)]
+        if logged != list(range(1, steps + 1)):
+            raise StageFailed(f"metrics.jsonl's steps after the resume are {logged}")
+        return counts
+
+    return check
+
+
+def _args(s: Setup, stage: str, values: dict[str, Any]) -> list[str]:
+    args = [stage, "--config", str(s.config)]
+    if s.variant:
+        args += ["--variant", s.variant]
+    return args + overrides(values)
+
+
+def eviback_plan(s: Setup) -> list[Stage]:
+    run = s.runs / "eviback"
+    ape_dir = run / "ape"
+    files = s.raw["assets"]
+    base = _common(s) | {
+        "run_dir": str(run),
+        "assets.retrieval_url": s.retrieval_url,
+        "assets.teacher_endpoint": s.endpoint_url,
+        "assets.controller_endpoint": s.endpoint_url,
+        "assets.controller_model": files.get("controller_model") or "standin-controller",
+        "assets.train_quotas": {k: 4 for k in files.get("train_files", {})},
+        "assets.eval_quotas": {k: 2 for k in files.get("eval_files", {})},
+        "teacher.timeout": CLIENT_TIMEOUT_S,
+        "teacher.retries": 1,
+        "questions_per_step": 2 * s.ranks,
+        "eval_questions": 2,
+        "eval_every": 2,
+        "save_every": 1,
+    }
+    ape = base | {
+        "ape.questions": 4,
+        "ape.rollouts": 2,
+        "ape.candidates_a": 2,
+        "ape.candidates_b": 2,
+        "ape.gated_from_top": 1,
+        "ape.repeats": 1,
+        "ape.out": str(ape_dir),
+    }
+    train = base | {"teacher.policy_file": str(ape_dir / "policy.yaml"), "steps": 2}
+    logs = s.out / "logs"
+    marks: dict[str, Any] = {}
+
+    def mark() -> None:
+        marks["before"] = s.stats()
+
+    def ape_check() -> dict[str, Any]:
+        if not (ape_dir / "policy.yaml").is_file():
+            raise StageFailed(f"{ape_dir}/policy.yaml was not written")
+        return _endpoint_delta(s, marks.pop("before", {}))
+
+    def train_check() -> dict[str, Any]:
+        counts = _train_counts(run, 2) | _endpoint_delta(s, marks.pop("before", {}))
+        _require(counts, "teacher/calls", "the teacher backoff")
+        return counts
+
+    return [
+        Stage("ape", "eviback", _args(s, "ape", ape), s.ranks, ape_check, before=mark),
+        Stage("train", "eviback", _args(s, "train", train), s.ranks, train_check, before=mark),
+        Stage(
+            "resume",
+            "eviback",
+            _args(s, "train", train | {"steps": 3} | EXTEND),
+            s.ranks,
+            _resume_check(run, logs / "resume.log", 3),
+        ),
+        Stage("eval", "eviback", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
+    ]
+
+
+def cer_plan(s: Setup) -> list[Stage]:
+    run = s.runs / "cer"
+    base = _common(s) | {
+        "run_dir": str(run),
+        "prompts_per_step": 2 * s.ranks,
+        "eval_questions": 2,
+        "eval_every": 2,
+        "save_every": 1,
+        "eval.k": 2,
+    }
+    logs = s.out / "logs"
+
+    def train_check() -> dict[str, Any]:
+        counts = _train_counts(run, 2)
+        _require(counts, "reward/cer", "CER's scoring of answers")
+        _require(counts, "mixed_group_share", "a group with non-zero advantages")
+        _require(counts, "nonzero_grad_steps", "an update with a non-zero gradient")
+        return counts
+
+    return [
+        Stage("train", "cer", _args(s, "train", base | {"steps": 2}), s.ranks, train_check),
+        Stage(
+            "resume",
+            "cer",
+            _args(s, "train", base | {"steps": 3} | EXTEND),
+            s.ranks,
+            _resume_check(run, logs / "resume.log", 3),
+        ),
+        Stage("eval", "cer", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
+    ]
+
+
+def arco_plan(s: Setup) -> list[Stage]:
+    run = s.runs / "arco"
+    marks: dict[str, Any] = {}
+    base = _common(s) | {
+        "run_dir": str(run),
+        "warmup_dir": str(run / "warmup"),
+        "assets.teacher_endpoint": s.endpoint_url,
+        "assets.annotator_endpoint": s.endpoint_url,
+        "eval_questions": 2,
+        "eval_every": 2,
+        "save_every": 1,
+        "rl.sparse_questions": 2 * s.ranks,
+        "rl.dense_questions": 2 * s.ranks,
+        "diagnose.questions": 2,
+        "diagnose.samples": 2,
+    }
+    if s.retrieval_url:
+        base["assets.retrieval_url"] = s.retrieval_url
+    warmup = base | {
+        "warmup.questions": 4,
+        "warmup.samples": 2,
+        "warmup.select_questions": 2,
+        "warmup.pi_epochs": 1,
+        "warmup.mu_epochs": 1,
+        "warmup.teacher_timeout_s": CLIENT_TIMEOUT_S,
+    }
+    train = base | {"rl.sparse_steps": 1, "rl.dense_steps": 1}
+    logs = s.out / "logs"
+
+    def mark() -> None:
+        marks["before"] = s.stats()
+
+    def warmup_check() -> dict[str, Any]:
+        meta = run / "warmup" / "arco.json"
+        if not meta.is_file():
+            raise StageFailed(f"{meta} was not written")
+        return _endpoint_delta(s, marks.pop("before", {}))
+
+    def train_check() -> dict[str, Any]:
+        return _train_counts(run, 2)
+
+    return [
+        Stage("warmup", "arco", _args(s, "warmup", warmup), s.ranks, warmup_check, before=mark),
+        Stage("train", "arco", _args(s, "train", train), s.ranks, train_check),
+        Stage(
+            "resume",
+            "arco",
+            _args(s, "train", train | {"rl.dense_steps": 2} | EXTEND),
+            s.ranks,
+            _resume_check(run, logs / "resume.log", 3),
+        ),
+        Stage("eval", "arco", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
+        Stage("diagnose", "arco", _args(s, "diagnose", base), 1, None),
+    ]
+
+
+def _eval_check(folder: Path) -> Callable[[], dict[str, Any]]:
+    def check() -> dict[str, Any]:
+        found = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        if not found:
+            raise StageFailed(f"no evaluation written under {folder}")
+        return {"eval_files": [p.name for p in found]}
+
+    return check
+
+
+def _eval_all_stage(s: Setup) -> Stage:
+    """``common.evaluate_all`` over the rehearsal's runs, as ``make eval-all`` runs it."""
+    out = s.out / "eval-all"
+
+    def check() -> dict[str, Any]:
+        runs = json.loads((out / "results.json").read_text())["runs"]
+        missing = [f"{r['run']}: {r['problem']}" for r in runs if "benchmarks" not in r]
+        if not runs or missing:
+            raise StageFailed(f"eval-all evaluated no run ({missing or 'none found'})")
+        return {"runs_evaluated": len(runs)}
+
+    args = [str(s.runs), "--out", str(out), "--no-plots", "--ranks", str(s.ranks)]
+    return Stage("eval-all", "common.evaluate_all", args, 1, check)
+
+
+PLANS = {"eviback": eviback_plan, "cer": cer_plan, "arco": arco_plan}
+STAGES = {
+    "eviback": ("ape", "train", "resume", "eval", "eval-all"),
+    "cer": ("train", "resume", "eval", "eval-all"),
+    "arco": ("warmup", "train", "resume", "eval", "diagnose", "eval-all"),
+}
+
+# ----------------------------------------------------------------------------- the whole run
+
+
+@dataclass
+class Report:
+    config: str
+    variant: str | None
+    ranks: int
+    device: str
+    stages: list[StageResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    not_exercised: list[str] = field(default_factory=list)
+    endpoint: dict[str, Any] = field(default_factory=dict)
+    standin: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.stages) and all(r.ok for r in self.stages)
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.name for r in self.stages if not r.ok]
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["stages"] = [r.as_dict() for r in self.stages]
+        d["ok"] = self.ok
+        return d
+
+    def markdown(self) -> str:
+        head = f"# Rehearsal of `{self.config}`" + (
+            f" --variant {self.variant}" if self.variant else ""
+        )
+        lines = [
+            head,
+            "",
+            f"{'PASSED' if self.ok else 'FAILED: ' + ', '.join(self.failed)}; device {self.device},"
+            f" {self.ranks} rank(s), {self.seconds:.0f} s.",
+            "",
+            "| stage | result | time (s) | peak memory (MiB) | counts |",
+            "|---|---|---:|---:|---|",
+        ]
+        for r in self.stages:
+            counts = ", ".join(f"{k} {_short(v)}" for k, v in r.counts.items())
+            result = "ok" if r.ok else f"FAILED: {r.error}"
+            lines.append(
+                f"| {r.name} | {result} | {r.seconds:.1f} | {r.peak_rss_mib:.0f} | {counts} |"
+            )
+        lines += ["", "## The stand-in", ""]
+        lines += [f"- {k}: {_short(v)}" for k, v in self.standin.items()]
+        lines += ["", "## Changed for this machine", ""] + [f"- {n}" for n in self.notes]
+        lines += ["", "## Not exercised", ""] + [f"- {n}" for n in self.not_exercised]
+        lines += [
+            "",
+            "## The stand-in endpoint",
+            "",
+            "```json",
+            json.dumps(self.endpoint, indent=1),
+        ]
+        lines += ["```", "", "Logs: `logs/<stage>.log`; commands in `report.json`.", ""]
+        return "\n".join(lines)
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+NOT_EXERCISED_CPU = [
+    "CUDA kernels, flash attention and NCCL: the stand-in runs on CPU (gloo between ranks)",
+    "engine.gpu_memory_utilization: vLLM on a CPU sizes its KV cache by engine.kv_cache_mib",
+    "the real weights, their memory and their speed: the stand-in has 2 layers and random weights",
+]
+
+
+def rehearse(
+    config: str | Path,
+    variant: str | None = None,
+    ranks: int = 1,
+    out: str | Path | None = None,
+    extra: dict[str, list[str]] | None = None,
+    stages: list[str] | None = None,
+) -> Report:
+    """Prepare the stand-ins, start the servers, run every stage, write report.md and .json."""
+    config = Path(config)
+    fam = family(config)
+    if variant and fam != "arco":
+        raise RehearsalError("--variant applies to ARCO configs only")
+    unknown = sorted(set(stages or ()) - set(STAGES[fam]))
+    if unknown:
+        raise RehearsalError(f"unknown stage(s) {unknown}; {fam} has {list(STAGES[fam])}")
+    raw = loaded_config(config, variant)
+    name = rehearsal_name(config, variant) + (f"-r{ranks}" if ranks > 1 else "")
+    out = Path(out) if out else ROOT / "runs" / "rehearse" / name
+    device = "cuda" if _cuda() else "cpu"
+    t0 = time.perf_counter()
+    report = Report(str(config), variant, ranks, device)
+    with _prepared(config, raw, variant, ranks, out, device, report) as setup:
+        plan = PLANS[fam](setup) + [_eval_all_stage(setup)]
+        if stages:
+            unknown = sorted(set(stages) - {st.name for st in plan})
+            if unknown:
+                raise RehearsalError(
+                    f"unknown stage(s) {unknown}; {fam} has {[s.name for s in plan]}"
+                )
+            plan = [st for st in plan if st.name in stages]
+        env = _stage_env(device)
+        for stage in plan:
+            stage.args += (extra or {}).get(stage.name, [])
+            if stage.before:
+                stage.before()
+            print(f"[rehearse] {name}: {stage.name} ...", flush=True)
+            result = run_stage(stage, out / "logs" / f"{stage.name}.log", ROOT, env)
+            report.stages.append(result)
+            state = "ok" if result.ok else f"FAILED ({result.error})"
+            print(f"[rehearse] {name}: {stage.name} {state} in {result.seconds:.0f} s", flush=True)
+            if not result.ok:
+                break  # later stages read what this one writes
+        report.endpoint = setup.stats()
+        report.notes = setup.notes
+    report.seconds = time.perf_counter() - t0
+    write_report(report, out)
+    return report
+
+
+def write_report(report: Report, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(report.as_dict(), indent=1, default=str) + "\n")
+    (out / "report.md").write_text(report.markdown())
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # a broken torch is the stages' error to report
+        return False
+
+
+def _stage_env(device: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("OPENAI_API_KEY", "rehearsal")  # the stand-in endpoint ignores it
+    env["HF_HUB_OFFLINE"] = "1"  # the stand-ins are local folders: nothing to download
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env["PYTHONUNBUFFERED"] = "1"
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+@contextlib.contextmanager
+def _prepared(
+    config: Path, raw: dict, variant: str | None, ranks: int, out: Path, device: str, report: Report
+) -> Iterator[Setup]:
+    """The stand-in model, data, corpus and servers of one rehearsal, stopped on exit."""
+    from common.rehearse import assets as standin_assets
+    from common.rehearse.endpoint import serve_endpoint
+
+    fam = family(config)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = ROOT / "runs" / "rehearse" / ".cache"
+    model_id = raw["assets"]["model"]
+    model_dir, info = build_model(fam, raw, model_id, out / "model", cache)
+    report.standin = info
+    writer = {
+        "eviback": standin_assets.eviback_data,
+        "cer": standin_assets.cer_data,
+        "arco": standin_assets.arco_data,
+    }[fam]
+    data = writer(raw, out, DATA_ROWS)  # files under out/data/
+    notes = []
+    if device == "cpu" and raw.get("engine", {}).get("sleep_during_update"):
+        notes.append(
+            "engine.sleep_during_update=false: vLLM refuses sleep mode on a CPU ('Sleep mode is "
+            "not supported on current platform'); not exercised"
+        )
+    if device == "cpu" and raw.get("train", {}).get("bf16", "auto") == "auto":
+        notes.append(
+            "train.bf16=true: 'auto' resolves to bf16 on the papers' GPUs (and on CPU to fp32)"
+        )
+    report.not_exercised = list(NOT_EXERCISED_CPU) if device == "cpu" else []
+    needs_retrieval = fam == "eviback" or raw.get("env", {}).get("setting") not in (
+        None,
+        "distractor",
+    )
+    with contextlib.ExitStack() as stack:
+        url = None
+        if needs_retrieval:
+            url = stack.enter_context(_retrieval_server(out / "corpus", cache, fam == "eviback"))
+        endpoint_url = stack.enter_context(serve_endpoint(**ENDPOINT_SHARES, seed=0))
+        stats = _stats_reader(endpoint_url)
+        yield Setup(
+            config,
+            raw,
+            variant,
+            ranks,
+            out,
+            device,
+            model_dir,
+            data,
+            url,
+            endpoint_url,
+            stats,
+            notes,
+        )
+
+
+def _stats_reader(base_url: str) -> Callable[[], dict[str, Any]]:
+    import httpx
+
+    root = base_url.removesuffix("/v1")
+
+    def stats() -> dict[str, Any]:
+        return httpx.get(f"{root}/stats", timeout=10).json()
+
+    return stats
+
+
+def build_model(
+    fam: str, raw: dict, model_id: str, out: Path, cache: Path
+) -> tuple[Path, dict[str, Any]]:
+    """The stand-in of ``model_id``, scripted with its method's texts (``scripts``)."""
+    import torch
+
+    from common.rehearse import assets as standin_assets
+    from common.rehearse import scripts
+    from common.rehearse.standin import build_standin, chain_from_paths
+    from common.rehearse.tokenizers import standin_tokenizer
+
+    tok = standin_tokenizer(model_id, cache / "tokenizers")
+    answers = list(standin_assets.QA_ANSWERS)
+    if fam == "cer":
+        script, protocol = scripts.math_script(standin_assets.MATH_ANSWERS), None
+    elif fam == "arco":
+        script = scripts.react_script(answers, int(raw.get("rubric", {}).get("k", 3)))
+        protocol = raw.get("agent", {}).get("protocol", "react")
+    else:
+        script = scripts.search_r1_script(answers)
+        protocol = raw.get("agent", {}).get("protocol", "search_r1")
+    chain = chain_from_paths(scripts.script_paths(tok, script, protocol))
+    path = build_standin(
+        model_id, out, chain=chain, default=tok.eos_token_id, dtype=torch.bfloat16, tokenizer=tok
+    )
+    info_file = path / "standin.json"
+    info = json.loads(info_file.read_text()) if info_file.is_file() else {"model_id": model_id}
+    info["script"] = [text for text, _ in script]
+    return path, info
+
+
+@contextlib.contextmanager
+def _retrieval_server(folder: Path, cache: Path, dense: bool) -> Iterator[str]:
+    """``common.retrieval serve`` on loopback over the stand-in corpus (dense: the stand-in E5
+    encoder's FAISS index), as the paper configs' retrieval servers; stopped on exit."""
+    from common.rehearse import assets as standin_assets
+
+    corpus = standin_assets.standin_corpus(folder)
+    index = folder / ("index-dense" if dense else "index-bm25")
+    py = sys.executable
+    if dense and not (index / "manifest.json").exists():
+        encoder = standin_assets.standin_e5_encoder(folder / "e5")
+        subprocess.run(
+            [py, "-m", "common.retrieval", "index", "--corpus", str(corpus), "--out", str(index),
+             "--dense-encoder", str(encoder)],
+            check=True, cwd=ROOT, capture_output=True, text=True,
+        )  # fmt: skip
+    port = free_port()
+    args = [py, "-m", "common.retrieval", "serve", "--port", str(port), "--index", str(index)]
+    if not dense:
+        args += ["--corpus", str(corpus)]
+    log = (folder / "server.log").open("w")
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_health(f"http://127.0.0.1:{port}/health", proc, folder / "server.log")
+        yield f"http://127.0.0.1:{port}/retrieve"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def _wait_health(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RehearsalError(f"the retrieval server exited: see {log}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RehearsalError(f"the retrieval server did not answer {url} in {timeout_s:.0f} s")

@@ -61,7 +61,11 @@ def chain_from_paths(paths: Sequence[tuple[Sequence[int], float]]) -> Chain:
     weight to that transition, and each token's successors get probabilities proportional to the
     weights. Paths sharing a prefix branch where they part (probabilities are then the paths'
     weights); a token revisited, in one path or several, merges its successors (loops are allowed:
-    the caller bounds the generation length)."""
+    the caller bounds the generation length).
+
+    The chain is first-order: what follows a token depends on that token only, so a token that a
+    script uses twice (``answer`` and ``>`` in ``<answer> x </answer>``) gets the union of its
+    successors; script such text with tokens that do not repeat, or accept the branching."""
     weights: dict[int, dict[int, float]] = {}
     for i, item in enumerate(paths):
         try:

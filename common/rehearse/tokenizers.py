@@ -373,7 +373,8 @@ def build_llama32_tokenizer() -> PreTrainedTokenizerFast:
         eos_token="<|eot_id|>",
         chat_template=LLAMA32_CHAT_TEMPLATE,
         model_max_length=131_072,
-        clean_up_tokenization_spaces=True,
+        # the real tokenizer_config says True; transformers 5 ignores that for BPE (with a warning)
+        clean_up_tokenization_spaces=False,
     )
 
 

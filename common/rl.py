@@ -6,12 +6,13 @@ sequences, T positions, V vocabulary, H hidden size, N samples. A `mask` is 1 (o
 tokens that count (the policy's own sampled tokens) and 0 elsewhere.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 AGGREGATIONS = (
@@ -79,22 +80,80 @@ def logprobs_from_logits(logits: Tensor, labels: Tensor, chunk_size: int = 4096)
 def forward_logprobs(
     forward: Callable[..., Any],
     input_ids: Tensor,
-    attention_mask: Tensor,
-    chunk_size: int = 4096,
+    attention_mask: Tensor | None,
+    chunk_size: int = 1024,
     temperature: float = 1.0,
+    model: nn.Module | None = None,
 ) -> Tensor:
     """log π(x_{t+1} | x_≤t) through a full model forward, e.g. a TrainEngine's training forward.
 
-    input_ids, attention_mask [B, T] -> [B, T-1]. The model's logits [B, T, V] exist once; the
-    log-softmax runs chunk by chunk. Under DeepSpeed the training forward must be the engine's,
-    which is why this takes a callable rather than reaching into the model like
-    `sequence_logprobs` (meant for no-grad scoring).
+    input_ids, attention_mask [B, T] -> [B, T-1]. No [B, T, V] tensor exists, forward or
+    backward: during the call the model's output embedding (`model.get_output_embeddings()`,
+    `model` defaulting to `forward` itself when it is a module, else `forward.model`) returns
+    the log-probabilities of the next tokens, projecting its input `chunk_size` positions at a
+    time (`head_returns_logprobs`). The projection stays inside the head module's own call, so
+    DeepSpeed's hooks on it run: under ZeRO-3 they gather its weight for the forward and again
+    for the backward, and reduce its gradient into the partition (tied embeddings included).
+    Under DeepSpeed the training forward must be the engine's, which is why this takes a
+    callable rather than reaching into the model like `sequence_logprobs`.
     """
-    logits = forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logits = logits[:, :-1]  # [B, T-1, V]: position t predicts token t+1
-    if temperature != 1.0:
-        logits = logits / temperature
-    return logprobs_from_logits(logits, input_ids[:, 1:], chunk_size)
+    if model is None:
+        model = forward if isinstance(forward, nn.Module) else forward.model
+    labels = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)  # [B, T]; the last is unused
+    with head_returns_logprobs(model, labels, chunk_size, temperature):
+        logp = forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    if logp.shape != labels.shape:
+        raise ValueError(f"the model returned {tuple(logp.shape)} for labels {tuple(labels.shape)}")
+    return logp[:, :-1]  # [B, T-1]: position t predicts token t+1
+
+
+@contextmanager
+def head_returns_logprobs(
+    model: nn.Module, labels: Tensor, chunk_size: int = 1024, temperature: float = 1.0
+) -> Iterator[None]:
+    """While active, the model's output embedding maps hidden states [B, T, H] to log π(labels)
+    [B, T] (float32) instead of logits [B, T, V], by `logprobs_from_hidden`: `chunk_size`
+    positions' logits at a time, recomputed in the backward.
+
+    The head's `forward` is replaced for the duration, its `__call__` (and so any hooks on the
+    module, e.g. DeepSpeed's) untouched. The head must be a plain `nn.Linear` applied to every
+    position (HF's default `logits_to_keep=0`) with nothing done to the logits after it; models
+    that soft-cap or scale their logits are refused.
+    """
+    head = model.get_output_embeddings()
+    if type(head) is not nn.Linear:
+        raise ValueError(
+            f"head_returns_logprobs: the output embedding is {type(head).__name__}, "
+            "not a plain nn.Linear (a LoRA adapter on the head?)"
+        )
+    config = getattr(model, "config", None)
+    for attr in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale"):
+        if getattr(config, attr, None) not in (None, 1, 1.0):
+            raise ValueError(
+                f"head_returns_logprobs: the model's config sets {attr}, which "
+                "changes its logits after the head"
+            )
+
+    def forward(hidden: Tensor) -> Tensor:
+        if hidden.shape[:-1] != labels.shape:
+            raise ValueError(
+                f"head_returns_logprobs: the head got hidden states "
+                f"{tuple(hidden.shape)} for labels {tuple(labels.shape)}"
+            )
+        logp, _ = logprobs_from_hidden(
+            hidden, head.weight, labels, chunk_size, temperature, lm_head_bias=head.bias
+        )
+        return logp
+
+    previous = head.__dict__.get("forward")
+    head.forward = forward
+    try:
+        yield
+    finally:
+        if previous is None:
+            del head.forward
+        else:
+            head.forward = previous
 
 
 def entropy_from_logits(logits: Tensor, chunk_size: int = 4096) -> Tensor:

@@ -68,6 +68,10 @@ class LossConfig:
     micro_batch_size: int = field(
         default=16, metadata={"help": "trajectories per backward", "ge": 1}
     )
+    logprob_chunk: int = field(
+        default=1024,
+        metadata={"help": "positions whose [chunk, vocab] logits exist at a time", "ge": 1},
+    )
 
 
 def build_engine(
@@ -122,7 +126,8 @@ def policy_update(
 
     ``advantages``: one per trajectory [N], or one per response token of each (a list of lists).
     The batch is cut into ``grad_accum`` equal micro-batches; each one's loss is the chosen
-    aggregation, and the engine averages them.
+    aggregation, and the engine averages them. Neither the policy's nor the reference's logits
+    exist whole: the head projects ``cfg.logprob_chunk`` positions at a time.
     """
     mbs = cfg.micro_batch_size
     stats: dict[str, float] = {}
@@ -135,7 +140,7 @@ def policy_update(
         else:
             chunk = trajs[start : start + mbs]
             adv = token_advantages(chunk, advantages[start : start + mbs], batch.loss_mask)
-        logp = forward_logprobs(train, batch.input_ids, batch.attention_mask)  # [b, T-1]
+        logp = forward_logprobs(train, batch.input_ids, batch.attention_mask, cfg.logprob_chunk)
         per_tok, clip = clipped_surrogate(
             logp, logp.detach(), adv, batch.loss_mask, cfg.eps_low, cfg.eps_high
         )
@@ -148,13 +153,9 @@ def policy_update(
             else None,
         )
         if cfg.kl_coef > 0:
-            with torch.no_grad():
-                ref_logits = train.reference.logits(batch.input_ids, batch.attention_mask)
-                ref_logp = (
-                    torch.log_softmax(ref_logits[:, :-1].float(), -1)
-                    .gather(-1, batch.input_ids[:, 1:, None])
-                    .squeeze(-1)
-                )
+            ref_logp = train.reference.logprobs(
+                batch.input_ids, batch.attention_mask, cfg.logprob_chunk
+            )  # [b, T-1]
             kl = masked_mean(kl_k3(logp, ref_logp), batch.loss_mask)
             loss = loss + cfg.kl_coef * kl
             stats["kl"] = stats.get("kl", 0.0) + kl.item()

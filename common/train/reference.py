@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from common.rl import forward_logprobs
 from common.train.lora import is_lora_model
 
 
@@ -51,3 +52,17 @@ class ReferenceModel:
     ) -> torch.Tensor:
         """[batch, seq_len, vocab] logits of π_ref."""
         return self.forward(input_ids=input_ids, attention_mask=attention_mask).logits
+
+    def logprobs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        chunk_size: int = 1024,
+        temperature: float = 1.0,
+    ) -> torch.Tensor:
+        """log π_ref(x_{t+1} | x_≤t), [batch, seq_len - 1] in float32, without its logits: the
+        head projects `chunk_size` positions at a time (`common.rl.forward_logprobs`)."""
+        model = self._copy if self._copy is not None else self._lora
+        return forward_logprobs(
+            self.forward, input_ids, attention_mask, chunk_size, temperature, model=model
+        )

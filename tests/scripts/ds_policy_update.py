@@ -1,0 +1,94 @@
+"""Two DeepSpeed ranks run `common.rl_loop.policy_update` (chunked head log-probs, k3 KL to the
+reference) under ZeRO-2 and ZeRO-3 on a tiny Qwen3 with tied embeddings, and under ZeRO-3 on its
+LoRA model, each from the same initial weights on rank-dependent trajectories.
+
+Launched by tests/test_policy_update_memory.py as `deepspeed --num_gpus 2 ds_policy_update.py
+--out DIR`; rank 0 writes DIR/result.pt (each configuration's weights after STEPS updates and
+their statistics) for the test to replay on the single-process path.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import transformers
+
+from common.rl_loop import LossConfig, policy_update
+from common.rollout.trajectory import Trajectory
+from common.train import TrainConfig, TrainEngine, build_lora_model, export_hf_state_dict
+
+VOCAB, STEPS, PER_RANK, MICRO = 97, 2, 4, 2
+CONFIGS = {"zero2": (2, False), "zero3": (3, False), "zero3_lora": (3, True)}
+LOSS = LossConfig(micro_batch_size=MICRO, kl_coef=0.5, logprob_chunk=5, aggregation="token_mean")
+
+
+def build_model(lora: bool) -> torch.nn.Module:
+    """The tiny Qwen3 with tied embeddings, or with a LoRA adapter on its frozen backbone."""
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        tie_word_embeddings=True,
+    )
+    model = transformers.Qwen3ForCausalLM(config)
+    if not lora:
+        return model
+    adapter = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    model = build_lora_model(model, {"policy": adapter})
+    generator = torch.Generator().manual_seed(1)
+    for name, param in model.named_parameters():
+        if "lora_B" in name:  # peft starts B at 0: the adapted policy would equal its reference
+            torch.nn.init.normal_(param, std=0.1, generator=generator)
+    return model
+
+
+def build_engine(lora: bool, zero_stage: int, grad_accum: int) -> TrainEngine:
+    config = TrainConfig(lr=1e-2, grad_accum=grad_accum, max_grad_norm=1.0, zero_stage=zero_stage)
+    engine = TrainEngine(build_model(lora), config, reference=True)
+    if lora:
+        engine.set_adapter("policy")
+    return engine
+
+
+def rank_batch(rank: int, step: int) -> tuple[list[Trajectory], torch.Tensor]:
+    """PER_RANK trajectories of uneven lengths (some tokens inserted) and their advantages."""
+    g = torch.Generator().manual_seed(100 * rank + step)
+    trajs = []
+    for i in range(PER_RANK):
+        p, r = (int(x) for x in torch.randint(2, 7, (2,), generator=g))
+        t = Trajectory("g", i, "q", "q", ["a"], torch.randint(1, VOCAB, (p,), generator=g).tolist())
+        t.append(torch.randint(1, VOCAB, (r,), generator=g).tolist(), True, [0.0] * r)
+        t.append(torch.randint(1, VOCAB, (2,), generator=g).tolist(), False)
+        trajs.append(t)
+    return trajs, torch.randn(PER_RANK, generator=g)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
+    args = parser.parse_args()
+    result = {}
+    for name, (zero_stage, lora) in CONFIGS.items():
+        engine = build_engine(lora, zero_stage, grad_accum=PER_RANK // MICRO)
+        assert engine.world_size == 2, engine.world_size
+        stats = [policy_update(engine, *rank_batch(engine.rank, s), LOSS, 0) for s in range(STEPS)]
+        state = export_hf_state_dict(engine, adapter="policy" if lora else None)
+        result[name] = {"state": state, "stats": stats}
+        print(f"rank {engine.rank} {name}: {stats}", flush=True)
+    if dist.get_rank() == 0:
+        torch.save(result, args.out / "result.pt")
+    dist.barrier()
+    print(f"rank {dist.get_rank()}: ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()

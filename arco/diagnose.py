@@ -25,6 +25,7 @@ from arco.advantages import position_buckets
 from arco.rubrics import RubricItem, rubric_batch
 from arco.steps import Episode
 from common.rl import logprobs_from_logits
+from common.rollout.batch import padding_id
 
 
 @dataclass
@@ -234,7 +235,7 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     folder = Path(checkpoint) if checkpoint else default_checkpoint(cfg)
     read_meta(folder)  # a clear error when it is not an ARCO folder
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if cfg.train.use_bf16(device) else torch.float32  # as in training
     model = build_arco_model(

@@ -56,7 +56,7 @@ from common.rollout.agent import (
     first_budget,
     render_observation,
 )
-from common.rollout.batch import collate
+from common.rollout.batch import collate, padding_id
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step
 from common.train import MetricsLogger, TrainEngine
@@ -584,7 +584,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     # in warmup_dir is rewritten by this run).
     folder = open_run_folder(out, None, resume=False)
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
     model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k)
     model.rubric_meta = rubric_settings(cfg)
     cfg.train.seed = cfg.seed

@@ -47,6 +47,7 @@ from common.rl_loop import (
     write_jsonl_atomic,
 )
 from common.rollout import HFEngine
+from common.rollout.batch import padding_id
 from common.rollout.engine import SamplingConfig
 from common.train import (
     MetricsLogger,
@@ -228,7 +229,7 @@ def train_cer(cfg: CERConfig) -> dict:
             trained_adv,
             cfg.loss,
             cfg.engine,
-            tokenizer.pad_token_id,
+            padding_id(tokenizer),
             timings,
         )
         timings["step"] = time.perf_counter() - t_step

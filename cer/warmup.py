@@ -19,6 +19,7 @@ from cer.data import load_math_examples
 from cer.prompt import prompt_ids
 from cer.rollout import END_OF_TURN
 from common.rollout.agent import encode_text
+from common.rollout.batch import padding_id
 from common.rollout.trajectory import Trajectory
 from common.train import TrainEngine
 from common.train.run_folder import open_run_folder
@@ -59,7 +60,7 @@ def run_warmup(cfg: CERConfig) -> Path:
     history = warm_start(
         engine,
         trajs,
-        tokenizer.pad_token_id,
+        padding_id(tokenizer),
         w.steps,
         w.batch_size,
         cfg.seed,

@@ -40,6 +40,7 @@ from common.rl_loop import (
     write_samples,
 )
 from common.rollout import AgentConfig, run_agent
+from common.rollout.batch import padding_id
 from common.train import (
     MetricsLogger,
     TrainConfig,
@@ -174,7 +175,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     rng = random.Random(cfg.seed)
     order = list(range(len(train_set)))
     rng.shuffle(order)
-    pad_id = tokenizer.pad_token_id
+    pad_id = padding_id(tokenizer)
     folder.begin()  # every load-time check passed: record the settings, trim the log
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals = []

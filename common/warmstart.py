@@ -24,7 +24,7 @@ from common.retrieval.base import Retriever
 from common.retrieval.bm25 import BM25Retriever
 from common.rl import forward_logprobs
 from common.rollout.agent import AgentConfig, build_prompt_ids, encode_text, observation_ids
-from common.rollout.batch import collate
+from common.rollout.batch import collate, padding_id
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step, Trajectory
 from common.train import TrainConfig, TrainEngine, progress
@@ -211,7 +211,7 @@ def run_warm_start(cfg: WarmStartConfig) -> Path:
     history = warm_start(
         engine,
         trajs,
-        tokenizer.pad_token_id,
+        padding_id(tokenizer),
         cfg.steps,
         cfg.batch_size,
         cfg.seed,

@@ -36,6 +36,7 @@ from common.rl_loop import (
     update_and_push,
 )
 from common.rollout import Trajectory, run_agent
+from common.rollout.batch import padding_id
 from common.train import (
     MetricsLogger,
     TrainEngine,
@@ -329,7 +330,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         timings["teacher"] = time.perf_counter() - t0
         adv = scaled_group_advantages(b.rewards, [t.group_id for t in trajs], b.scales)
         upd = update_and_push(
-            train, engine, trajs, adv, cfg.loss, cfg.engine, tokenizer.pad_token_id, timings
+            train, engine, trajs, adv, cfg.loss, cfg.engine, padding_id(tokenizer), timings
         )
         timings["step"] = time.perf_counter() - t_step
         batch_log.write(step, [q.id for q in qs], len(trajs))

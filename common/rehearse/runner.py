@@ -630,7 +630,7 @@ def build_model(
     )
     info_file = path / "standin.json"
     info = json.loads(info_file.read_text()) if info_file.is_file() else {"model_id": model_id}
-    info["script"] = [text for text, _ in script]
+    info["script"] = [f"{where}: {text!r} ({weight:g})" for text, weight, where in script]
     return path, info
 
 

@@ -26,6 +26,16 @@ class TokenBatch:
         return self.input_ids.shape[0]
 
 
+def padding_id(tokenizer) -> int:
+    """The id right-padded batches fill with: the tokenizer's pad token, else its end of sequence
+    (Llama 3.2 has no pad token), else 0. Padded positions are masked out of attention and loss,
+    so any id does; a missing one must not crash."""
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if tid is not None:
+            return int(tid)
+    return 0
+
+
 def collate(trajs: Sequence[Trajectory], pad_id: int) -> TokenBatch:
     """Pad prompt + response ids; the loss mask covers sampled response tokens only."""
     width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajs)

@@ -328,7 +328,16 @@ class RLConfig:
         default=16, metadata={"help": "trajectories per backward", "ge": 1}
     )
     score_batch_size: int = field(
-        default=32, metadata={"help": "rubric sequences per forward", "ge": 1}
+        default=32,
+        metadata={"help": "rubric sequences per no-grad scoring forward", "ge": 1},
+    )
+    mu_single_forward: bool = field(
+        default=True,
+        metadata={
+            "help": "μ's rows forwarded once a batch, with gradient and without LoRA dropout: "
+            "the update's forward gives the advantages' scores (detached); false: a no-grad "
+            "scoring forward, then the update's forward again with dropout (the release's)"
+        },
     )
 
     @property

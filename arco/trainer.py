@@ -3,7 +3,9 @@ updated on every batch.
 
     questions -> π rollouts (engine, adapter "policy") -> episodes (text view)
       -> μ's criteria for every step, one engine call (adapter "rubric")
-      -> step scores d_t from the head (training model, no gradient), s_t = mean_k d_t
+      -> step scores d_t from the head, s_t = mean_k d_t: μ's update forward (with gradient,
+         no LoRA dropout; L_μ's backward taken there, rl.mu_single_forward), or a no-grad
+         scoring forward before the update's
       -> advantages: sparse phase A = R − group mean; dense phase A_t = c·(G_t − b_bucket)
       -> one optimizer step on  L_π + L_μ  (π's and μ's adapters and the head, own rates)
       -> both adapters pushed into the engine -> next batch
@@ -61,7 +63,7 @@ from common.rl_loop import (
     rollout_metrics,
 )
 from common.rollout import HFEngine, Trajectory, run_agent
-from common.rollout.batch import collate
+from common.rollout.batch import collate, padding_id
 from common.train import (
     MetricsLogger,
     TrainEngine,
@@ -233,13 +235,18 @@ def rubric_loss(
     beta: float,
     direction: str,
     pad_id: int,
+    record: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Σ over trajectories ``first_traj ..`` of w_τ (Σ_t s_t − R)² + β Σ_t tokenmean KL_t(μ‖μ_ref),
-    scores recomputed with gradient through the head and the rubric adapter."""
+    scores recomputed with gradient through the head and the rubric adapter (``record``: their
+    detached values written into the items, the step scores of the advantages)."""
     ids, attn, crit = rubric_batch(items, pad_id, train.device)
     kl_on = beta > 0 and bool(crit.any())  # fixed criteria or none: nothing of μ's to hold
     at = F.pad(crit.bool() & kl_on, (0, 1))  # [M, T]: logits at the criteria positions only
     logits, scores = train("rubric", ids, attn, pool_mask=attn, logit_mask=at)  # [n, V]
+    if record:
+        for it, row in zip(items, scores.detach().tolist(), strict=True):
+            it.scores = row
     s = scores.mean(-1)  # [M] step rewards s_t
     n_steps = max(it.step for it in items) + 1
     step_scores = torch.zeros((n_trajs, n_steps), device=train.device)
@@ -261,6 +268,76 @@ def rubric_loss(
     return loss, stats
 
 
+def _micro_batches(n: int, size: int) -> list[range]:
+    """The update's micro-batches of trajectories: consecutive ranges of ``size``."""
+    return [range(a, min(a + size, n)) for a in range(0, n, size)]
+
+
+def _by_traj(items: Sequence[RubricItem]) -> dict[int, list[RubricItem]]:
+    out: dict[int, list[RubricItem]] = {}
+    for it in items:
+        out.setdefault(it.traj, []).append(it)
+    return out
+
+
+def mu_single_forward(cfg: ArcoConfig) -> bool:
+    """Whether μ's scoring forward is its update's: ``rl.mu_single_forward`` with μ in the run
+    and trained. Then an update is two micro-steps a micro-batch of trajectories (grad_accum),
+    μ's (``rubric_update``) and then π's (``update``)."""
+    return cfg.rl.mu_single_forward and cfg.method != "outcome_only" and not cfg.rl.freeze_rubric
+
+
+def rubric_update(
+    train: TrainEngine,
+    items: Sequence[RubricItem],
+    rewards: torch.Tensor,
+    cfg: ArcoConfig,
+    pad_id: int,
+    timings: dict[str, float],
+) -> dict[str, float]:
+    """μ's half of the update with one forward of its rows (``rl.mu_single_forward``): per
+    micro-batch of trajectories L_μ with gradient, its backward and a micro-step of the engine,
+    the detached scores written into the items for the advantages. The forward runs in eval mode
+    (no LoRA dropout), so the scores are ``score_items``'s, the deterministic μ's (the
+    release's scores for the advantages are eval-mode too; its μ update has dropout on). Run it
+    before the advantages; ``update(..., mu_done=True)`` adds π's micro-steps to the same
+    optimizer step."""
+    rl = cfg.rl
+    n = rewards.shape[0]
+    chunks = _micro_batches(n, rl.micro_batch_size)
+    factor = train.config.grad_accum / len(chunks)  # the engine divides by grad_accum
+    weights = global_class_weights(rewards, train.rank)
+    by_traj = _by_traj(items)
+    stats: dict[str, float] = {}
+    was_training = train.model.training
+    train.model.eval()
+    try:
+        for chunk in chunks:
+            t0 = time.perf_counter()
+            mb_items = [it for i in chunk for it in by_traj.get(i, [])]
+            if mb_items:
+                l_mu, s_mu = rubric_loss(
+                    train,
+                    mb_items,
+                    rewards[chunk.start : chunk.stop].to(train.device),
+                    weights[chunk.start : chunk.stop].to(train.device),
+                    len(chunk),
+                    chunk.start,
+                    rl.mu_kl_coef,
+                    rl.kl_direction,
+                    pad_id,
+                    record=True,
+                )
+                train.backward(l_mu * (factor / len(chunk)))
+                for k, v in {**s_mu, "loss_mu": l_mu.item()}.items():
+                    stats[k] = stats.get(k, 0.0) + v / len(chunks)
+            train.step()
+            timings["mu_update"] = timings.get("mu_update", 0.0) + time.perf_counter() - t0
+    finally:
+        train.model.train(was_training)
+    return stats
+
+
 def update(
     train: TrainEngine,
     trajs: Sequence[Trajectory],
@@ -271,20 +348,23 @@ def update(
     late: bool,
     pad_id: int,
     timings: dict[str, float],
+    mu_done: bool = False,
 ) -> dict[str, float]:
     """One optimizer step on L_π + L_μ over the batch, cut into micro-batches of trajectories
-    (the engine averages micro-batches, so each one's sum is divided by its size). With
-    ``rl.freeze_rubric`` (frozen μ, PRM, outcome-only) L_μ is not computed."""
+    (the engine averages its grad_accum micro-steps, so each micro-batch's sum is divided by its
+    size and scaled by grad_accum / micro-batches). With ``rl.freeze_rubric`` (frozen μ, PRM,
+    outcome-only) L_μ is not computed; with ``mu_done`` ``rubric_update`` has taken μ's
+    micro-steps already and this one adds π's."""
     mbs = cfg.rl.micro_batch_size
-    train_mu = not cfg.rl.freeze_rubric
+    train_mu = not cfg.rl.freeze_rubric and not mu_done
     weights = global_class_weights(rewards, train.rank)
-    by_traj: dict[int, list[RubricItem]] = {}
-    for it in items:
-        by_traj.setdefault(it.traj, []).append(it)
+    by_traj = _by_traj(items)
+    chunks = _micro_batches(len(trajs), mbs)
+    factor = train.config.grad_accum / len(chunks)
     stats: dict[str, float] = {}
     info: dict = {}
-    for start in range(0, len(trajs), mbs):
-        chunk = range(start, min(start + mbs, len(trajs)))
+    for chunk in chunks:
+        start = chunk.start
         t0 = time.perf_counter()
         l_pi, s_pi = policy_loss(
             train,
@@ -310,7 +390,7 @@ def update(
                 pad_id,
             )
         t2 = time.perf_counter()
-        train.backward((l_pi + l_mu) / len(chunk))
+        train.backward((l_pi + l_mu) * (factor / len(chunk)))
         info = train.step()
         t3 = time.perf_counter()
         # the backward's share is split by the two forwards' shares
@@ -318,10 +398,12 @@ def update(
         share = fwd_pi / max(fwd_pi + fwd_mu, 1e-9)
         timings["pi_update"] = timings.get("pi_update", 0.0) + fwd_pi + share * (t3 - t2)
         timings["mu_update"] = timings.get("mu_update", 0.0) + fwd_mu + (1 - share) * (t3 - t2)
-        for k, v in {**s_pi, **s_mu, "loss_pi": l_pi.item(), "loss_mu": l_mu.item()}.items():
+        mine = {**s_pi, **s_mu, "loss_pi": l_pi.item()}
+        if not mu_done:
+            mine["loss_mu"] = l_mu.item()
+        for k, v in mine.items():
             stats[k] = stats.get(k, 0.0) + v
-    chunks = -(-len(trajs) // mbs)
-    out = {k: v / chunks for k, v in stats.items()}
+    out = {k: v / len(chunks) for k, v in stats.items()}
     out["grad_norm"] = (
         float(info["grad_norm"]) if info.get("grad_norm") is not None else float("nan")
     )
@@ -471,11 +553,12 @@ def train_arco(cfg: ArcoConfig) -> dict:
     cfg.check_assets(("model", "train_file", "dev_file", "retrieval", "warmup"))
     train_set = load_qa(cfg.assets.train_file)
     dev_set = load_qa(cfg.assets.dev_file)[: cfg.eval_questions]
-    cfg.train.grad_accum = check_batches(rl, world, len(train_set))
+    uses_mu = cfg.method != "outcome_only"
+    single = mu_single_forward(cfg)
+    cfg.train.grad_accum = check_batches(rl, world, len(train_set)) * (2 if single else 1)
     cfg.train.total_steps = max(cfg.steps, 1)
     cfg.train.seed = cfg.seed
     cfg.train.lr = rl.pi_lr_sparse
-    uses_mu = cfg.method != "outcome_only"
     if uses_mu:  # the warmup's K and rubric settings from its arco.json, before any load
         meta = read_meta(cfg.warmup_dir)
         warm = SimpleNamespace(k=int(meta["k"]), rubric_meta=meta.get("rubric"))
@@ -483,7 +566,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
     run_dir = Path(cfg.run_dir)
     folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
-    pad_id, eos_id = tokenizer.pad_token_id, tokenizer.eos_token_id
+    pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
     model = build_arco_model(
         cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, cfg.warmup_dir
     )
@@ -562,7 +645,10 @@ def train_arco(cfg: ArcoConfig) -> dict:
             t0 = time.perf_counter()
             write_criteria(engine, items, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
             timings["rubric_generation"] = time.perf_counter() - t0
-        if items:
+        mu_stats: dict[str, float] = {}
+        if single:  # μ's update forward gives the scores: μ's micro-steps before π's
+            mu_stats = rubric_update(train, items, rewards, cfg, pad_id, timings)
+        elif items:
             t0 = time.perf_counter()
             score_items(train.model, items, pad_id, rl.score_batch_size)
             timings["scoring"] = time.perf_counter() - t0
@@ -574,7 +660,10 @@ def train_arco(cfg: ArcoConfig) -> dict:
         else:
             a = sparse_group_advantages(rewards, [t.group_id for t in trajs]).tolist()
             step_adv = [[a[i]] * len(t.steps) for i, t in enumerate(trajs)]
-        upd = update(train, trajs, items, step_adv, rewards, cfg, late, pad_id, timings)
+        upd = update(
+            train, trajs, items, step_adv, rewards, cfg, late, pad_id, timings, mu_done=single
+        )
+        upd = {**mu_stats, **upd}
         t0 = time.perf_counter()
         push_adapters(engine, model)
         timings["push"] = time.perf_counter() - t0

@@ -2,7 +2,8 @@
 the batch's rubrics in one engine call against one call per turn.
 
     .venv/bin/python benchmarks/bench_arco.py memory              # peak RSS, two subprocesses
-    .venv/bin/python benchmarks/bench_arco.py breakdown RUN_DIR   # a run's time/* keys
+    .venv/bin/python benchmarks/bench_arco.py breakdown RUN_DIR [RUN_DIR ...]  # time/* keys;
+        # two runs (e.g. rl.mu_single_forward=true and false): their median steps side by side
     .venv/bin/python benchmarks/bench_arco.py calls [--repeats 3] # rubric generation, 1 vs per turn
     (add --write-readme to put the table into benchmarks/README.md)
 
@@ -118,12 +119,39 @@ def memory(write: bool) -> None:
         update_readme("bench_arco:memory", body)
 
 
-def breakdown(run_dir: Path, write: bool) -> None:
+def _step_rows(run_dir: Path) -> list[dict]:
     rows = [
         json.loads(line) for line in (run_dir / "metrics.jsonl").open() if '"time/step"' in line
     ]
     if not rows:
         raise SystemExit(f"{run_dir}/metrics.jsonl: no step rows")
+    return rows
+
+
+def median_steps(run_dir: Path) -> dict[str, float]:
+    """A run's median step time per phase (its first step of each phase left out: warm-up)."""
+    rows = _step_rows(run_dir)
+    out = {}
+    for phase, dense in (("sparse", 0.0), ("dense", 1.0)):
+        steps = [r["time/step"] for r in rows if r.get("phase_dense") == dense][1:]
+        if steps:
+            out[phase] = statistics.median(steps)
+    return out
+
+
+def compare(run_dirs: list[Path]) -> str:
+    """Median step per phase of each run, and each run's ratio to the first's."""
+    base = median_steps(run_dirs[0])
+    out = []
+    for d in run_dirs:
+        for phase, t in median_steps(d).items():
+            ratio = t / base[phase] if phase in base else float("nan")
+            out.append([str(d), phase, f"{t:.2f}", f"{ratio:.2f}"])
+    return md_table(["run", "phase", "median step s", "ratio to the first"], out)
+
+
+def breakdown(run_dir: Path, write: bool) -> None:
+    rows = _step_rows(run_dir)
     out = []
     for phase, dense in (("sparse", 0.0), ("dense", 1.0)):
         steps = [r for r in rows if r.get("phase_dense") == dense][1:]  # first one warms up
@@ -140,7 +168,8 @@ def breakdown(run_dir: Path, write: bool) -> None:
         out.append(
             [
                 phase,
-                "**rubric (generation + scoring + μ update)**",
+                "**rubric (generation + scoring + μ update; no scoring part with "
+                "rl.mu_single_forward)**",
                 f"{rubric:.2f}",
                 f"{100 * rubric / step:.1f}%",
             ]
@@ -233,7 +262,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="what", required=True)
     sub.add_parser("memory").add_argument("--write-readme", action="store_true")
     p = sub.add_parser("breakdown")
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, nargs="+")
     p.add_argument("--write-readme", action="store_true")
     p = sub.add_parser("calls")
     p.add_argument("--repeats", type=int, default=3)
@@ -245,7 +274,10 @@ def main() -> None:
     elif args.what == "memory":
         memory(args.write_readme)
     elif args.what == "breakdown":
-        breakdown(args.run_dir, args.write_readme)
+        for d in args.run_dir:
+            breakdown(d, args.write_readme and len(args.run_dir) == 1)
+        if len(args.run_dir) > 1:
+            print(compare(args.run_dir))
     else:
         calls(args.repeats, args.write_readme)
 

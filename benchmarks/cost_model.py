@@ -293,6 +293,24 @@ def eviback_rows(
 # --- ARCO ---------------------------------------------------------------------------------------
 
 
+def cached_prefill(prompts: Sequence[Sequence[int]], block: int = 16) -> int:
+    """Prompt tokens vLLM computes for ``prompts`` in one call under one adapter with prefix
+    caching: a prompt's leading full ``block``-token blocks already computed by an earlier
+    prompt of the call (the same token chain; the LoRA id is part of vLLM's block hash) are
+    hits, the rest is computed (at least one token a prompt). Every earlier block is assumed
+    cached when a later prompt is scheduled: a lower bound on the prefill."""
+    seen: set[tuple[int, ...]] = set()
+    total = 0
+    for p in prompts:
+        full = len(p) // block
+        hits = 0
+        while hits < full and tuple(p[: (hits + 1) * block]) in seen:
+            hits += 1
+        total += max(len(p) - hits * block, 1)
+        seen.update(tuple(p[: (b + 1) * block]) for b in range(full))
+    return total
+
+
 def arco_rows(
     tok: ChatTokenizer,
     steps: int = 3,
@@ -302,11 +320,15 @@ def arco_rows(
     criteria_tokens: int | None = None,
     config: str = ARCO_CONFIG,
 ) -> tuple[list[Row], str]:
-    """ARCO per step, sparse and dense phase: trajectories of ``steps`` actions (searches, then
-    the answer), one rubric prompt a step (``rubric_items``), K criteria of up to
-    ``rubric.max_new_tokens`` generated, the head's scoring forward over prompt + criteria
-    (``rubric_batch``, ``score_batch_size`` rows), μ's update over the same rows plus μ_ref's
-    forward (``mu_kl_coef``), π's update over the trajectories plus π_ref's (dense phase)."""
+    """ARCO per step, sparse and dense phase, and the outcome-only baseline in the same trainer
+    (``method=outcome_only``: every step a sparse-shaped batch, π_ref's forward after ARCO's
+    phase switch): trajectories of ``steps`` actions (searches, then the answer), one rubric
+    prompt a step (``rubric_items``), K criteria of up to ``rubric.max_new_tokens`` generated
+    (vLLM, prefix caching on: a trajectory's steps share its history's blocks, every row the
+    system text's), μ's forward + backward over prompt + criteria (``rubric_batch``) that also
+    gives the advantages' scores (``rl.mu_single_forward``; before it, a no-grad scoring
+    forward of the same rows came first) plus μ_ref's forward (``mu_kl_coef`` > 0), π's update
+    over the trajectories plus π_ref's (dense phase)."""
     from arco.rubrics import rubric_batch, rubric_items
     from arco.steps import AgentStep, Episode
     from common.rollout.agent import build_prompt_ids
@@ -324,6 +346,12 @@ def arco_rows(
     episode = Episode("q", words(question_tokens), ["a"], acts, "a", 1.0)
     items = rubric_items([episode], tok, k, rubric["prefix"])
     prompt_tokens = sum(len(it.prompt_ids) for it in items)
+    # another question: what a batch's trajectories share is the system text alone
+    other = Episode("q2", " ".join(["a"] * question_tokens), ["a"], acts, "a", 1.0)
+    first = cached_prefill([it.prompt_ids for it in items])
+    both = cached_prefill(
+        [it.prompt_ids for it in items + rubric_items([other], tok, k, rubric["prefix"])]
+    )
     for it in items:
         it.criteria_ids = [0] * crit
     ids, _, _ = rubric_batch(items, 0, "cpu")
@@ -332,36 +360,61 @@ def arco_rows(
     question = words(question_tokens)
     pi_prompt = len(build_prompt_ids(tok, protocol, question, agent.get("instruction", "")))
     response = steps * action_tokens + (steps - 1) * obs_tokens
-    rows, notes = [], []
+    mu_ref = 1 if rl["mu_kl_coef"] > 0 else 0
+    rows, ratios = [], []
     for phase, trajs, questions, ref in (
         ("sparse", rl["sparse_questions"] * rl.get("sparse_n", 4), rl["sparse_questions"], False),
         ("dense", rl["dense_questions"], rl["dense_questions"], True),
     ):
         scored = trajs * (prompt_tokens + len(items) * crit)
+        written = trajs * len(items) * crit
+        prefill = first + (trajs - 1) * (both - first)
         pi = trajs * (pi_prompt + response)
+        pi_gen = questions * pi_prompt + trajs * response
+        pi_upd = pi * (2 if ref else 1)
+        mu_before = (3 + mu_ref) * scored  # generation, scoring, update (+ μ_ref); no cache
+        mu_single = (2 + mu_ref) * scored  # the single forward alone, no cache counted
+        mu_after = prefill + written + (1 + mu_ref) * scored
+        g = rl.get("sparse_n", 4)
+        outcome = (trajs // g) * pi_prompt + trajs * response + pi_upd  # sparse-shaped batches
+        arco_total = pi_gen + pi_upd + mu_after
         rows += [
-            Row(f"ARCO {phase}", "generation (π)", questions * pi_prompt + trajs * response,
+            Row(f"ARCO {phase}", "generation (π)", pi_gen,
                 f"{trajs} trajectories x {response} response tokens + prompts"),
-            Row(f"ARCO {phase}", "reward: rubric generation (μ)", trajs * (prompt_tokens + len(items) * crit),
-                f"{trajs * len(items)} rubric prompts ({prompt_tokens // len(items):,} tokens "
-                f"on average) + {k} criteria in {crit} tokens each"),
-            Row(f"ARCO {phase}", "reward: head scoring forward", scored,
-                f"prompt + criteria, {trajs * ids.shape[1] * len(items):,} padded positions "
-                f"at most"),
-            Row(f"ARCO {phase}", "update: μ (forward + backward) + μ_ref forward", 2 * scored,
-                "the scored rows twice"),
+            Row(f"ARCO {phase}", "reward: rubric generation (μ), prefix caching", prefill + written,
+                f"{trajs * len(items)} rubric prompts ({prompt_tokens // len(items):,} tokens on "
+                f"average; {prefill:,} of {trajs * prompt_tokens:,} prompt tokens computed: a "
+                f"trajectory's history and the system text cached) + {k} criteria in {crit} "
+                f"tokens each"),
+            Row(f"ARCO {phase}", "reward: head scoring forward", 0,
+                f"the update's forward (rl.mu_single_forward; false: {scored:,})"),
+            Row(f"ARCO {phase}", "update: μ (forward + backward, the advantages' scores)"
+                + (" + μ_ref forward" if mu_ref else ""), (1 + mu_ref) * scored,
+                f"prompt + criteria, {trajs * ids.shape[1] * len(items):,} padded positions at "
+                f"most, {'twice' if mu_ref else 'once'}"),
             Row(f"ARCO {phase}", "update: π (forward + backward)" + (" + π_ref" if ref else ""),
-                pi * (2 if ref else 1), f"{trajs} x ({pi_prompt} + {response})"),
+                pi_upd, f"{trajs} x ({pi_prompt} + {response})"),
+            Row(f"outcome-only ({phase} steps)", "generation (π) + update (π"
+                + (" + π_ref)" if ref else ")"), outcome,
+                f"{trajs // g} questions x {g} rollouts, the same π rows"),
         ]  # fmt: skip
-    notes.append(
+        policy = pi_gen + pi_upd
+        ratios.append(
+            f"{phase}: μ / π tokens {mu_after / policy:.2f}x (μ {mu_after:,}; before issue 23, "
+            f"two forwards and no cache counted, {mu_before / policy:.2f}x, μ {mu_before:,}: "
+            f"{mu_after / mu_before:.2f}x of it, the single forward alone "
+            f"{mu_single / mu_before:.2f}x), ARCO / outcome-only {arco_total / outcome:.2f}x"
+        )
+    note = (
         f"ARCO: `{config}`: sparse {rl['sparse_questions']} questions x {rl.get('sparse_n', 4)}, "
         f"dense {rl['dense_questions']} x 1, K = {k}, rubric.max_new_tokens {rubric['max_new_tokens']}, "
         f"prefix {rubric['prefix']}, pi_kl_coef {rl['pi_kl_coef']} (dense), mu_kl_coef "
         f"{rl['mu_kl_coef']}. Assumed: {steps} actions a trajectory ({steps - 1} searches, "
         f"max_searches {budget}), observations of {obs_tokens} tokens (a HotpotQA paragraph), "
-        f"actions of {action_tokens} tokens, criteria at their limit."
-    )
-    return rows, " ".join(notes)
+        f"actions of {action_tokens} tokens, criteria at their limit, vLLM's 16-token blocks. "
+        + "; ".join(ratios) + "."
+    )  # fmt: skip
+    return rows, note
 
 
 def cost_table(

@@ -191,13 +191,37 @@ def test_summary_file_survives_a_failing_cost_model(tmp_path, monkeypatch):
 
 def test_arco_rubric_prompts_one_a_step():
     tok = _word_tokenizer()
-    rows, _ = cost_model.arco_rows(tok, steps=2, criteria_tokens=10)
-    by = {(r.method, r.phase): r for r in rows}
+    rows, note = cost_model.arco_rows(tok, steps=2, criteria_tokens=10)
+    by = {(r.method, r.phase): r.tokens for r in rows}
+    how = {(r.method, r.phase): r.how for r in rows}
+    gen = ("ARCO sparse", "reward: rubric generation (μ), prefix caching")
     # sparse: 16 questions x 4 rollouts, two actions each: 128 rubric prompts
-    assert by[("ARCO sparse", "reward: rubric generation (μ)")].how.startswith("128 rubric prompts")
-    # the scoring forward reads what generation wrote: prompts + 10 criteria tokens each
-    gen = by[("ARCO sparse", "reward: rubric generation (μ)")].tokens
-    assert by[("ARCO sparse", "reward: head scoring forward")].tokens == gen
-    assert by[("ARCO dense", "update: μ (forward + backward) + μ_ref forward")].tokens == 2 * gen
+    assert how[gen].startswith("128 rubric prompts")
+    # μ's one forward gives the scores (no scoring forward); μ + μ_ref read the same rows
+    mu = "update: μ (forward + backward, the advantages' scores) + μ_ref forward"
+    assert by[("ARCO sparse", "reward: head scoring forward")] == 0
+    assert by[("ARCO sparse", mu)] == by[("ARCO dense", mu)]
+    assert by[("ARCO sparse", mu)] % (2 * 64) == 0
+    assert by[gen] < by[("ARCO sparse", mu)] // 2  # prefill cached: fewer than the rows' tokens
+    # outcome-only: sparse-shaped batches (16 questions x 4) in both phases, π_ref after the switch
+    pi_gen = by[("ARCO sparse", "generation (π)")]
+    assert (
+        by[("outcome-only (sparse steps)", "generation (π) + update (π)")]
+        == pi_gen + by[("ARCO sparse", "update: π (forward + backward)")]
+    )
+    assert (
+        by[("outcome-only (dense steps)", "generation (π) + update (π + π_ref)")]
+        == pi_gen + by[("ARCO dense", "update: π (forward + backward) + π_ref")]
+    )
+    assert "ARCO / outcome-only" in note and "μ / π tokens" in note
     with pytest.raises(ValueError, match="max_searches"):
         cost_model.arco_rows(tok, steps=5)
+
+
+def test_cached_prefill_counts_blocks_an_earlier_prompt_computed():
+    a = list(range(1, 41))  # 40 tokens: 2 full blocks of 16 + 8
+    b = list(range(1, 33)) + [99] * 8  # shares a's 2 full blocks: 8 computed
+    c = list(range(1, 17)) + [98] * 16  # shares one block: 16 computed
+    assert cost_model.cached_prefill([a, b, c], block=16) == 40 + 8 + 16
+    assert cost_model.cached_prefill([a, a[:32]], block=16) == 40 + 1  # at least one token
+    assert cost_model.cached_prefill([b, a], block=16) == 40 + 8

@@ -163,6 +163,13 @@ def _require(counts: dict[str, Any], key: str, what: str) -> None:
         raise StageFailed(f"{what} never ran ({key} = {counts.get(key, 0)})")
 
 
+# metrics reported as the mean step's (rewards, CER's scores, ARCO's dense-phase rows)
+RATES = (
+    "reward", "cer/", "advantage", "mixed_", "phase_dense", "criteria_valid", "decomposition",
+    "step_score/", "valid_answer", "invalid_turns", "mean_searches",
+)  # fmt: skip
+
+
 def _train_counts(run_dir: Path, steps: int) -> dict[str, Any]:
     rows = _metrics(run_dir)
     counts: dict[str, Any] = {"steps_logged": len(rows)}
@@ -173,7 +180,7 @@ def _train_counts(run_dir: Path, steps: int) -> dict[str, Any]:
     for key in sorted({k for r in rows for k in r}):
         if key.startswith("teacher/") and not key.endswith(("_s", "rate", "share")):
             counts[key] = metric_sum(rows, key)  # counts: summed over the steps
-        elif key.startswith(("reward", "cer/", "rubric/", "advantage", "mixed_", "dense/")):
+        elif key.startswith(RATES):
             counts[key] = metric_sum(rows, key) / len(rows)  # rates: the mean step's
     ckpt = run_dir / "checkpoints"
     counts["checkpoints"] = sorted(p.name for p in ckpt.glob("step_*")) if ckpt.is_dir() else []
@@ -306,7 +313,8 @@ def arco_plan(s: Setup) -> list[Stage]:
         "eval_every": 2,
         "save_every": 1,
         "rl.sparse_questions": 2 * s.ranks,
-        "rl.dense_questions": 2 * s.ranks,
+        # one batch size for the run (the trainer's check): dense = sparse questions x sparse_n
+        "rl.dense_questions": 2 * s.ranks * int(s.raw["rl"]["sparse_n"]),
         "diagnose.questions": 2,
         "diagnose.samples": 2,
     }
@@ -333,7 +341,10 @@ def arco_plan(s: Setup) -> list[Stage]:
         return _endpoint_delta(s, marks.pop("before", {}))
 
     def train_check() -> dict[str, Any]:
-        return _train_counts(run, 2)
+        counts = _train_counts(run, 2)
+        _require(counts, "phase_dense", "a dense step (μ's rubric rows scored)")
+        _require(counts, "nonzero_grad_steps", "an update with a non-zero gradient")
+        return counts
 
     return [
         Stage("warmup", "arco", _args(s, "warmup", warmup), s.ranks, warmup_check, before=mark),
@@ -435,14 +446,12 @@ class Report:
         lines += [f"- {k}: {_short(v)}" for k, v in self.standin.items()]
         lines += ["", "## Changed for this machine", ""] + [f"- {n}" for n in self.notes]
         lines += ["", "## Not exercised", ""] + [f"- {n}" for n in self.not_exercised]
-        lines += [
-            "",
-            "## The stand-in endpoint",
-            "",
-            "```json",
-            json.dumps(self.endpoint, indent=1),
-        ]
-        lines += ["```", "", "Logs: `logs/<stage>.log`; commands in `report.json`.", ""]
+        lines += ["", "## The stand-in endpoint (requests by contract and outcome)", ""]
+        for contract, outcomes in self.endpoint.get("by_contract", {}).items():
+            seen = ", ".join(f"{k} {v}" for k, v in outcomes.items() if v)
+            if seen:
+                lines.append(f"- {contract}: {seen}")
+        lines += ["", "Logs: `logs/<stage>.log`; commands and all counts in `report.json`.", ""]
         return "\n".join(lines)
 
 

@@ -1,0 +1,72 @@
+"""Paper configs rehearsed end to end by ``python -m common.rehearse`` (the user's command), with
+their sizes cut further where a stage would dominate ``make test``: CER under two DeepSpeed ranks
+(ZeRO-3, bf16), EviBack on Qwen3-0.6B (APE, training with the teacher), ARCO on Llama-3.2-3B
+(warmup with the LLM player and annotator, a sparse and a dense step, evaluation)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def rehearse(tmp_path: Path, *args: str, timeout: int = 1500) -> dict:
+    out = tmp_path / "rehearsal"
+    command = [sys.executable, "-m", "common.rehearse", *args, "--out", str(out)]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    report = json.loads((out / "report.json").read_text())
+    logs = "\n".join(
+        f"--- {s['name']}\n" + Path(s["log"]).read_text()[-4000:]
+        for s in report["stages"]
+        if not s["ok"]
+    )
+    assert run.returncode == 0, run.stderr[-3000:] + logs
+    assert report["ok"] and (out / "report.md").read_text().splitlines()[2].startswith("PASSED")
+    return {s["name"]: s for s in report["stages"]} | {"_report": report}
+
+
+@pytest.mark.slow
+def test_cer_paper_config_on_two_ranks(tmp_path):
+    stages = rehearse(
+        tmp_path, "--config", "cer/configs/qwen3_4b_base_math.yaml", "--ranks", "2",
+        "--stage", "train", "--stage", "resume",
+    )  # fmt: skip
+    train, resume = stages["train"]["counts"], stages["resume"]["counts"]
+    assert train["steps_logged"] == 2 and resume["steps_logged"] == 3
+    assert train["reward/cer"] > 0 and train["mixed_group_share"] > 0
+    assert train["nonzero_grad_steps"] == 2
+    assert "--num_gpus 2" in stages["train"]["command"]
+    notes = " ".join(stages["_report"]["notes"])
+    assert "sleep_during_update=false" in notes and "bf16=true" in notes
+
+
+@pytest.mark.slow
+def test_eviback_paper_config_with_ape_and_the_teacher(tmp_path):
+    stages = rehearse(
+        tmp_path, "--config", "eviback/configs/qwen3_0.6b.yaml", "--stage", "ape",
+        "--stage", "train", "--set", "train:questions_per_step=1",
+    )  # fmt: skip
+    ape, train = stages["ape"]["counts"], stages["train"]["counts"]
+    assert any(k.startswith("endpoint/ape_controller/") for k in ape)
+    assert train["teacher/calls"] > 0 and train["nonzero_grad_steps"] >= 1
+    endpoint = stages["_report"]["endpoint"]["by_outcome"]
+    assert endpoint["ok"] > 0 and sum(v for k, v in endpoint.items() if k != "ok") > 0
+
+
+@pytest.mark.slow
+def test_arco_paper_config_on_llama(tmp_path):
+    stages = rehearse(
+        tmp_path, "--config", "arco/configs/llama3.2_3b_hotpotqa.yaml",
+        "--stage", "warmup", "--stage", "train", "--stage", "eval",
+    )  # fmt: skip
+    warmup, train = stages["warmup"]["counts"], stages["train"]["counts"]
+    assert warmup.get("endpoint/arco_player/ok", 0) > 0
+    assert warmup.get("endpoint/arco_annotator/ok", 0) > 0
+    assert train["steps_logged"] == 2 and train["nonzero_grad_steps"] >= 1
+    standin = stages["_report"]["standin"]
+    assert standin["architecture"] == "LlamaForCausalLM" and standin["vocab_size"] == 128_256

@@ -82,9 +82,12 @@ def criteria_loglik(model, items: Sequence[RubricItem], pad_id: int, batch_size:
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]
             ids, attn, crit = rubric_batch(chunk, pad_id, device)
-            logits, _ = model("rubric", ids, attn)
-            logp = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
-            out.extend((logp * crit).sum(-1).tolist())
+            # the head at the criteria positions alone: [n, V], no [B, T, V] logits
+            at = torch.nn.functional.pad(crit, (0, 1)).bool()  # position t predicts t + 1
+            logits, _ = model("rubric", ids, attn, logit_mask=at)
+            logp = torch.zeros_like(crit)
+            logp[crit.bool()] = logprobs_from_logits(logits, ids[:, 1:][crit.bool()])
+            out.extend(logp.sum(-1).tolist())
     finally:
         model.train(was_training)
     return out

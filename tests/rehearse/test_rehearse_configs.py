@@ -1,7 +1,8 @@
 """Paper configs rehearsed end to end by ``python -m common.rehearse`` (the user's command), with
 their sizes cut further where a stage would dominate ``make test``: CER under two DeepSpeed ranks
 (ZeRO-3, bf16), EviBack on Qwen3-0.6B (APE, training with the teacher), ARCO on Llama-3.2-3B
-(warmup with the LLM player and annotator, a sparse and a dense step, evaluation)."""
+(warmup with the LLM player and annotator, a sparse and a dense step, evaluation) and on
+Qwen3-4B-Instruct-2507 over 2Wiki (warmup, training)."""
 
 from __future__ import annotations
 
@@ -70,3 +71,14 @@ def test_arco_paper_config_on_llama(tmp_path):
     assert train["steps_logged"] == 2 and train["nonzero_grad_steps"] >= 1
     standin = stages["_report"]["standin"]
     assert standin["architecture"] == "LlamaForCausalLM" and standin["vocab_size"] == 128_256
+
+
+@pytest.mark.slow
+def test_arco_paper_config_on_qwen3(tmp_path):
+    stages = rehearse(
+        tmp_path, "--config", "arco/configs/qwen3_4b_2wiki.yaml",
+        "--stage", "warmup", "--stage", "train",
+    )  # fmt: skip
+    train = stages["train"]["counts"]
+    assert train["phase_dense"] > 0 and train["nonzero_grad_steps"] >= 1
+    assert stages["_report"]["standin"]["architecture"] == "Qwen3ForCausalLM"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -342,11 +343,18 @@ def arco_plan(s: Setup) -> list[Stage]:
 
     def train_check() -> dict[str, Any]:
         counts = _train_counts(run, 2)
-        _require(counts, "phase_dense", "a dense step (μ's rubric rows scored)")
+        if s.raw.get("method") != "outcome_only":  # the baseline has no μ
+            _require(counts, "phase_dense", "a dense step (μ's rubric rows scored)")
         _require(counts, "nonzero_grad_steps", "an update with a non-zero gradient")
         return counts
 
+    base_warmup = []
+    if s.variant and s.raw.get("warmup", {}).get("policy_from"):
+        # the variant's warmup starts from the config's own π warmup, as a user runs them
+        args = ["warmup", "--config", str(s.config), *overrides(warmup)]
+        base_warmup = [Stage("base-warmup", "arco", args, s.ranks, None)]
     return [
+        *base_warmup,
         Stage("warmup", "arco", _args(s, "warmup", warmup), s.ranks, warmup_check, before=mark),
         Stage("train", "arco", _args(s, "train", train), s.ranks, train_check),
         Stage(
@@ -390,7 +398,7 @@ PLANS = {"eviback": eviback_plan, "cer": cer_plan, "arco": arco_plan}
 STAGES = {
     "eviback": ("ape", "train", "resume", "eval", "eval-all"),
     "cer": ("train", "resume", "eval", "eval-all"),
-    "arco": ("warmup", "train", "resume", "eval", "diagnose", "eval-all"),
+    "arco": ("base-warmup", "warmup", "train", "resume", "eval", "diagnose", "eval-all"),
 }
 
 # ----------------------------------------------------------------------------- the whole run
@@ -489,6 +497,9 @@ def rehearse(
     out = Path(out) if out else ROOT / "runs" / "rehearse" / name
     device = "cuda" if _cuda() else "cpu"
     t0 = time.perf_counter()
+    if not stages:  # a whole rehearsal starts from nothing (a rerun's runs would resume)
+        for sub in ("runs", "logs", "eval-all"):
+            shutil.rmtree(out / sub, ignore_errors=True)
     report = Report(str(config), variant, ranks, device)
     with _prepared(config, raw, variant, ranks, out, device, report) as setup:
         plan = PLANS[fam](setup) + [_eval_all_stage(setup)]

@@ -99,6 +99,15 @@ class RewardConfig:
             "the scalar reward on the sampled response only (a simplification)"
         },
     )
+    signal: bool = field(
+        default=True,
+        metadata={
+            "help": "log signal/* each step (cer.signal): every reward type on every group, "
+            "pi(a*|s) after the solutions the oracle calls right and wrong, each type's AUC "
+            "against the oracle within groups and mean |advantage|; an exact or rule run "
+            "then scores its groups too (a forward of every solution), m < G every solution"
+        },
+    )
     m_selection: Literal["per_answer", "first"] = field(
         default="per_answer",
         metadata={

@@ -29,6 +29,8 @@ from common.rollout.engine import GeneratedKV
 from common.rollout.trajectory import Trajectory
 
 SCORED_TYPES = ("cer", "rule+cer", "verifree")
+# not a reward: each sample's pi(a* | own solution) (NaN where its solution is not scored)
+REF_PROB = "ref_prob"
 
 
 @dataclass
@@ -157,7 +159,9 @@ def group_rewards(
     ``rule`` always come along: they are cheap and are the accuracy), and the CER summary:
     ``cer/ref_prob_mean`` (mean over groups of mean_j pi(a*|s_j)), ``cer/ref_prob_max`` (mean
     over groups of max_j), ``cer/distinct_answers`` (per group, mean). With ``m`` < G, CER
-    averages each answer over the ``m`` solutions ``selection`` picks (``select_solutions``)."""
+    averages each answer over the ``m`` solutions ``selection`` picks (``select_solutions``).
+    ``ref_prob`` among ``types`` (not a reward, for ``cer.signal``) adds each sample's
+    pi(a* | own solution), NaN where it is not scored (all are with ``verifree`` among them)."""
     types = set(types) | {"exact", "rule"}
     samples = [(s.answer, g.example) for g in groups for s in g.splits]
     out = {
@@ -167,10 +171,12 @@ def group_rewards(
         ),
     }
     stats: dict[str, float] = {}
-    if not types & set(SCORED_TYPES):
+    if not types & {*SCORED_TYPES, REF_PROB}:
         return out, stats
     if score_fn is None:
-        raise ValueError(f"reward types {sorted(types & set(SCORED_TYPES))} need a score_fn")
+        raise ValueError(
+            f"reward types {sorted(types & {*SCORED_TYPES, REF_PROB})} need a score_fn"
+        )
     # VeriFree needs pi(a* | s_k) after every sample's own solution: score all G then.
     everyone = "verifree" in types
     pairs = [
@@ -190,6 +196,13 @@ def group_rewards(
     out["rule+cer"] = combine_rule_cer(out["rule"], cer)
     if everyone:
         out["verifree"] = torch.cat([verifree_reward(r, idx).float() for r, _, idx, _ in scored])
+    if REF_PROB in types:
+        own = []
+        for g, (r, *_), p in zip(groups, scored, pairs, strict=True):
+            column = torch.full((len(g.splits),), float("nan"), dtype=torch.float64)
+            column[p.rows] = r.exp()
+            own.append(column)
+        out[REF_PROB] = torch.cat(own)
     # pi(a*|s_j) over the solutions CER counts (the first m when no sample has an answer)
     ref_probs = [
         r[p.counted.any(1) if p.distinct else slice(None, m)].exp()

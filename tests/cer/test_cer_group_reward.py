@@ -98,3 +98,22 @@ def test_multiple_choice_uses_letter_match(char_tokenizer):
     assert rewards["rule"].tolist() == [1, 1, 0]
     assert user_message(g.example).endswith(INSTRUCTION + "\n" + MC_INSTRUCTION)
     assert SYSTEM_PROMPT == "You are a helpful assistant."
+
+
+def test_ref_prob_is_each_samples_own_scored_solution(groups, char_tokenizer, tiny_qwen3):
+    scorer = hf_prefix_scorer(tiny_qwen3)
+    rewards, _ = group_rewards(["cer", "ref_prob"], groups, scorer, char_tokenizer, m=1)
+    own = rewards["ref_prob"]
+    # m = 1: only each group's first solution is scored, the others are NaN
+    assert torch.isnan(own).tolist() == [False, True, True, True, False, True]
+    first = [score_group(scorer, g.prompt_ids, g.splits, g.example.answer, char_tokenizer, m=1)
+             for g in groups]  # fmt: skip
+    assert own[0].item() == pytest.approx(first[0][0][0].exp().item(), rel=1e-6)
+    assert own[4].item() == pytest.approx(first[1][0][0].exp().item(), rel=1e-6)
+    everyone, _ = group_rewards(["verifree", "ref_prob"], groups, scorer, char_tokenizer)
+    # every solution scored: pi(a*|s_k) is VeriFree's reward where the sample has an answer
+    assert not torch.isnan(everyone["ref_prob"]).any()
+    has_answer = torch.tensor([1, 1, 1, 0, 1, 1], dtype=torch.bool)
+    assert torch.allclose(
+        everyone["ref_prob"][has_answer].float(), everyone["verifree"][has_answer], atol=1e-6
+    )

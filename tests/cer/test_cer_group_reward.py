@@ -117,3 +117,17 @@ def test_ref_prob_is_each_samples_own_scored_solution(groups, char_tokenizer, ti
     assert torch.allclose(
         everyone["ref_prob"][has_answer].float(), everyone["verifree"][has_answer], atol=1e-6
     )
+
+
+@pytest.mark.parametrize("m", [None, 1])
+def test_every_type_at_once_leaves_the_cer_values_and_stats(groups, char_tokenizer, tiny_qwen3, m):
+    # reward.signal asks for all five types and ref_prob: every solution is then scored, but
+    # CER still averages over the m it selects
+    scorer = hf_prefix_scorer(tiny_qwen3)
+    alone, alone_stats = group_rewards(["cer"], groups, scorer, char_tokenizer, m=m)
+    every, every_stats = group_rewards(
+        ["exact", "rule", "cer", "rule+cer", "verifree", "ref_prob"],
+        groups, scorer, char_tokenizer, m=m,
+    )  # fmt: skip
+    assert torch.allclose(alone["cer"], every["cer"], atol=1e-7)
+    assert alone_stats == pytest.approx(every_stats)

@@ -290,6 +290,58 @@ def eviback_rows(
     return rows, note
 
 
+# --- measured shapes ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepShapes:
+    """A step's measured shapes, as the trainers log them (``shape/*``, ``common.token_counts``):
+    ``groups`` prompts of ``trajectories / groups`` samples each, ``prompt_tokens`` each group's
+    prompt once, ``response_tokens`` every trajectory's response (sampled and inserted)."""
+
+    groups: int
+    trajectories: int
+    prompt_tokens: int
+    response_tokens: int
+
+    @classmethod
+    def from_metrics(cls, row: dict) -> StepShapes:
+        return cls(*(int(row[f"shape/{k}"]) for k in cls.__dataclass_fields__))
+
+
+def step_tokens(
+    shapes: StepShapes,
+    kl_coef: float = 0.0,
+    cer_scorer_batch_size: int | None = None,
+    cer_answer_tokens: int = 6,
+    cer_candidates: int = 4,
+) -> dict[str, int]:
+    """The cost model's tokens by phase for one step of ``shapes``, by ``cer_rows``'s and
+    ``eviback_rows``'s formulas (B groups of G, mean prompt p and response s): generation
+    B x (p + G x s), update B x G x (p + s), reference the same where ``kl_coef`` > 0, reward
+    CER's prefix-shared scoring (``cer_group_scoring``, each response whole as the solution,
+    ``cer_candidates`` answers of ``cer_answer_tokens``) where ``cer_scorer_batch_size`` is
+    given, else 0 (exact match; an external teacher is not the policy's tokens)."""
+    b, n = shapes.groups, shapes.trajectories
+    g = n / b if b else 0
+    p = shapes.prompt_tokens / b if b else 0
+    s = shapes.response_tokens / n if n else 0
+    update = round(b * g * (p + s))
+    reward = 0
+    if cer_scorer_batch_size is not None and b:
+        count = cer_group_scoring(
+            round(p), [round(s)] * round(g), [cer_answer_tokens] * cer_candidates,
+            cer_scorer_batch_size,
+        )  # fmt: skip
+        reward = b * count.real
+    return {
+        "generation": round(b * (p + g * s)),
+        "reward": reward,
+        "update": update,
+        "reference": update if kl_coef > 0 else 0,
+    }
+
+
 # --- ARCO ---------------------------------------------------------------------------------------
 
 

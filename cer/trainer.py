@@ -34,6 +34,7 @@ from cer.evaluate import evaluate_problems, load_problems, problem_results
 from cer.group_reward import Group, group_rewards, rules_of, verifier_name
 from cer.rollout import sample_groups, step_sampling
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
+from cer.token_counts import counting_scorer
 from cer.verifree import verifree_batch
 from common.batches import BatchLog, group_grad_accum, rank_questions
 from common.rl import group_normalized_advantages, rloo_advantages
@@ -49,6 +50,7 @@ from common.rl_loop import (
 from common.rollout import HFEngine
 from common.rollout.batch import padding_id
 from common.rollout.engine import SamplingConfig
+from common.token_counts import rollout_token_metrics
 from common.train import (
     MetricsLogger,
     TrainEngine,
@@ -125,7 +127,12 @@ def train_cer(cfg: CERConfig) -> dict:
     engine = build_engine(
         cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
     )
-    score_fn = make_score_fn(cfg, engine, train.model, frozen, train.world_size)
+    scored = [0]  # tokens the scorer forwards: tokens/reward (cer.token_counts)
+    score_fn = counting_scorer(
+        make_score_fn(cfg, engine, train.model, frozen, train.world_size),
+        scored,
+        whole=frozen is None and cfg.reward.scorer == "engine",
+    )
     # HF engine on the training model: the scorer reads the samples' generation caches instead
     # of forwarding prompt and solution again (same model, same weights until the update).
     reuse_kv = (
@@ -204,11 +211,12 @@ def train_cer(cfg: CERConfig) -> dict:
         if reuse_kv:
             engine.keep_kv = False
         timings["generate"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t0, scored[0] = time.perf_counter(), 0
         rewards, cer_stats = group_rewards(
             [cfg.reward.type], groups, score_fn, tokenizer, cfg.reward.m, *reward_rules
         )
         timings["reward"] = time.perf_counter() - t0
+        reward_tokens, scored[0] = scored[0], 0
         trajs = [t for g in groups for t in g.trajs]
         reward = rewards[cfg.reward.type]
         adv = advantages(reward, [t.group_id for t in trajs], cfg.advantage)
@@ -248,6 +256,9 @@ def train_cer(cfg: CERConfig) -> dict:
             **{f"samples/reward/{k}": v.mean().item() for k, v in shown_rewards.items()},
             **{f"samples/{k}": v for k, v in shown_stats.items()},
             **upd,
+            **rollout_token_metrics(trajs),
+            "tokens/reward": reward_tokens,
+            "tokens/reward_samples": scored[0],  # samples/'s every reward type, for reading
             **{f"time/{k}": v for k, v in timings.items()},
         }
         metrics = all_ranks_mean(metrics, len(trajs))

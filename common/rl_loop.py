@@ -28,6 +28,7 @@ from common.rl import (
 )
 from common.rollout import AgentConfig, HFEngine, Trajectory, run_agent
 from common.rollout.batch import collate
+from common.token_counts import SUMMED_PREFIXES
 from common.train import TrainEngine, iter_named_weights, read_metrics, save_checkpoint
 
 
@@ -131,8 +132,11 @@ def policy_update(
     """
     mbs = cfg.micro_batch_size
     stats: dict[str, float] = {}
+    tokens = {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
     for start in range(0, len(trajs), mbs):
         batch = collate(trajs[start : start + mbs], pad_id).to(train.device)
+        tokens["tokens/update"] += int(batch.attention_mask.sum())
+        tokens["tokens/update_padded"] += batch.input_ids.numel()
         if isinstance(advantages, torch.Tensor):
             adv = broadcast_to_tokens(
                 advantages[start : start + mbs].to(train.device), batch.loss_mask
@@ -156,6 +160,7 @@ def policy_update(
             ref_logp = train.reference.logprobs(
                 batch.input_ids, batch.attention_mask, cfg.logprob_chunk
             )  # [b, T-1]
+            tokens["tokens/reference"] += int(batch.attention_mask.sum())
             kl = masked_mean(kl_k3(logp, ref_logp), batch.loss_mask)
             loss = loss + cfg.kl_coef * kl
             stats["kl"] = stats.get("kl", 0.0) + kl.item()
@@ -164,7 +169,7 @@ def policy_update(
         stats["loss"] = stats.get("loss", 0.0) + loss.item()
         stats["clip_frac"] = stats.get("clip_frac", 0.0) + float(clip["clip_frac"])
     chunks = -(-len(trajs) // mbs)
-    out = {k: v / chunks for k, v in stats.items()}
+    out = {k: v / chunks for k, v in stats.items()} | tokens
     out["grad_norm"] = float(info["grad_norm"]) if info["grad_norm"] is not None else float("nan")
     return out
 
@@ -185,13 +190,18 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
 
 
 def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
-    """Each metric averaged over ranks, rank r weighted by its ``weight`` (e.g. its sample count)."""
+    """Each metric averaged over ranks, rank r weighted by its ``weight`` (e.g. its sample count);
+    counts (``tokens/*``, ``shape/*``: ``common.token_counts``) summed over ranks."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return metrics
     keys = sorted(metrics)
-    t = torch.tensor([metrics[k] * weight for k in keys] + [weight], dtype=torch.float64)
+    summed = [k.startswith(SUMMED_PREFIXES) for k in keys]
+    t = torch.tensor(
+        [metrics[k] * (1 if s else weight) for k, s in zip(keys, summed, strict=True)] + [weight],
+        dtype=torch.float64,
+    )
     torch.distributed.all_reduce(t)
-    return {k: (t[i] / t[-1]).item() for i, k in enumerate(keys)}
+    return {k: (t[i] / (1 if summed[i] else t[-1])).item() for i, k in enumerate(keys)}
 
 
 def update_and_push(

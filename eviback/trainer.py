@@ -26,6 +26,7 @@ from common.batches import BatchLog, group_grad_accum, rank_questions
 from common.config import ConfigError
 from common.data import QAExample
 from common.rl_loop import (
+    all_ranks_mean,
     build_engine,
     dev_results_path,
     end_of_step,
@@ -37,6 +38,7 @@ from common.rl_loop import (
 )
 from common.rollout import Trajectory, run_agent
 from common.rollout.batch import padding_id
+from common.token_counts import SUMMED_PREFIXES, rollout_token_metrics
 from common.train import (
     MetricsLogger,
     TrainEngine,
@@ -341,6 +343,9 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             **upd,
             **{f"time/{k}": v for k, v in timings.items()},
         }
+        # tokens through the model (the teacher is external: teacher/tokens), every rank's summed
+        counts = {k: v for k, v in upd.items() if k.startswith(SUMMED_PREFIXES)}
+        metrics |= all_ranks_mean(counts | rollout_token_metrics(trajs), len(trajs))
         if logger:
             logger.log(step, metrics)
             write_samples(

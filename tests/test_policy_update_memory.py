@@ -106,7 +106,9 @@ def test_policy_update_equals_the_whole_logits_path(tied, kl_coef, monkeypatch):
     assert (
         set(new_stats)
         == set(old_stats)
-        == {"loss", "clip_frac", "grad_norm"} | ({"kl"} if kl_coef else set())
+        == {"loss", "clip_frac", "grad_norm", "tokens/update", "tokens/update_padded"}
+        | {"tokens/reference"}
+        | ({"kl"} if kl_coef else set())
     )
     if kl_coef:
         assert old_stats["kl"] > 1e-4

@@ -33,6 +33,7 @@ from common.rehearse.stages import (
     read_jsonl,
     run_stage,
 )
+from common.rehearse.tokens import markdown_rows, token_table
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_CONFIGS: tuple[str, ...] = (
@@ -190,7 +191,17 @@ def _train_counts(run_dir: Path, steps: int) -> dict[str, Any]:
     return counts
 
 
-def _resume_check(run_dir: Path, log: Path, steps: int) -> Callable[[], dict[str, Any]]:
+def _tokens(s: Setup, run_dir: Path, first: int = 1) -> dict[str, Any]:
+    """``tokens``: the steps from ``first`` on, measured next to the cost model (``tokens``)."""
+    rows = [r for r in _metrics(run_dir) if r.get("step", 0) >= first]
+    return {"tokens": token_table(rows, family(s.config), s.raw)}
+
+
+def _resume_check(
+    s: Setup, run_dir: Path, log: Path, steps: int, first: int
+) -> Callable[[], dict[str, Any]]:
+    """The resume stage's check; its tokens are those of the steps from ``first`` on."""
+
     def check() -> dict[str, Any]:
         text = log.read_text(errors="replace")
         if "resumed from" not in text:
@@ -199,7 +210,7 @@ def _resume_check(run_dir: Path, log: Path, steps: int) -> Callable[[], dict[str
         logged = [r["step"] for r in _metrics(run_dir)]
         if logged != list(range(1, steps + 1)):
             raise StageFailed(f"metrics.jsonl's steps after the resume are {logged}")
-        return counts
+        return counts | _tokens(s, run_dir, first)
 
     return check
 
@@ -254,7 +265,7 @@ def eviback_plan(s: Setup) -> list[Stage]:
     def train_check() -> dict[str, Any]:
         counts = _train_counts(run, 2) | _endpoint_delta(s, marks.pop("before", {}))
         _require(counts, "teacher/calls", "the teacher backoff")
-        return counts
+        return counts | _tokens(s, run)
 
     return [
         Stage("ape", "eviback", _args(s, "ape", ape), s.ranks, ape_check, before=mark),
@@ -264,7 +275,7 @@ def eviback_plan(s: Setup) -> list[Stage]:
             "eviback",
             _args(s, "train", train | {"steps": 3} | EXTEND),
             s.ranks,
-            _resume_check(run, logs / "resume.log", 3),
+            _resume_check(s, run, logs / "resume.log", 3, first=3),
         ),
         Stage("eval", "eviback", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
     ]
@@ -287,7 +298,7 @@ def cer_plan(s: Setup) -> list[Stage]:
         _require(counts, "reward/cer", "CER's scoring of answers")
         _require(counts, "mixed_group_share", "a group with non-zero advantages")
         _require(counts, "nonzero_grad_steps", "an update with a non-zero gradient")
-        return counts
+        return counts | _tokens(s, run)
 
     return [
         Stage("train", "cer", _args(s, "train", base | {"steps": 2}), s.ranks, train_check),
@@ -296,7 +307,7 @@ def cer_plan(s: Setup) -> list[Stage]:
             "cer",
             _args(s, "train", base | {"steps": 3} | EXTEND),
             s.ranks,
-            _resume_check(run, logs / "resume.log", 3),
+            _resume_check(s, run, logs / "resume.log", 3, first=3),
         ),
         Stage("eval", "cer", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
     ]
@@ -346,7 +357,7 @@ def arco_plan(s: Setup) -> list[Stage]:
         if s.raw.get("method") != "outcome_only":  # the baseline has no μ
             _require(counts, "phase_dense", "a dense step (μ's rubric rows scored)")
         _require(counts, "nonzero_grad_steps", "an update with a non-zero gradient")
-        return counts
+        return counts | _tokens(s, run)
 
     base_warmup = []
     if s.variant and s.raw.get("warmup", {}).get("policy_from"):
@@ -362,7 +373,7 @@ def arco_plan(s: Setup) -> list[Stage]:
             "arco",
             _args(s, "train", train | {"rl.dense_steps": 2} | EXTEND),
             s.ranks,
-            _resume_check(run, logs / "resume.log", 3),
+            _resume_check(s, run, logs / "resume.log", 3, first=3),
         ),
         Stage("eval", "arco", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
         Stage("diagnose", "arco", _args(s, "diagnose", base), 1, None),
@@ -445,11 +456,26 @@ class Report:
             "|---|---|---:|---:|---|",
         ]
         for r in self.stages:
-            counts = ", ".join(f"{k} {_short(v)}" for k, v in r.counts.items())
+            counts = ", ".join(f"{k} {_short(v)}" for k, v in r.counts.items() if k != "tokens")
             result = "ok" if r.ok else f"FAILED: {r.error}"
             lines.append(
                 f"| {r.name} | {result} | {r.seconds:.1f} | {r.peak_rss_mib:.0f} | {counts} |"
             )
+        lines += ["", "## Tokens through the model, next to the cost model", ""]
+        tables = [(r.name, r.counts["tokens"]) for r in self.stages if r.counts.get("tokens")]
+        if tables:
+            lines += [
+                "Measured: the trainers' `tokens/*` metrics summed over the stage's steps; cost "
+                "model: `benchmarks/cost_model.py` `step_tokens` for each step's logged shapes "
+                "(`shape/*`); ratio = measured / cost model.",
+                "",
+                "| stage | steps | category | measured | cost model | ratio | note |",
+                "|---|---|---|---:|---:|---:|---|",
+            ]
+            for name, table in tables:
+                lines += markdown_rows(name, table)
+        else:
+            lines.append("No train stage logged `tokens/*` metrics (ARCO's trainer logs none yet).")
         lines += ["", "## The stand-in", ""]
         lines += [f"- {k}: {_short(v)}" for k, v in self.standin.items()]
         lines += ["", "## Changed for this machine", ""] + [f"- {n}" for n in self.notes]

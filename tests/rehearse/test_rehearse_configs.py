@@ -42,6 +42,12 @@ def test_cer_paper_config_on_two_ranks(tmp_path):
     assert train["reward/cer"] > 0 and train["mixed_group_share"] > 0
     assert train["nonzero_grad_steps"] == 2
     assert "--num_gpus 2" in stages["train"]["command"]
+    # both ranks' tokens summed: the update's equal the cost model's for the same shapes
+    tokens = {e["category"]: e for e in train["tokens"]}
+    for category in ("generation", "update"):
+        assert tokens[category]["measured"] == tokens[category]["model"] > 0, category
+    assert tokens["reward"]["measured"] > 0 and tokens["reward"]["model"] > 0
+    assert [e["steps"] for e in resume["tokens"]] == ["3"] * len(resume["tokens"])
     notes = " ".join(stages["_report"]["notes"])
     assert "sleep_during_update=false" in notes and "bf16=true" in notes
 
@@ -55,6 +61,9 @@ def test_eviback_paper_config_with_ape_and_the_teacher(tmp_path):
     ape, train = stages["ape"]["counts"], stages["train"]["counts"]
     assert any(k.startswith("endpoint/ape_controller/") for k in ape)
     assert train["teacher/calls"] > 0 and train["nonzero_grad_steps"] >= 1
+    tokens = {e["category"]: e for e in train["tokens"]}
+    assert tokens["update"]["measured"] == tokens["update"]["model"] > 0
+    assert tokens["teacher (external)"]["model"] is None
     endpoint = stages["_report"]["endpoint"]["by_outcome"]
     assert endpoint["ok"] > 0 and sum(v for k, v in endpoint.items() if k != "ok") > 0
 

@@ -32,8 +32,8 @@ from common.tinyworld import (
     load_world,
     make_questions,
 )
-from common.tinyworld.build import DEFAULT_MODEL_SIZES
 from common.tinyworld.model import build_model, padded_vocab_size, save_model_folder
+from common.tinyworld.model_sizes import DEFAULT_MODEL_SIZES
 from common.tinyworld.questions import MIX, SPLITS, TEMPLATES, subject_pools
 from common.tinyworld.tokenizer import SPECIAL_TOKENS, TAGS, build_tokenizer
 

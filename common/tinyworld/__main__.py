@@ -6,7 +6,8 @@ import argparse
 import dataclasses
 import sys
 
-from common.tinyworld.build import DEFAULT_MODEL_SIZES, build_world, describe
+from common.tinyworld.build import build_world, describe
+from common.tinyworld.model_sizes import DEFAULT_MODEL_SIZES
 from common.tinyworld.questions import SplitSizes
 from common.tinyworld.world import WorldSizes
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from common.tinyworld.model_sizes import DEFAULT_MODEL_SIZES, check_model_sizes
 from common.tinyworld.questions import SPLITS, SplitSizes, make_questions
 from common.tinyworld.world import WorldSizes, documents, generate_world, load_world
 
@@ -23,16 +24,6 @@ WORLD_FILE = "world.json"
 CORPUS_FILE = "corpus.jsonl"
 MODEL_DIR = "model"
 MANIFEST_FILE = "manifest.json"
-# The tiny Qwen3 (`common.tinyworld.model`), here so that the CLI lists it without importing torch.
-DEFAULT_MODEL_SIZES = {
-    "num_hidden_layers": 2,
-    "hidden_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "intermediate_size": 384,
-    "max_position_embeddings": 2048,
-}
 
 
 def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -47,26 +38,6 @@ def _sha256(path: Path) -> str:
 
 def _log(message: str, start: float) -> None:
     print(f"[tinyworld {time.perf_counter() - start:5.1f}s] {message}", flush=True)
-
-
-def check_model_sizes(sizes: dict[str, int]) -> None:
-    """Raise ``ValueError`` unless every size is a known name with a value >= 1 and the attention
-    heads are a multiple of the key-value heads (grouped-query attention)."""
-    unknown = sorted(set(sizes) - set(DEFAULT_MODEL_SIZES))
-    if unknown:
-        raise ValueError(f"unknown model size(s) {unknown}; known: {sorted(DEFAULT_MODEL_SIZES)}")
-    bad = [
-        f"{k}={v!r}"
-        for k, v in sizes.items()
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1
-    ]
-    if bad:
-        raise ValueError(f"model sizes must be integers >= 1: {', '.join(bad)}")
-    if sizes["num_attention_heads"] % sizes["num_key_value_heads"]:
-        raise ValueError(
-            f"num_attention_heads ({sizes['num_attention_heads']}) must be a multiple of "
-            f"num_key_value_heads ({sizes['num_key_value_heads']})"
-        )
 
 
 def build_world(

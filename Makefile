@@ -101,7 +101,7 @@ eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy
 RUNS ?= runs
 RANKS ?= 1
 eval-all:  ## every run under RUNS (default runs/) on its method's benchmarks: runs/eval/results.md
-	$(PY) -m common.evaluate_all $(RUNS) --out runs/eval --ranks $(RANKS)
+	$(PY) -m experiments.evaluate_all $(RUNS) --out runs/eval --ranks $(RANKS)
 
 # the demo's ARCO run, shortened to minutes (make train-arco runs the full tiny config)
 ARCO_DEMO := warmup_dir=runs/arco/demo/warmup run_dir=runs/arco/demo
@@ -109,23 +109,23 @@ ARCO_DEMO_WARMUP := $(ARCO_DEMO) warmup.questions=150
 ARCO_DEMO_RL := $(ARCO_DEMO) rl.sparse_steps=4 rl.dense_steps=4 eval_every=4
 
 demo:  ## all of it on the tiny setup, from nothing, on CPU (about 14.5 min on 2 cores), ending in runs/demo/report.md
-	$(PY) -m common.demo --world $(WORLD) --warmstart runs/warmstart/tiny --run-dir runs/grpo/tiny
+	$(PY) -m experiments.demo --world $(WORLD) --warmstart runs/warmstart/tiny --run-dir runs/grpo/tiny
 	$(PY) -m eviback train --config eviback/configs/tiny.yaml
 	$(MAKE) cer-tiny-assets
 	$(PY) -m cer train --config cer/configs/tiny.yaml
 	$(PY) -m arco warmup --config arco/configs/tiny.yaml $(ARCO_DEMO_WARMUP)
 	$(PY) -m arco train --config arco/configs/tiny.yaml $(ARCO_DEMO_RL)
-	$(PY) -m common.demo_report --out runs/demo "reference GRPO=runs/grpo/tiny" \
+	$(PY) -m experiments.demo_report --out runs/demo "reference GRPO=runs/grpo/tiny" \
 		"EviBack=runs/eviback/tiny" "CER=runs/cer/tiny/cer" "ARCO=runs/arco/demo"
 
 compare-grpo: warmstart  ## the reference GRPO loop against its warm start, 3 seeds, paired bootstrap
-	$(PY) -m common.compare --spec common/configs/compare_grpo_tiny.yaml
+	$(PY) -m experiments.compare --spec common/configs/compare_grpo_tiny.yaml
 
 compare-eviback: warmstart  ## EviBack vs the Search-R1 baseline, 3 seeds, one warm start
-	$(PY) -m common.compare --spec eviback/configs/compare_tiny.yaml
+	$(PY) -m experiments.compare --spec eviback/configs/compare_tiny.yaml
 
 compare-cer: cer-tiny-assets  ## CER rewards (exact, rule = alias oracle, cer, rule+cer), 3 seeds, vs exact
-	$(PY) -m common.compare --spec cer/configs/compare_tiny.yaml
+	$(PY) -m experiments.compare --spec cer/configs/compare_tiny.yaml
 
 # compare-arco: every arm starts from one π. <out>/warmup/arco is ARCO's warmup; the variants'
 # warmups take its π (warmup.policy_from) and train their own μ (none: w/o Rubric and PRM;
@@ -145,7 +145,7 @@ compare-arco: $(ARCO_WARM)/arco.json  ## ARCO vs outcome-only, PRM and 3 ablatio
 	mkdir -p runs/compare/arco/warmup
 	test -f runs/compare/arco/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco/warmup/arco
 	$(call arco_variant_warmups,runs/compare/arco,)
-	$(PY) -m common.compare --spec arco/configs/compare_tiny.yaml $(if $(ARMS),--arms $(ARMS))
+	$(PY) -m experiments.compare --spec arco/configs/compare_tiny.yaml $(if $(ARMS),--arms $(ARMS))
 
 # the same wiring in minutes: small warmups, 1 seed, 1 sparse + 1 dense step, 20 dev questions
 ARCO_SMOKE := runs/compare/arco_smoke
@@ -155,7 +155,7 @@ compare-arco-smoke: warmstart  ## compare-arco's wiring end to end in minutes (n
 	test -f $(ARCO_SMOKE)/warmup/arco/arco.json || $(PY) -m arco warmup --config \
 		arco/configs/tiny.yaml warmup_dir=$(ARCO_SMOKE)/warmup/arco $(ARCO_SMOKE_WARMUP)
 	$(call arco_variant_warmups,$(ARCO_SMOKE),$(ARCO_SMOKE_WARMUP))
-	$(PY) -m common.compare --spec arco/configs/compare_tiny.yaml --out $(ARCO_SMOKE) --seeds 0 \
+	$(PY) -m experiments.compare --spec arco/configs/compare_tiny.yaml --out $(ARCO_SMOKE) --seeds 0 \
 		--set rl.sparse_steps=1 --set rl.dense_steps=1 --set eval_questions=20 \
 		--set diagnose.questions=5 --set diagnose.samples=3
 

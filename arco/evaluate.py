@@ -3,7 +3,7 @@ model by the checkpoint) on each benchmark of ``assets.eval_files`` (default: th
 
 Writes ``run_dir/eval/results.json``, ``results.md`` and ``per_question/<benchmark>.jsonl`` (one
 row per question, ``common.rl_loop.question_rows``), or the same under ``out``; ``checkpoint``
-chooses another checkpoint than the latest (``common.evaluate_all``). ``engine.backend=hf``
+chooses another checkpoint than the latest (``experiments.evaluate_all``). ``engine.backend=hf``
 generates with HF on that merged model (a run trained with the HF engine evaluates with it). Under the launcher each rank
 evaluates its shard of the questions and the metrics are averaged over ranks.
 """

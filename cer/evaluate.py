@@ -101,7 +101,7 @@ def evaluate_problems(
 
 
 def problem_results(rows: Sequence[dict]) -> list[dict]:
-    """One-sample rows of ``evaluate_problems`` as per-problem results (``common.compare``'s
+    """One-sample rows of ``evaluate_problems`` as per-problem results (``experiments.compare``'s
     input): ``{id, correct, exact, boxed, valid, answer}``; ``correct`` is the task's verifier
     (the alias oracle on alias rows), ``valid`` = ``boxed`` (the field compare reports)."""
     out = []

@@ -14,7 +14,7 @@ forwarded whole). ``reward.frozen_scorer`` scores with a frozen copy of the init
 
 Every dev evaluation (greedy) logs ``dev/*`` and, on the main rank, writes one row per dev problem
 in dev order to ``run_dir/dev_results/step_N.jsonl`` (``cer.evaluate.problem_results``, gathered
-from every rank): what ``common.compare`` pairs across runs.
+from every rank): what ``experiments.compare`` pairs across runs.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def train_cer(cfg: CERConfig) -> dict:
             engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy, rules_of(cfg)
         )
         m = all_ranks_mean(m, len(dev_set[shard]))
-        m["correct"] = m["accuracy"]  # the per-problem field's name: common.compare's curves
+        m["correct"] = m["accuracy"]  # the per-problem field's name: experiments.compare's curves
         # Every rank's rows, in dev order (a collective: every rank calls it).
         results = gather_in_order(problem_results(rows), train.world_size)
         if train.is_main:

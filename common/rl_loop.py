@@ -277,7 +277,7 @@ def evaluate(
     """Greedy single-sample EM/F1 and behaviour metrics on this rank's shard, averaged over ranks
     (``adapter``: the engine's LoRA adapter that plays the policy). With ``results_path`` the
     main rank writes one row per question (``question_rows``), every rank's shard gathered, in
-    the order of ``examples``: what ``common.compare`` pairs across runs."""
+    the order of ``examples``: what ``experiments.compare`` pairs across runs."""
     shard = examples[rank::world]
     greedy = AgentConfig(**{**vars(agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
     trajs = run_agent(

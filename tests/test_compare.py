@@ -1,4 +1,4 @@
-"""common.compare: the paired bootstrap, pairing over seeds, the report, the spec and the runner."""
+"""experiments.compare: the paired bootstrap, pairing over seeds, the report, the spec and the runner."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.compare import (
+from experiments.compare import (
     DONE_MARKER,
     diffs_from_start,
     load_spec,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from common.demo_report import main, summarize_run
+from experiments.demo_report import main, summarize_run
 
 
 def _run(folder: Path, rows: list[dict], torn: bool = False) -> Path:

@@ -1,4 +1,4 @@
-"""common.evaluate_all: discovery and method recognition on hand-made run folders, the table and
+"""experiments.evaluate_all: discovery and method recognition on hand-made run folders, the table and
 the paired intervals against hand-computed values, the cache, a failing evaluator subprocess."""
 
 from __future__ import annotations
@@ -13,7 +13,10 @@ import yaml
 from arco.config import ArcoConfig
 from cer.config import CERConfig
 from common.config import dump_config, load_config
-from common.evaluate_all import (
+from common.search_grpo import GRPOConfig
+from common.warmstart import WarmStartConfig
+from eviback.config import EviBackConfig
+from experiments.evaluate_all import (
     COLUMNS,
     bootstrap_interval,
     discover,
@@ -24,10 +27,7 @@ from common.evaluate_all import (
     metric_value,
     subprocess_evaluator,
 )
-from common.evaluate_plots import benchmark_bars
-from common.search_grpo import GRPOConfig
-from common.warmstart import WarmStartConfig
-from eviback.config import EviBackConfig
+from experiments.evaluate_plots import benchmark_bars
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -276,7 +276,7 @@ def test_missing_assets_in_the_real_evaluator_are_listed(tmp_path):
 def test_cli_usage_and_bad_folder(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
-    assert "usage: python -m common.evaluate_all" in capsys.readouterr().out
+    assert "usage: python -m experiments.evaluate_all" in capsys.readouterr().out
     assert main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "eval")]) == 2
     assert "nowhere: no such folder" in capsys.readouterr().err
 

@@ -70,3 +70,27 @@ def test_the_paper_configs_carry_their_releases_seed():
         for data in ("hotpotqa", "2wiki", "musique"):
             path = ROOT / "arco" / "configs" / f"{backbone}_{data}.yaml"
             assert load_config(ArcoConfig, path, []).seed == 42, path.name
+
+
+# the cross-method tools' targets: the same names, their commands now under experiments/
+EXPERIMENTS = [
+    ("eval-all", "experiments.evaluate_all runs --out runs/eval --ranks 1"),
+    ("compare-grpo", "experiments.compare --spec common/configs/compare_grpo_tiny.yaml"),
+    ("compare-eviback", "experiments.compare --spec eviback/configs/compare_tiny.yaml"),
+    ("compare-cer", "experiments.compare --spec cer/configs/compare_tiny.yaml"),
+    ("compare-arco", "experiments.compare --spec arco/configs/compare_tiny.yaml"),
+    ("compare-arco-smoke", "experiments.compare --spec arco/configs/compare_tiny.yaml --out"),
+    ("demo", "experiments.demo --world runs/tinyworld/seed0"),
+    ("demo", "experiments.demo_report --out runs/demo"),
+]
+
+
+@pytest.mark.parametrize(("target", "marker"), EXPERIMENTS)
+def test_cross_method_targets_run_the_experiments_modules(target, marker):
+    # -B: every prerequisite's commands too, as if nothing were built yet
+    lines = dry_run("-B", target)
+    (line,) = [x for x in lines if marker in x]
+    assert line.split()[:2] == [".venv/bin/python", "-m"]
+    assert (ROOT / (line.split()[2].replace(".", "/") + ".py")).is_file()
+    assert not any(" -m common.compare" in x or " -m common.evaluate_all" in x for x in lines)
+    assert not any(" -m common.demo" in x for x in lines)

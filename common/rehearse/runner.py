@@ -402,7 +402,7 @@ def _eval_all_stage(s: Setup) -> Stage:
         return {"runs_evaluated": len(runs)}
 
     args = [str(s.runs), "--out", str(out), "--no-plots", "--ranks", str(s.ranks)]
-    return Stage("eval-all", "common.evaluate_all", args, 1, check)
+    return Stage("eval-all", "experiments.evaluate_all", args, 1, check)
 
 
 PLANS = {"eviback": eviback_plan, "cer": cer_plan, "arco": arco_plan}

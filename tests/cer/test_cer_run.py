@@ -149,7 +149,7 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
-    # per-problem dev results (common.compare's input), in dev order, as logged
+    # per-problem dev results (experiments.compare's input), in dev order, as logged
     dev_ids = [json.loads(line)["id"] for line in (tiny_root / "task" / "dev.jsonl").open()][:4]
     for logged in (r for r in records if "dev/accuracy" in r):
         path = run_dir / "dev_results" / f"step_{logged['step']:05d}.jsonl"
@@ -402,7 +402,7 @@ def test_cli_reports_a_missing_model_before_loading(tmp_path, capsys):
 
 
 def test_compare_spec_runs_the_four_rewards_against_exact():
-    from common.compare import load_spec
+    from experiments.compare import load_spec
 
     spec = load_spec("cer/configs/compare_tiny.yaml")
     assert [a["name"] for a in spec["arms"]] == ["exact", "rule", "cer", "rule+cer"]

@@ -1,6 +1,6 @@
 """The demo's report: what ran, dev numbers before and after, and one page of curves.
 
-    python -m common.demo_report --out runs/demo \\
+    python -m experiments.demo_report --out runs/demo \\
         "reference GRPO=runs/grpo/tiny" "EviBack=runs/eviback/tiny" ...
 
 Each ``LABEL=RUN_DIR`` is a run folder with a ``metrics.jsonl``; its first and last dev
@@ -111,7 +111,7 @@ def write_report(out: Path, runs: list[tuple[str, Path]]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m common.demo_report", description=__doc__.split("\n")[0]
+        prog="python -m experiments.demo_report", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--out", default="runs/demo", help="report folder")
     parser.add_argument("runs", nargs="+", help="LABEL=RUN_DIR")

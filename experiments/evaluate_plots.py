@@ -1,6 +1,6 @@
-"""The plots of ``common.evaluate_all``: per benchmark, bars with 95% intervals per run; the
+"""The plots of ``experiments.evaluate_all``: per benchmark, bars with 95% intervals per run; the
 training curves of every run on one page (each run's dev metric from its ``metrics.jsonl``, as
-``common.demo_report`` reads it)."""
+``experiments.demo_report`` reads it)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from common.demo_report import summarize_run
+from experiments.demo_report import summarize_run
+from experiments.method_kinds import KIND, PAIRED
 
 
 def _pyplot():
@@ -25,8 +26,6 @@ def _pyplot():
 def benchmark_bars(report: dict[str, Any]) -> dict[str, dict[str, list[tuple]]]:
     """``{benchmark: {metric: [(run, value, ci_low, ci_high), ...]}}`` for the paired metrics
     (the headline ones) of every evaluated run."""
-    from common.evaluate_all import KIND, PAIRED
-
     out: dict[str, dict[str, list[tuple]]] = {}
     for r in report["runs"]:
         for bench, b in r.get("benchmarks", {}).items():

@@ -11,15 +11,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import common
 from common.config import load_config
 from common.search_grpo import GRPOConfig, train_grpo
 from common.warmstart import WarmStartConfig, run_warm_start
 
-CONFIGS = Path(__file__).parent / "configs"
+CONFIGS = Path(common.__file__).parent / "configs"  # the reference loop's own (common/configs/)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.demo", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--world", default="runs/tinyworld/seed0", help="tiny world folder")
     parser.add_argument("--warmstart", default="runs/warmstart/tiny", help="warm start folder")
     parser.add_argument("--run-dir", default="runs/grpo/tiny", help="GRPO run folder")

@@ -1,7 +1,7 @@
 """Every trained run on its method's benchmarks: one table with intervals, each method against its
 baseline on the same questions, the papers' numbers beside them.
 
-    python -m common.evaluate_all [RUN_OR_FOLDER ...] [--out runs/eval] [--step N] [--ranks N]
+    python -m experiments.evaluate_all [RUN_OR_FOLDER ...] [--out runs/eval] [--step N] [--ranks N]
 
 Every folder under the given ones (default ``runs/``) that holds a ``config.yaml`` is a run; its
 method comes from the config's keys (``recognise``): the reference GRPO loop and its warm start
@@ -16,7 +16,7 @@ the checkpoint's files and the run's config, so a second call evaluates only wha
 
 ``<out>/results.md`` and ``results.json``: one row per run and benchmark with the metrics the
 paper reports and their 95% percentile-bootstrap intervals over questions; paired-bootstrap
-intervals (``common.compare.paired_bootstrap``) of each run against its baseline where both were
+intervals (``experiments.compare.paired_bootstrap``) of each run against its baseline where both were
 evaluated on the same questions of the same file; the papers' published numbers (each package's
 ``published.yaml``) in their own section; a run that could not be evaluated, with the reason.
 """
@@ -42,43 +42,12 @@ from typing import Any
 import numpy as np
 import yaml
 
-from common.compare import paired_bootstrap
+from experiments.compare import paired_bootstrap
+from experiments.method_kinds import COLUMNS, KIND, PAIRED
 
 CACHE_VERSION = 1
 SKIP_DIRS = {"checkpoints", "dev_results", "samples", "model", "tensorboard", "wandb", "eval"}
 
-# evaluator kind of each method, the metrics its paper reports (in the table's order) and the
-# ones paired against the baseline
-KIND = {
-    "grpo": "search",
-    "warmstart": "search",
-    "eviback": "eviback",
-    "search_r1": "eviback",
-    "cer": "cer",
-    "cer_warmup": "cer",
-    "arco": "arco",
-    "arco_outcome_only": "arco",
-    "arco_prm": "arco",
-}
-COLUMNS = {
-    "search": ("em", "f1", "valid_answer_rate", "mean_searches", "forced_termination_rate"),
-    "eviback": (
-        "f1",
-        "em",
-        "valid_answer_rate",
-        "mean_searches",
-        "duplicate_query_rate",
-        "forced_termination_rate",
-    ),
-    "arco": ("em", "f1"),
-    "cer": ("greedy", "avg@k"),
-}
-PAIRED = {
-    "search": ("em", "f1"),
-    "eviback": ("f1", "em"),
-    "arco": ("em", "f1"),
-    "cer": ("greedy", "avg@k"),
-}
 # metric -> (per-question field summed, per-question field it is divided by; None: a mean)
 DEFINITIONS = {
     "em": ("em", None),
@@ -359,7 +328,7 @@ def subprocess_evaluator(ranks: int = 1) -> Evaluator:
             ]
         cmd += [
             "-m",
-            "common.evaluate_all",
+            "experiments.evaluate_all",
             "--worker",
             str(run.path),
             "--method",
@@ -609,7 +578,7 @@ def bootstrap_interval(
     seed: int = 0,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of ``metric`` over questions drawn with replacement (the
-    same percentile rule as ``common.compare.paired_bootstrap``)."""
+    same percentile rule as ``experiments.compare.paired_bootstrap``)."""
     num, den = DEFINITIONS[metric]
     n = len(rows)
     idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
@@ -664,7 +633,7 @@ def paired_comparisons(
     runs: Sequence[Run], records: dict[str, dict], resamples: int
 ) -> list[dict[str, Any]]:
     """Each run against its baseline per benchmark both evaluated on the same file's questions:
-    Δ = run − baseline per question, ``common.compare.paired_bootstrap`` over questions."""
+    Δ = run − baseline per question, ``experiments.compare.paired_bootstrap`` over questions."""
     out = []
     evaluated = [r for r in runs if r.name in records]
     for run in evaluated:
@@ -909,7 +878,7 @@ def evaluate_all(
     report = build_report(runs, records, resamples, load_published(project_root or Path.cwd()))
     write_report(report, out)
     if plots:
-        from common.evaluate_plots import plot_benchmarks, plot_curves
+        from experiments.evaluate_plots import plot_benchmarks, plot_curves
 
         plot_benchmarks(report, out)
         plot_curves(runs, out / "curves.png")
@@ -918,7 +887,7 @@ def evaluate_all(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m common.evaluate_all",
+        prog="python -m experiments.evaluate_all",
         description="Evaluate every run's final checkpoint on its method's benchmarks; one "
         "table with bootstrap intervals, paired comparisons with baselines, published numbers.",
     )

@@ -1,6 +1,6 @@
 """Method comparisons over seeds: run every arm's seeds, pair per-question dev results, bootstrap.
 
-    python -m common.compare --spec common/configs/compare_grpo_tiny.yaml [--report-only]
+    python -m experiments.compare --spec common/configs/compare_grpo_tiny.yaml [--report-only]
 
 A spec (YAML) names the arms, the seeds and the baseline::
 
@@ -527,7 +527,7 @@ def report(spec: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m common.compare", description=__doc__.split("\n")[0]
+        prog="python -m experiments.compare", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--spec", required=True, help="comparison spec (YAML)")
     parser.add_argument("--report-only", action="store_true", help="no runs; report what is there")

@@ -75,6 +75,43 @@ class LossConfig:
     )
 
 
+@dataclass
+class RunLoopConfig:
+    """The run loop's settings, the same in every search-agent RL run (the reference GRPO loop,
+    EviBack): a run's config class inherits them, so they are declared here once."""
+
+    seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
+    steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
+    questions_per_step: int = field(
+        default=8,
+        metadata={
+            "help": "questions per step over all ranks (global, as verl's data.train_batch_size; "
+            "each rank takes its share)",
+            "ge": 1,
+        },
+    )
+    n: int = field(default=8, metadata={"help": "rollouts per question (group size)", "ge": 1})
+    eval_every: int = field(
+        default=10,
+        metadata={
+            "help": "dev evaluation every k steps, before training and at the last step (0: never)",
+            "ge": 0,
+        },
+    )
+    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated", "ge": 1})
+    save_every: int = field(
+        default=0, metadata={"help": "checkpoint every k steps (0: at the last step only)", "ge": 0}
+    )
+    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
+    allow_config_change: bool = field(
+        default=False,
+        metadata={
+            "help": "continue or rerun run_dir under other settings (recorded in "
+            "config_changes.jsonl)"
+        },
+    )
+
+
 def build_engine(
     cfg: EngineConfig, model_path: str, model: torch.nn.Module | None, tokenizer, seed: int
 ):

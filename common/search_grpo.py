@@ -26,6 +26,7 @@ from common.rl import group_normalized_advantages
 from common.rl_loop import (
     EngineConfig,
     LossConfig,
+    RunLoopConfig,
     all_ranks_mean,
     build_engine,
     dev_results_path,
@@ -54,8 +55,8 @@ from common.train.run_folder import open_run_folder
 
 
 @dataclass
-class GRPOConfig:
-    """The reference GRPO run."""
+class GRPOConfig(RunLoopConfig):
+    """The reference GRPO run (the run loop's fields: ``RunLoopConfig``)."""
 
     world: str = field(default="runs/tinyworld/seed0", metadata={"help": "tiny world folder"})
     model: str = field(default="", metadata={"help": "HF model folder (default: <world>/model)"})
@@ -67,37 +68,8 @@ class GRPOConfig:
         metadata={"help": "a Search-R1 /retrieve endpoint to use instead of in-process BM25"},
     )
     run_dir: str = field(default="runs/grpo/tiny", metadata={"help": "output folder"})
-    seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
-    steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
-    questions_per_step: int = field(
-        default=8,
-        metadata={
-            "help": "questions per step over all ranks (global, as verl's data.train_batch_size; "
-            "each rank takes its share)",
-            "ge": 1,
-        },
-    )
-    n: int = field(default=8, metadata={"help": "rollouts per question (group size)", "ge": 1})
-    eval_every: int = field(
-        default=10,
-        metadata={
-            "help": "dev evaluation every k steps, before training and at the last step (0: never)",
-            "ge": 0,
-        },
-    )
-    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated", "ge": 1})
-    save_every: int = field(
-        default=0, metadata={"help": "checkpoint every k steps (0: at the last step only)", "ge": 0}
-    )
-    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
     resume: bool = field(
         default=True, metadata={"help": "continue from run_dir's latest checkpoint if there is one"}
-    )
-    allow_config_change: bool = field(
-        default=False,
-        metadata={
-            "help": "continue run_dir under other settings (recorded in config_changes.jsonl)"
-        },
     )
     samples_per_step: int = field(
         default=4, metadata={"help": "rollouts written to samples/", "ge": 0}

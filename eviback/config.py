@@ -13,7 +13,7 @@ from typing import Literal
 
 from common.model_id import model_problem
 from common.retrieval.index_folder import is_index_folder
-from common.rl_loop import EngineConfig, LossConfig
+from common.rl_loop import EngineConfig, LossConfig, RunLoopConfig
 from common.rollout import AgentConfig
 from common.train import TrainConfig
 from common.train.logging import LogConfig
@@ -218,8 +218,8 @@ class ApeConfig:
 
 
 @dataclass
-class EviBackConfig:
-    """An EviBack (or, teacher off, Search-R1 GRPO) run."""
+class EviBackConfig(RunLoopConfig):
+    """An EviBack (or, teacher off, Search-R1 GRPO) run (the loop's fields: ``RunLoopConfig``)."""
 
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     run_dir: str = field(default="runs/eviback/tiny", metadata={"help": "output folder"})
@@ -229,33 +229,6 @@ class EviBackConfig:
             "help": "continue from the latest checkpoint (false: start at step 0, replace the run)"
         },
     )
-    allow_config_change: bool = field(
-        default=False,
-        metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},
-    )
-    seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
-    steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
-    questions_per_step: int = field(
-        default=8,
-        metadata={
-            "help": "questions per step over all ranks (global, as verl's data.train_batch_size; "
-            "each rank takes its share)",
-            "ge": 1,
-        },
-    )
-    n: int = field(default=8, metadata={"help": "rollouts per question (group size)", "ge": 1})
-    eval_every: int = field(
-        default=10,
-        metadata={
-            "help": "dev evaluation every k steps, before training and at the last step (0: never)",
-            "ge": 0,
-        },
-    )
-    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated", "ge": 1})
-    save_every: int = field(
-        default=0, metadata={"help": "checkpoint every k steps (0: at the last step only)", "ge": 0}
-    )
-    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
     samples_per_step: int = field(
         default=8, metadata={"help": "rollouts written to samples/", "ge": 0}
     )

@@ -126,6 +126,14 @@ class RubricConfig:
         metadata={"help": "mode=fixed: text file, one criterion a line (# comments), K lines"},
     )
     max_new_tokens: int = field(default=128, metadata={"help": "criteria tokens, greedy", "ge": 1})
+    shared_prefix: bool = field(
+        default=True,
+        metadata={
+            "help": "μ's training-model forwards (scoring, update, μ_ref) take a trajectory's "
+            "rows as one trunk with each step's tail after its branch point (block-causal "
+            "mask; same values); false: one row a step"
+        },
+    )
     max_obs_chars: int = field(
         default=0, metadata={"help": "observations cut to this many characters (0: whole)", "ge": 0}
     )

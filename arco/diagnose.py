@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from arco.advantages import position_buckets
-from arco.rubrics import RubricItem, rubric_batch
+from arco.rubrics import RubricItem, compute_dtype, rubric_batch, trajectory_chunks, trunk_batch
 from arco.steps import Episode
 from common.rl import logprobs_from_logits
 from common.rollout.batch import padding_id
@@ -72,13 +72,30 @@ def pick_share(logliks: Sequence[float], truth: int) -> float:
 
 
 @torch.no_grad()
-def criteria_loglik(model, items: Sequence[RubricItem], pad_id: int, batch_size: int) -> list:
-    """Σ log μ(criteria tokens | rubric prompt) under the rubric adapter, one value per item."""
+def criteria_loglik(
+    model, items: Sequence[RubricItem], pad_id: int, batch_size: int, shared: bool = False
+) -> list:
+    """Σ log μ(criteria tokens | rubric prompt) under the rubric adapter, one value per item.
+    ``shared``: the items of one ``traj`` value (here: one case's candidates, which share the
+    prompt up to the action) forwarded as one trunk (``trunk_batch``)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     out: list[float] = []
     try:
+        if shared:
+            values = [0.0] * len(items)
+            for where in trajectory_chunks(items, batch_size):
+                chunk = [items[i] for i in where]
+                tb = trunk_batch(chunk, pad_id, device, compute_dtype(model))
+                logits, _ = model(
+                    "rubric", tb.ids, tb.mask, logit_mask=tb.logit_mask, position_ids=tb.positions
+                )  # [n, V]: each needed packed position once
+                logp = logprobs_from_logits(logits[tb.crit_at], tb.crit_target)  # [C]
+                total = logp.new_zeros(len(chunk)).index_add(0, tb.crit_item, logp)
+                for i, v in zip(where, total.tolist(), strict=True):
+                    values[i] = v
+            return values
         for start in range(0, len(items), batch_size):
             chunk = items[start : start + batch_size]
             ids, attn, crit = rubric_batch(chunk, pad_id, device)
@@ -101,10 +118,12 @@ def action_identification(
     pad_id: int,
     max_candidates: int = 4,
     batch_size: int = 32,
+    shared: bool = False,
 ) -> dict:
     """Accuracy of picking the real action from μ's criteria (``items``: one per step of
     ``episodes``, trajectory-major, with the criteria μ wrote). ``make_items(episodes)`` builds
-    rubric items for episodes as the run does (mode, prefix, K, templates)."""
+    rubric items for episodes as the run does (mode, prefix, K, templates). ``shared``: a case's
+    candidates forwarded as one trunk (``criteria_loglik``)."""
     by_step = {(it.traj, it.step): it for it in items}
     cases = identification_cases(episodes, max_candidates)
     variants: list[Episode] = []
@@ -120,8 +139,9 @@ def action_identification(
     probe = []
     for v, (c, _) in enumerate(where):
         real = by_step[(cases[c].episode, cases[c].step)]
-        probe.append(RubricItem(v, last[v].step, last[v].prompt_ids, list(real.criteria_ids)))
-    logliks = criteria_loglik(model, probe, pad_id, batch_size)
+        # traj = the case: one case's candidates are one group of the shared path
+        probe.append(RubricItem(c, last[v].step, last[v].prompt_ids, list(real.criteria_ids)))
+    logliks = criteria_loglik(model, probe, pad_id, batch_size, shared)
     per_case: list[list[float]] = [[] for _ in cases]
     for (c, _), value in zip(where, logliks, strict=True):
         per_case[c].append(value)
@@ -260,7 +280,7 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     items = make_rubric_items(cfg, episodes, tokenizer)
     if cfg.rubric.mode == "adaptive":
         write_criteria(engine, items, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
-    score_items(model, items, pad_id, cfg.rl.score_batch_size)
+    score_items(model, items, pad_id, cfg.rl.score_batch_size, cfg.rubric.shared_prefix)
     ident = None
     if cfg.rubric.mode == "adaptive":  # fixed criteria or none: nothing μ wrote for an action
         ident = action_identification(
@@ -271,6 +291,7 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
             pad_id,
             d.max_candidates,
             cfg.rl.score_batch_size,
+            cfg.rubric.shared_prefix,
         )
     scores = score_distributions(episodes, items, cfg.rl.invalid_bucket)
     summary = {

@@ -59,7 +59,12 @@ class ScoreHead(nn.Module):
 
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``hidden`` [B, T, H] over the positions where ``mask`` [B, T] is 1 -> [B, H] in
-    float32 (a bf16 sum over a thousand positions would lose the mean's low bits)."""
+    float32 (a bf16 sum over a thousand positions would lose the mean's low bits). A mask
+    [B, R, T] pools R sets of positions of each row -> [B, R, H] (the shared-prefix path: one
+    packed row holds a trajectory's rubric sequences)."""
+    if mask.dim() == 3:
+        m = mask.float()  # [B, R, T]
+        return torch.bmm(m, hidden.float()) / m.sum(-1, keepdim=True).clamp(min=1.0)
     m = mask.float().unsqueeze(-1)
     return (hidden.float() * m).sum(1) / m.sum(1).clamp(min=1.0)
 
@@ -100,10 +105,14 @@ class ArcoModel(nn.Module):
         attention_mask: torch.Tensor,
         pool_mask: torch.Tensor | None = None,
         logit_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits under ``adapter``, and with ``pool_mask`` [B, T] the head's scores [B, K] on
-        the mean-pooled last hidden layer over it. A reference adapter runs in eval mode (no
-        dropout), whatever the module's mode.
+        the mean-pooled last hidden layer over it ([B, R, T]: scores [B, R, K]). A reference
+        adapter runs in eval mode (no dropout), whatever the module's mode.
+
+        ``attention_mask`` [B, T], or a 4D additive mask [B, 1, T, T] with ``position_ids``
+        [B, T] (packed rows, ``common.block_causal``).
 
         Logits: [B, T, V] at every position; with ``logit_mask`` [B, T] only at its positions,
         [n, V] in row-major order (``x[logit_mask]``): the language-model head is applied to
@@ -118,6 +127,7 @@ class ArcoModel(nn.Module):
                 out = self.lm(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
+                    position_ids=position_ids,
                     output_hidden_states=pool_mask is not None,
                 )
                 logits, hidden = (
@@ -127,7 +137,9 @@ class ArcoModel(nn.Module):
             else:
                 hf = self.lm.get_base_model()
                 body = getattr(hf, hf.base_model_prefix)  # the decoder, under the LoRA layers
-                hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+                hidden = body(
+                    input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+                ).last_hidden_state
                 logits = hf.get_output_embeddings()(hidden[logit_mask.bool()])  # [n, V]
         finally:
             if reference:

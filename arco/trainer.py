@@ -41,10 +41,12 @@ from arco.rubric_model import ArcoModel, build_arco_model, read_meta
 from arco.rubric_prompt import read_criteria_file
 from arco.rubrics import (
     RubricItem,
+    compute_dtype,
     rubric_batch,
     rubric_items,
     score_items,
     step_rewards,
+    trunk_batch,
     write_criteria,
 )
 from arco.steps import Episode, episode_from_trajectory
@@ -236,14 +238,25 @@ def rubric_loss(
     direction: str,
     pad_id: int,
     record: bool = False,
+    shared: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Σ over trajectories ``first_traj ..`` of w_τ (Σ_t s_t − R)² + β Σ_t tokenmean KL_t(μ‖μ_ref),
     scores recomputed with gradient through the head and the rubric adapter (``record``: their
-    detached values written into the items, the step scores of the advantages)."""
-    ids, attn, crit = rubric_batch(items, pad_id, train.device)
-    kl_on = beta > 0 and bool(crit.any())  # fixed criteria or none: nothing of μ's to hold
-    at = F.pad(crit.bool() & kl_on, (0, 1))  # [M, T]: logits at the criteria positions only
-    logits, scores = train("rubric", ids, attn, pool_mask=attn, logit_mask=at)  # [n, V]
+    detached values written into the items, the step scores of the advantages). ``shared``
+    (``rubric.shared_prefix``): each trajectory's rows forwarded as one trunk (``trunk_batch``),
+    for μ and μ_ref alike; else one row a step."""
+    if shared:
+        tb = trunk_batch(items, pad_id, train.device, compute_dtype(train.model))
+        kl_on = beta > 0 and tb.crit_at.numel() > 0
+        at = tb.logit_mask & kl_on
+        fwd = {"pool_mask": tb.pool, "position_ids": tb.positions}
+        logits, scores = train("rubric", tb.ids, tb.mask, logit_mask=at, **fwd)  # [n, V]
+        scores = tb.item_scores(scores)  # [M, K]
+    else:
+        ids, attn, crit = rubric_batch(items, pad_id, train.device)
+        kl_on = beta > 0 and bool(crit.any())  # fixed criteria or none: nothing of μ's to hold
+        at = F.pad(crit.bool() & kl_on, (0, 1))  # [M, T]: logits at the criteria positions only
+        logits, scores = train("rubric", ids, attn, pool_mask=attn, logit_mask=at)  # [n, V]
     if record:
         for it, row in zip(items, scores.detach().tolist(), strict=True):
             it.scores = row
@@ -258,7 +271,14 @@ def rubric_loss(
     decomp = decomposition_loss(step_scores, step_mask, outcomes, weights)  # [n_trajs]
     loss = decomp.sum()
     stats = {"mu_decomp_loss": decomp.mean().item(), "mu_kl": 0.0}
-    if kl_on:
+    if kl_on and shared:
+        with torch.no_grad():
+            ref_logits, _ = train.model("rubric_ref", tb.ids, tb.mask, logit_mask=at, **fwd)
+        kl_pos = token_kl(logits, ref_logits, direction)  # [n]: each packed position once
+        kl = tb.item_mean(kl_pos[tb.crit_at], len(items))  # [M] token means
+        loss = loss + beta * kl.sum()
+        stats["mu_kl"] = kl.sum().item() / n_trajs
+    elif kl_on:
         with torch.no_grad():
             ref_logits, _ = train.model("rubric_ref", ids, attn, logit_mask=at)
         kl_tok = scatter_positions(token_kl(logits, ref_logits, direction), crit.bool())
@@ -327,6 +347,7 @@ def rubric_update(
                     rl.kl_direction,
                     pad_id,
                     record=True,
+                    shared=cfg.rubric.shared_prefix,
                 )
                 train.backward(l_mu * (factor / len(chunk)))
                 for k, v in {**s_mu, "loss_mu": l_mu.item()}.items():
@@ -388,6 +409,7 @@ def update(
                 cfg.rl.mu_kl_coef,
                 cfg.rl.kl_direction,
                 pad_id,
+                shared=cfg.rubric.shared_prefix,
             )
         t2 = time.perf_counter()
         train.backward((l_pi + l_mu) * (factor / len(chunk)))
@@ -650,7 +672,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
             mu_stats = rubric_update(train, items, rewards, cfg, pad_id, timings)
         elif items:
             t0 = time.perf_counter()
-            score_items(train.model, items, pad_id, rl.score_batch_size)
+            score_items(train.model, items, pad_id, rl.score_batch_size, cfg.rubric.shared_prefix)
             timings["scoring"] = time.perf_counter() - t0
         kinds = [[s.kind for s in t.steps] for t in trajs]
         if dense:

@@ -31,9 +31,10 @@ import torch
 
 from cer.config import CERConfig, check_assets
 from cer.evaluate import evaluate_problems, load_problems, problem_results
-from cer.group_reward import Group, group_rewards, rules_of, verifier_name
+from cer.group_reward import REF_PROB, Group, group_rewards, rules_of, verifier_name
 from cer.rollout import sample_groups, step_sampling
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
+from cer.signal import signal_metrics
 from cer.token_counts import counting_scorer
 from cer.verifree import verifree_batch
 from common.batches import BatchLog, group_grad_accum, rank_questions
@@ -63,6 +64,7 @@ from common.train.distributed import init_distributed
 from common.train.run_folder import open_run_folder
 
 ALL_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
+SIGNAL_TYPES = (*ALL_TYPES, REF_PROB)  # reward.signal: every type and pi(a*|s) on every group
 
 
 def advantages(rewards: torch.Tensor, group_ids: list[str], kind: str) -> torch.Tensor:
@@ -70,6 +72,33 @@ def advantages(rewards: torch.Tensor, group_ids: list[str], kind: str) -> torch.
     if kind == "rloo":
         return rloo_advantages(rewards, group_ids)
     return group_normalized_advantages(rewards, group_ids)
+
+
+def step_signal(
+    rewards: dict[str, torch.Tensor],
+    ref_prob: torch.Tensor | None,
+    trajs: list,
+    kind: str,
+    world: int,
+) -> dict[str, float] | None:
+    """``cer.signal.signal_metrics`` over every rank's samples of the step (gathered: every rank
+    calls it), on the main rank; None on the others."""
+    rows = [
+        (t.group_id, {k: v[i].item() for k, v in rewards.items()},
+         float("nan") if ref_prob is None else ref_prob[i].item())
+        for i, t in enumerate(trajs)
+    ]  # fmt: skip
+    rows = gather_in_order(rows, world)
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+        return None
+    kinds = list(rows[0][1]) if rows else []
+    return signal_metrics(
+        {k: torch.tensor([r[1][k] for r in rows]) for k in kinds},
+        torch.tensor([r[1]["rule"] for r in rows]) > 0.5,
+        None if ref_prob is None else torch.tensor([r[2] for r in rows], dtype=torch.float64),
+        [r[0] for r in rows],
+        lambda r, ids: advantages(r, ids, kind),
+    )
 
 
 def make_score_fn(
@@ -213,8 +242,10 @@ def train_cer(cfg: CERConfig) -> dict:
         timings["generate"] = time.perf_counter() - t0
         t0, scored[0] = time.perf_counter(), 0
         rewards, cer_stats = group_rewards(
-            [cfg.reward.type], groups, score_fn, tokenizer, cfg.reward.m, *reward_rules
-        )
+            SIGNAL_TYPES if cfg.reward.signal else [cfg.reward.type],
+            groups, score_fn, tokenizer, cfg.reward.m, *reward_rules,
+        )  # fmt: skip
+        ref_prob = rewards.pop(REF_PROB, None)
         timings["reward"] = time.perf_counter() - t0
         reward_tokens, scored[0] = scored[0], 0
         trajs = [t for g in groups for t in g.trajs]
@@ -262,6 +293,9 @@ def train_cer(cfg: CERConfig) -> dict:
             **{f"time/{k}": v for k, v in timings.items()},
         }
         metrics = all_ranks_mean(metrics, len(trajs))
+        if cfg.reward.signal:  # every rank's samples, pooled (a collective)
+            signal = step_signal(rewards, ref_prob, trajs, cfg.advantage, train.world_size)
+            metrics.update(signal or {})
         if logger:
             logger.log(step, metrics)
             write_samples(

@@ -167,6 +167,11 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
         assert r["reward"] == r["reward/cer"] and r["accuracy"] == r["reward/rule"]
         assert 0 <= r["reward"] <= 1 and 0 <= r["cer/distinct_answers"] <= 4
         assert all(f"samples/reward/{t}" in r for t in ALL_TYPES)
+        # reward.signal (default): every type on every group, all 2 x 4 solutions scored
+        assert all(f"reward/{t}" in r and f"signal/abs_adv/{t}" in r for t in ALL_TYPES)
+        assert r["signal/ref_prob_right_n"] + r["signal/ref_prob_wrong_n"] == 8
+        assert 0 <= r["signal/mixed_pairs"] <= 2 * 2 * 2  # at most 2 x 2 pairs a group of 4
+        assert ("signal/auc/cer" in r) == (r["signal/mixed_pairs"] > 0)
     sample = json.loads((run_dir / "samples" / "step_00001.json").read_text())
     assert set(sample["cer_summary"]) == {
         "cer/ref_prob_mean",

@@ -475,7 +475,7 @@ class Report:
             for name, table in tables:
                 lines += markdown_rows(name, table)
         else:
-            lines.append("No train stage logged `tokens/*` metrics (ARCO's trainer logs none yet).")
+            lines.append("No train stage logged `tokens/*` metrics (a run from before them).")
         lines += ["", "## The stand-in", ""]
         lines += [f"- {k}: {_short(v)}" for k, v in self.standin.items()]
         lines += ["", "## Changed for this machine", ""] + [f"- {n}" for n in self.notes]

@@ -20,7 +20,7 @@ NOTES = {
     "update": "real tokens of the update's micro-batches (attention masks) vs B x G x (prompt "
     "+ response): equal by construction",
     "reference": "the reference forward (KL term), the update's rows once more",
-    "update_padded": "positions of the padded micro-batches vs the cost model's real tokens: "
+    "padded": "positions of the padded micro-batches vs the cost model's real tokens: "
     "the ratio is the padding",
     "reward_cer": "the cost model scores every response whole after its prompt with 4 "
     "candidate answers of 6 tokens (its assumptions); the scorer forwards each solution up "
@@ -29,6 +29,10 @@ NOTES = {
     "reward_none": "no model in the reward (exact match)",
     "reward_samples": "samples/'s every reward type on the shown groups (for reading); not in "
     "the cost model",
+    "rubric": "ARCO: the rubric prompts and the criteria μ wrote, every prompt whole (vLLM's "
+    "prefix cache not read); arco_rows models μ for assumed trajectory shapes, not compared",
+    "mu_rows": "ARCO: μ's rows (prompt + criteria) once, whole; its forwards (score, update, "
+    "μ_ref) and rubric.shared_prefix's shared histories not counted; not compared",
     "teacher": "the external teacher endpoint's usage (stand-in's count); not the policy's "
     "tokens, not compared",
 }
@@ -43,6 +47,14 @@ def cost_model() -> ModuleType:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def _kl(row: dict, family: str, raw: dict[str, Any]) -> float:
+    """The step's KL weight to the reference: ARCO's π_kl_coef on its late steps only."""
+    if family == "arco":
+        late = row.get("pi_late_schedule", 0)
+        return float(raw.get("rl", {}).get("pi_kl_coef", 0.0) or 0.0) if late else 0.0
+    return float(raw.get("loss", {}).get("kl_coef", 0.0) or 0.0)
 
 
 def _ratio(measured: float, model: float | None) -> float | None:
@@ -61,13 +73,13 @@ def token_table(rows: Sequence[dict], family: str, raw: dict[str, Any]) -> list[
     if not rows:
         return []
     cm = cost_model()
-    kl = float(raw.get("loss", {}).get("kl_coef", 0.0) or 0.0)
     reward = raw.get("reward", {})
     scored = family == "cer" and reward.get("type") in SCORED_REWARDS
     batch = reward.get("scorer_batch_size") if scored else None
     model = {"generation": 0, "reward": 0, "update": 0, "reference": 0}
     for r in rows:
-        counts = cm.step_tokens(cm.StepShapes.from_metrics(r), kl, cer_scorer_batch_size=batch)
+        shapes = cm.StepShapes.from_metrics(r)
+        counts = cm.step_tokens(shapes, _kl(r, family, raw), cer_scorer_batch_size=batch)
         model = {k: model[k] + counts[k] for k in model}
 
     def total(key: str) -> int:
@@ -84,11 +96,19 @@ def token_table(rows: Sequence[dict], family: str, raw: dict[str, Any]) -> list[
             entries.append(
                 ("reward (samples/)", total("tokens/reward_samples"), None, NOTES["reward_samples"])
             )
+    if family == "arco":
+        entries += [
+            ("rubric generation (μ)", total("tokens/rubric_generation"), None, NOTES["rubric"]),
+            ("μ rows", total("tokens/mu_rows"), None, NOTES["mu_rows"]),
+        ]
     entries += [
         ("update", total("tokens/update"), model["update"], NOTES["update"]),
         ("reference", total("tokens/reference"), model["reference"], NOTES["reference"]),
-        ("update (padded)", total("tokens/update_padded"), model["update"], NOTES["update_padded"]),
     ]
+    if any("tokens/update_padded" in r for r in rows):
+        entries.append(
+            ("update (padded)", total("tokens/update_padded"), model["update"], NOTES["padded"])
+        )
     if any("teacher/tokens" in r for r in rows):
         entries.append(("teacher (external)", total("teacher/tokens"), None, NOTES["teacher"]))
     return [

@@ -79,6 +79,34 @@ def test_cer_reward_is_modelled_by_the_prefix_scorer_count():
     assert exact["reward"]["model"] == 0 and exact["reward"]["ratio"] is None  # 90 vs none
 
 
+def test_arco_models_pi_ref_on_its_late_steps_only_and_reports_mu_unmodelled():
+    raw = {"rl": {"pi_kl_coef": 0.01}}
+    # B 2, G 4, prompts 2 x 10, responses 8 x 5: update 8 x 10 + 40 = 120 each step
+    early = shape_row(1, 2, 8, 20, 40, generation=60, update=120, reference=0, mu_rows=900)
+    late = shape_row(2, 2, 8, 20, 40, generation=60, update=120, reference=120, mu_rows=700)
+    late["pi_late_schedule"], early["tokens/rubric_generation"] = 1.0, 800
+    table = by_category(token_table([early, late], "arco", raw))
+    assert list(table) == ["generation", "rubric generation (μ)", "μ rows", "update", "reference"]
+    assert (table["update"]["model"], table["update"]["ratio"]) == (240, 1.0)
+    assert (table["reference"]["measured"], table["reference"]["model"]) == (120, 120)
+    assert table["μ rows"]["measured"] == 1600 and table["μ rows"]["model"] is None
+    assert table["rubric generation (μ)"]["measured"] == 800
+
+
+def test_arco_counts_pi_rows_and_mu_rows_whole():
+    from arco.rubrics import RubricItem
+    from arco.token_counts import arco_token_metrics
+
+    trajs = trajectories()
+    items = [RubricItem(0, 0, [1] * 7, [2] * 3), RubricItem(1, 0, [1] * 5, [2] * 2, written=False)]
+    counts = arco_token_metrics(trajs, items, pi_reference=True)
+    # π: 2 x 3 + 2 x 5 + 10 = 26, π_ref the same; μ: rows 10 + 7, the written one 10
+    assert counts["tokens/update"] == counts["tokens/reference"] == 26
+    assert counts["tokens/mu_rows"] == 17 and counts["tokens/rubric_generation"] == 10
+    assert counts["tokens/generation"] == 18 and counts["shape/groups"] == 2
+    assert arco_token_metrics(trajs, [], pi_reference=False)["tokens/reference"] == 0
+
+
 def test_rows_without_shapes_give_no_table_and_the_report_says_so():
     assert token_table([{"step": 1, "loss": 0.0}], "arco", {}) == []
     table = token_table([shape_row(1, 1, 1, 3, 2, generation=5, update=5)], "cer", {})

@@ -1,0 +1,30 @@
+"""ARCO's tokens through the model per step, from the lengths the trainer holds
+(``common.token_counts`` names them): π's generation and update (+ π_ref's forward on the steps
+with its KL term), and μ's rows (rubric prompt + criteria, each counted whole)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from arco.rubrics import RubricItem
+from common.rollout import Trajectory
+from common.token_counts import rollout_token_metrics
+
+
+def arco_token_metrics(
+    trajs: Sequence[Trajectory], items: Sequence[RubricItem], pi_reference: bool
+) -> dict[str, int]:
+    """``tokens/generation`` and ``shape/*`` (π's rollouts); ``tokens/update``: π's rows
+    (prompt + response, the update's attention mask); ``tokens/reference``: the same again where
+    ``pi_reference`` (π_ref's forward, the KL term on); ``tokens/rubric_generation``: the rubric
+    prompts and the criteria μ wrote (every prompt whole: vLLM's prefix cache is not read);
+    ``tokens/mu_rows``: μ's rows (prompt + criteria) whole, once (a trajectory's shared history
+    under ``rubric.shared_prefix`` and the number of μ's forwards are not counted here)."""
+    update = sum(len(t.prompt_ids) + len(t.response_ids) for t in trajs)
+    written = [it for it in items if it.written]
+    return rollout_token_metrics(trajs) | {
+        "tokens/update": update,
+        "tokens/reference": update if pi_reference else 0,
+        "tokens/rubric_generation": sum(len(it.input_ids) for it in written),
+        "tokens/mu_rows": sum(len(it.input_ids) for it in items),
+    }

@@ -50,6 +50,7 @@ from arco.rubrics import (
     write_criteria,
 )
 from arco.steps import Episode, episode_from_trajectory
+from arco.token_counts import arco_token_metrics
 from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_slice
 from common.config import ConfigError
 from common.data import load_qa
@@ -698,6 +699,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
             **(rubric_metrics(items, kinds, rewards, rl.invalid_bucket) if uses_mu else {}),
             "reward": rewards.mean().item(),
             **upd,
+            **arco_token_metrics(trajs, items, pi_reference=late and rl.pi_kl_coef > 0),
             **{f"time/{k}": v for k, v in timings.items()},
         }
         metrics = all_ranks_mean(metrics, len(trajs))

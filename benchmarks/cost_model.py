@@ -379,9 +379,11 @@ def arco_rows(
     (vLLM, prefix caching on: a trajectory's steps share its history's blocks, every row the
     system text's), μ's forward + backward over prompt + criteria (``rubric_batch``) that also
     gives the advantages' scores (``rl.mu_single_forward``; before it, a no-grad scoring
-    forward of the same rows came first) plus μ_ref's forward (``mu_kl_coef`` > 0), π's update
-    over the trajectories plus π_ref's (dense phase)."""
-    from arco.rubrics import rubric_batch, rubric_items
+    forward of the same rows came first) plus μ_ref's forward (``mu_kl_coef`` > 0), both over
+    one trunk a trajectory (``rubric.shared_prefix``, ``trunk_batch``: the history once, each
+    step's tail after it; false: every row whole), π's update over the trajectories plus
+    π_ref's (dense phase)."""
+    from arco.rubrics import rubric_batch, rubric_items, trunk_batch
     from arco.steps import AgentStep, Episode
     from common.rollout.agent import build_prompt_ids
     from common.rollout.protocols import get_protocol
@@ -407,6 +409,8 @@ def arco_rows(
     for it in items:
         it.criteria_ids = [0] * crit
     ids, _, _ = rubric_batch(items, 0, "cpu")
+    trunk = trunk_batch(items, 0, "cpu").tokens  # one trajectory's packed tokens
+    shared = rubric.get("shared_prefix", True)
     agent = cfg["agent"]
     protocol = get_protocol(agent["protocol"])
     question = words(question_tokens)
@@ -419,6 +423,7 @@ def arco_rows(
         ("dense", rl["dense_questions"], rl["dense_questions"], True),
     ):
         scored = trajs * (prompt_tokens + len(items) * crit)
+        forwarded = trajs * trunk if shared else scored  # μ's (and μ_ref's) forward
         written = trajs * len(items) * crit
         prefill = first + (trajs - 1) * (both - first)
         pi = trajs * (pi_prompt + response)
@@ -426,7 +431,8 @@ def arco_rows(
         pi_upd = pi * (2 if ref else 1)
         mu_before = (3 + mu_ref) * scored  # generation, scoring, update (+ μ_ref); no cache
         mu_single = (2 + mu_ref) * scored  # the single forward alone, no cache counted
-        mu_after = prefill + written + (1 + mu_ref) * scored
+        mu_rows = prefill + written + (1 + mu_ref) * scored  # shared_prefix=false
+        mu_after = prefill + written + (1 + mu_ref) * forwarded
         g = rl.get("sparse_n", 4)
         outcome = (trajs // g) * pi_prompt + trajs * response + pi_upd  # sparse-shaped batches
         arco_total = pi_gen + pi_upd + mu_after
@@ -441,9 +447,12 @@ def arco_rows(
             Row(f"ARCO {phase}", "reward: head scoring forward", 0,
                 f"the update's forward (rl.mu_single_forward; false: {scored:,})"),
             Row(f"ARCO {phase}", "update: μ (forward + backward, the advantages' scores)"
-                + (" + μ_ref forward" if mu_ref else ""), (1 + mu_ref) * scored,
-                f"prompt + criteria, {trajs * ids.shape[1] * len(items):,} padded positions at "
-                f"most, {'twice' if mu_ref else 'once'}"),
+                + (" + μ_ref forward" if mu_ref else ""), (1 + mu_ref) * forwarded,
+                (f"one trunk a trajectory (rubric.shared_prefix): {trunk:,} of its "
+                 f"{scored // trajs:,} row tokens (prompt + criteria), " if shared else
+                 "prompt + criteria, ")
+                + f"{'twice' if mu_ref else 'once'}; per row: {(1 + mu_ref) * scored:,}, "
+                f"{trajs * ids.shape[1] * len(items):,} padded positions at most a forward"),
             Row(f"ARCO {phase}", "update: π (forward + backward)" + (" + π_ref" if ref else ""),
                 pi_upd, f"{trajs} x ({pi_prompt} + {response})"),
             Row(f"outcome-only ({phase} steps)", "generation (π) + update (π"
@@ -452,15 +461,18 @@ def arco_rows(
         ]  # fmt: skip
         policy = pi_gen + pi_upd
         ratios.append(
-            f"{phase}: μ / π tokens {mu_after / policy:.2f}x (μ {mu_after:,}; before issue 23, "
-            f"two forwards and no cache counted, {mu_before / policy:.2f}x, μ {mu_before:,}: "
-            f"{mu_after / mu_before:.2f}x of it, the single forward alone "
-            f"{mu_single / mu_before:.2f}x), ARCO / outcome-only {arco_total / outcome:.2f}x"
+            f"{phase}: μ / π tokens {mu_after / policy:.2f}x (μ {mu_after:,}; per row, "
+            f"rubric.shared_prefix=false, {mu_rows / policy:.2f}x: the trunk {mu_after / mu_rows:.2f}x "
+            f"of it; before issue 23, two forwards and no cache counted, "
+            f"{mu_before / policy:.2f}x, μ {mu_before:,}: {mu_after / mu_before:.2f}x of it, the "
+            f"single forward alone {mu_single / mu_before:.2f}x; μ's forwards alone, trunk / per "
+            f"row {forwarded / scored:.2f}x), ARCO / outcome-only {arco_total / outcome:.2f}x"
         )
     note = (
         f"ARCO: `{config}`: sparse {rl['sparse_questions']} questions x {rl.get('sparse_n', 4)}, "
         f"dense {rl['dense_questions']} x 1, K = {k}, rubric.max_new_tokens {rubric['max_new_tokens']}, "
-        f"prefix {rubric['prefix']}, pi_kl_coef {rl['pi_kl_coef']} (dense), mu_kl_coef "
+        f"prefix {rubric['prefix']}, shared_prefix {str(shared).lower()}, pi_kl_coef "
+        f"{rl['pi_kl_coef']} (dense), mu_kl_coef "
         f"{rl['mu_kl_coef']}. Assumed: {steps} actions a trajectory ({steps - 1} searches, "
         f"max_searches {budget}), observations of {obs_tokens} tokens (a HotpotQA paragraph), "
         f"actions of {action_tokens} tokens, criteria at their limit, vLLM's 16-token blocks. "

@@ -1,9 +1,10 @@
 """A reference GRPO loop for a search agent, the proof that the shared machinery works end to end.
 
-    questions -> agent rollouts (vLLM) -> EM reward -> group advantages -> clipped update
+    questions -> agent rollouts (vLLM) -> reward (EM) -> advantages (GRPO) -> clipped update
               -> weights pushed into the engine -> next rollouts
 
-It is one thin loop over ``common.rl_loop``, as the method trainers are. Run it with
+It is one thin loop over ``common.rl_loop``, as the method trainers are; the reward and the
+estimator come from the config (``reward.fn``, ``reward.advantage``: ``common.rewards``). Run it with
 ``python -m common.search_grpo --config common/configs/grpo_tiny.yaml [key=value ...]``.
 """
 
@@ -22,7 +23,7 @@ from common.config import ConfigError, load_config
 from common.data import DataError, load_qa
 from common.retrieval.bm25 import BM25Retriever
 from common.retrieval.client import HTTPRetriever
-from common.rl import group_normalized_advantages
+from common.rewards import RewardConfig, RewardContext, groups_of
 from common.rl_loop import (
     EngineConfig,
     LossConfig,
@@ -30,7 +31,6 @@ from common.rl_loop import (
     all_ranks_mean,
     build_engine,
     dev_results_path,
-    em_rewards,
     end_of_step,
     evaluate,
     logged_evals,
@@ -78,6 +78,7 @@ class GRPOConfig(RunLoopConfig):
     engine: EngineConfig = field(default_factory=EngineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     loss: LossConfig = field(default_factory=LossConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
@@ -148,6 +149,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     order = list(range(len(train_set)))
     rng.shuffle(order)
     pad_id = padding_id(tokenizer)
+    reward_fn, estimator = cfg.reward.reward_fn(), cfg.reward.estimator()
     folder.begin()  # every load-time check passed: record the settings, trim the log
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals = []
@@ -198,8 +200,10 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             seed=cfg.seed * 100003 + step,
             timings=timings,
         )
-        rewards = em_rewards(trajs)
-        adv = group_normalized_advantages(rewards, [t.group_id for t in trajs])
+        ctx = RewardContext(policy=train.model, tokenizer=tokenizer, engine=engine, step=step)
+        out = reward_fn(groups_of(trajs), ctx)
+        rewards = out.values
+        adv = estimator(out, [t.group_id for t in trajs], None)
         upd = update_and_push(train, engine, trajs, adv, cfg.loss, cfg.engine, pad_id, timings)
         timings["step"] = time.perf_counter() - t_step
         batch_log.write(step, [q.id for q in qs], len(trajs))
@@ -210,6 +214,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             "mixed_group_share": (
                 (groups.max(1).values > groups.min(1).values).float().mean().item()
             ),
+            **out.metrics,
             **upd,
             **{f"time/{k}": v for k, v in timings.items()},
         }

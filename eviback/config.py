@@ -13,6 +13,7 @@ from typing import Literal
 
 from common.model_id import model_problem
 from common.retrieval.index_folder import is_index_folder
+from common.rewards import ESTIMATORS, REWARDS, RewardConfig
 from common.rl_loop import EngineConfig, LossConfig, RunLoopConfig
 from common.rollout import AgentConfig
 from common.train import TrainConfig
@@ -139,6 +140,29 @@ class TeacherConfig:
 
 
 @dataclass
+class EviBackRewardConfig(RewardConfig):
+    """The reward and the estimator (``common.rewards``); the default is EviBack's own."""
+
+    REWARDS = {**REWARDS, "eviback": "eviback.backoff:teacher_backoff_reward"}
+    ESTIMATORS = {**ESTIMATORS, "backoff": "eviback.backoff:backoff_advantages"}
+
+    fn: str = field(
+        default="eviback",
+        metadata={
+            "help": "outcome reward: eviback (EM, the teacher backoff on all-zero groups) | "
+            "exact_match | f1 | package.module:Name (given the verdicts in ctx.extra)"
+        },
+    )
+    advantage: str = field(
+        default="backoff",
+        metadata={
+            "help": "estimator: backoff (GRPO, λ on fallback groups after normalisation) | "
+            "grpo | rloo | package.module:Name"
+        },
+    )
+
+
+@dataclass
 class EvalConfig:
     """`eviback eval`."""
 
@@ -244,6 +268,7 @@ class EviBackConfig(RunLoopConfig):
     train: TrainConfig = field(default_factory=TrainConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    reward: EviBackRewardConfig = field(default_factory=EviBackRewardConfig)
     log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ape: ApeConfig = field(default_factory=ApeConfig)

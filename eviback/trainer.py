@@ -5,7 +5,9 @@
     groups -> clipped update -> weights pushed -> next rollouts
 
 ``teacher.enabled=false`` leaves every reward at EM with scale 1: the Search-R1 GRPO baseline,
-same loop. The pieces that do not change between methods come from ``common.rl_loop``.
+same loop. The reward and the estimator come from the config (``reward.fn``, default EviBack's
+``eviback.backoff:teacher_backoff_reward``; ``reward.advantage``, default ``backoff``), given the
+teacher's verdicts. The pieces that do not change between methods come from ``common.rl_loop``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -25,6 +27,7 @@ import torch
 from common.batches import BatchLog, group_grad_accum, rank_questions
 from common.config import ConfigError
 from common.data import QAExample
+from common.rewards import RewardContext, groups_of
 from common.rl_loop import (
     all_ranks_mean,
     build_engine,
@@ -56,7 +59,6 @@ from eviback.reward import (
     is_eligible,
     is_supported,
     rollout_facts,
-    scaled_group_advantages,
     teacher_f1,
 )
 from eviback.teacher import Judgement, Teacher, TeacherItem, TeacherStats
@@ -113,6 +115,18 @@ def teacher_backoff(
     em_gate: bool = True,
 ) -> Backoff:
     """``backoff_rewards`` after asking the teacher about the whole batch at once (one call)."""
+    judged, stats = teacher_verdicts(trajs, examples, teacher, em_gate)
+    return backoff_rewards(trajs, judged, stats, cfg if teacher is not None else None, em_gate)
+
+
+def teacher_verdicts(
+    trajs: Sequence[Trajectory],
+    examples: Mapping[str, QAExample],
+    teacher: Teacher | None,
+    em_gate: bool = True,
+) -> tuple[list[Judgement | None], TeacherStats]:
+    """The teacher's judgement of each rollout it is asked about (``teacher_items``; None
+    elsewhere, and everywhere without a teacher), asked in one call, and its stats."""
     judged: list[Judgement | None] = [None] * len(trajs)
     stats = TeacherStats()
     if teacher is not None:
@@ -121,7 +135,7 @@ def teacher_backoff(
             judgements, stats = teacher.judge(items)
             for i, j in zip(asked, judgements, strict=True):
                 judged[i] = j
-    return backoff_rewards(trajs, judged, stats, cfg if teacher is not None else None, em_gate)
+    return judged, stats
 
 
 class TeacherOverlap:
@@ -269,6 +283,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     )
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
+    reward_fn, estimator = cfg.reward.reward_fn(), cfg.reward.estimator()
     folder.begin()  # every load-time check passed: record the settings, trim the log
     if train.is_main:
         start_afresh(run_dir, cfg.resume)
@@ -324,13 +339,21 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             on_group_done=overlap.submit if overlap else None,
         )
         t0 = time.perf_counter()  # with the overlap: only the wait for the last answers
-        if overlap:
-            judged, stats = overlap.collect(trajs)
-            b = backoff_rewards(trajs, judged, stats, cfg.teacher, cfg.em_well_formed)
-        else:
-            b = teacher_backoff(trajs, by_id, teacher, cfg.teacher, cfg.em_well_formed)
+        judged, stats = (
+            overlap.collect(trajs)
+            if overlap
+            else teacher_verdicts(trajs, by_id, teacher, cfg.em_well_formed)
+        )
         timings["teacher"] = time.perf_counter() - t0
-        adv = scaled_group_advantages(b.rewards, [t.group_id for t in trajs], b.scales)
+        extra = {"judgements": judged, "teacher_stats": stats, "em_gate": cfg.em_well_formed,
+                 "teacher": cfg.teacher if teacher is not None else None}  # fmt: skip
+        ctx = RewardContext(train.model, tokenizer, engine, step, extra)
+        out = reward_fn(groups_of(trajs), ctx)
+        adv = estimator(out, [t.group_id for t in trajs], None)
+        # what samples/ shows: the backoff's record, or (another reward) EM with its values
+        b = out.extras.get("backoff") or replace(
+            backoff_rewards(trajs, judged, stats, None, cfg.em_well_formed), rewards=out.values
+        )
         upd = update_and_push(
             train, engine, trajs, adv, cfg.loss, cfg.engine, padding_id(tokenizer), timings
         )
@@ -338,8 +361,8 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         batch_log.write(step, [q.id for q in qs], len(trajs))
         metrics = {
             **rollout_metrics(trajs),
-            **backoff_metrics(b),
-            "reward": b.rewards.mean().item(),
+            **out.metrics,
+            "reward": out.values.mean().item(),
             **upd,
             **{f"time/{k}": v for k, v in timings.items()},
         }

@@ -1,0 +1,225 @@
+"""The parts of a policy-gradient step as plain typed callables, so that a trainer takes them
+from its config instead of branching on a method:
+
+    reward(groups, ctx) -> Rewards                          one reward per trajectory, its metrics
+    step_scorer(groups, ctx) -> list[list[float]]           one score per agent step
+    estimator(rewards, group_ids, step_scores) -> advantages   [N], or per token (lists)
+
+``groups`` are a step's groups in batch order (``Group``: one question, its gold answers and
+aliases, its n trajectories and their final answers); ``ctx`` (``RewardContext``) is what a
+reward may need from the run, handed over explicitly: the policy for scoring, the tokenizer, the
+engine, and a method's own inputs in ``extra`` (EviBack's teacher verdicts, CER's scorer).
+
+Built-ins here: the rewards ``exact_match`` and ``f1`` (the search agent's), the estimators
+``grpo`` and ``rloo`` (``common.rl``'s). A method package keeps its own instances (CER's family
+in ``cer.group_reward``, EviBack's backoff in ``eviback.backoff``). A config names one by a
+built-in name or an import path, ``reward.fn=package.module:Name`` (a class is instantiated
+without arguments); ``load_part`` resolves and checks it when the config is built. A user's
+reward, in ``my_rewards.py`` on the path::
+
+    import torch
+    from common.rewards import Rewards
+
+    def answered(groups, ctx):
+        values = [float(p is not None) for g in groups for p in g.predictions]
+        return Rewards(torch.tensor(values), {"answered": sum(values) / len(values)})
+
+    # python -m common.search_grpo --config ... reward.fn=my_rewards:answered
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch import Tensor
+
+from common.metrics import exact_match as em_score
+from common.metrics import f1_score
+from common.rl import group_normalized_advantages, rloo_advantages
+from common.rollout.trajectory import Trajectory
+
+
+@dataclass
+class Group:
+    """One question's sampled trajectories (``predictions[k]``: trajectory k's final answer,
+    None without one). ``source``: the method's own record of the group, for its rewards
+    (``cer.group_reward.Group``); None for the search agent."""
+
+    question: str
+    golden_answers: list[str]
+    aliases: list[str]
+    trajectories: list[Trajectory]
+    predictions: list[str | None]
+    source: Any = None
+
+
+@dataclass
+class RewardContext:
+    """What a reward may need from the run: the policy (scoring), its tokenizer, the rollout
+    engine, the step, and a method's own inputs by name (``extra``)."""
+
+    policy: Any = None
+    tokenizer: Any = None
+    engine: Any = None
+    step: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Rewards:
+    """A reward's output: ``values`` [N] (group after group), the metrics it counted (logged as
+    they are), and per-sample extras an estimator or the trainer may read (EviBack's
+    ``advantage_scale`` [N])."""
+
+    values: Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class OutcomeReward(Protocol):
+    def __call__(self, groups: Sequence[Group], ctx: RewardContext) -> Rewards: ...
+
+
+class StepScorer(Protocol):
+    def __call__(self, groups: Sequence[Group], ctx: RewardContext) -> list[list[float]]: ...
+
+
+class AdvantageEstimator(Protocol):
+    def __call__(
+        self,
+        rewards: Rewards,
+        group_ids: Sequence[str],
+        step_scores: list[list[float]] | None = None,
+    ) -> Tensor | list[list[float]]: ...
+
+
+def groups_of(trajs: Sequence[Trajectory]) -> list[Group]:
+    """The search agent's trajectories (whole groups, each group's contiguous) as ``Group``s."""
+    groups: list[Group] = []
+    for t in trajs:
+        if not groups or groups[-1].trajectories[0].group_id != t.group_id:
+            if any(g.trajectories[0].group_id == t.group_id for g in groups):
+                raise ValueError(f"group {t.group_id!r} is not contiguous in the batch")
+            groups.append(Group(t.question, list(t.golden_answers), [], [], []))
+        groups[-1].trajectories.append(t)
+        groups[-1].predictions.append(t.answer)
+    return groups
+
+
+def _per_prediction(groups: Sequence[Group], score: Any) -> Tensor:
+    return torch.tensor(
+        [score(p, g.golden_answers + g.aliases) for g in groups for p in g.predictions]
+    )  # [N]
+
+
+def exact_match(groups: Sequence[Group], ctx: RewardContext) -> Rewards:
+    """r = EM(answer, gold ∪ aliases) ∈ {0, 1} (SQuAD normalisation; 0 without an answer)."""
+    return Rewards(_per_prediction(groups, em_score))
+
+
+def f1(groups: Sequence[Group], ctx: RewardContext) -> Rewards:
+    """r = max over gold ∪ aliases of token F1 = 2PR / (P + R) (0 without an answer)."""
+    return Rewards(_per_prediction(groups, f1_score))
+
+
+def grpo(
+    rewards: Rewards, group_ids: Sequence[str], step_scores: list[list[float]] | None = None
+) -> Tensor:
+    """A_i = (r_i − mean_g) / (std_g + ε) (``common.rl.group_normalized_advantages``)."""
+    return group_normalized_advantages(rewards.values, group_ids)
+
+
+def rloo(
+    rewards: Rewards, group_ids: Sequence[str], step_scores: list[list[float]] | None = None
+) -> Tensor:
+    """A_i = r_i − 1/(n_g − 1) Σ_{j≠i} r_j (``common.rl.rloo_advantages``)."""
+    return rloo_advantages(rewards.values, group_ids)
+
+
+REWARDS = {"exact_match": "common.rewards:exact_match", "f1": "common.rewards:f1"}
+ESTIMATORS = {"grpo": "common.rewards:grpo", "rloo": "common.rewards:rloo"}
+PROTOCOLS = {"reward": OutcomeReward, "step scorer": StepScorer, "estimator": AdvantageEstimator}
+
+
+def load_part(spec: str, key: str, kind: str, builtins: Mapping[str, str]) -> Any:
+    """The callable ``spec`` names: a built-in name (``builtins``: name -> import path) or
+    ``package.module:Name`` (a class is instantiated without arguments). ``kind`` is a key of
+    ``PROTOCOLS``; the callable must accept the protocol's positional parameters. Raises
+    ``ValueError`` naming config key ``key`` when it does not import, is not callable, or does
+    not take them."""
+    path = builtins.get(spec, spec)
+    module, sep, name = path.partition(":")
+    if not (sep and module and name):
+        raise ValueError(
+            f"{key}={spec!r} is neither a built-in ({', '.join(builtins)}) nor package.module:Name"
+        )
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+    except Exception as e:  # noqa: BLE001 - any failure to import is the user's to see
+        raise ValueError(
+            f"{key}={spec!r} does not import: {type(e).__name__}: {e}".splitlines()[0]
+        ) from None
+    if inspect.isclass(obj):
+        obj = obj()
+    if not callable(obj):
+        raise ValueError(f"{key}={spec!r} is not callable ({type(obj).__name__})")
+    wanted = [
+        p
+        for p in inspect.signature(PROTOCOLS[kind].__call__).parameters.values()
+        if p.name != "self"
+    ]
+    call = f"({', '.join(p.name for p in wanted)})"
+    try:
+        signature = inspect.signature(obj)
+        signature.bind(*(p.name for p in wanted))
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{key}={spec!r} has the wrong signature: {_article(kind)} {kind} is called as "
+            f"{call}, it takes {_signature_text(obj)}"
+        ) from None
+    return obj
+
+
+@dataclass
+class RewardConfig:
+    """The outcome reward and the advantage estimator a run trains with, each a built-in name
+    or ``package.module:Name``; resolved and checked when the config is built."""
+
+    REWARDS: ClassVar[Mapping[str, str]] = REWARDS
+    ESTIMATORS: ClassVar[Mapping[str, str]] = ESTIMATORS
+
+    fn: str = field(
+        default="exact_match",
+        metadata={"help": "outcome reward: exact_match | f1 | package.module:Name"},
+    )
+    advantage: str = field(
+        default="grpo", metadata={"help": "advantage estimator: grpo | rloo | package.module:Name"}
+    )
+
+    def __post_init__(self) -> None:
+        self.reward_fn()
+        self.estimator()
+
+    def reward_fn(self) -> OutcomeReward:
+        return load_part(self.fn, "reward.fn", "reward", self.REWARDS)
+
+    def estimator(self) -> AdvantageEstimator:
+        return load_part(self.advantage, "reward.advantage", "estimator", self.ESTIMATORS)
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _signature_text(obj: Any) -> str:
+    try:
+        return str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return "an unknown signature"

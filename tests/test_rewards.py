@@ -1,0 +1,235 @@
+"""common.rewards: the reward, step scorer and estimator as parts. The built-ins equal the
+functions they replace on hand-built groups (the search agent's EM, GRPO; EviBack's backoff);
+reward.fn and reward.advantage are checked when the config is built; a user's reward by import
+path trains the search GRPO loop."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.config import ConfigError, load_config
+from common.data import QAExample
+from common.retrieval.base import Doc
+from common.rewards import (
+    Group,
+    RewardContext,
+    Rewards,
+    exact_match,
+    f1,
+    groups_of,
+    grpo,
+    load_part,
+    rloo,
+)
+from common.rl import group_normalized_advantages, rloo_advantages
+from common.rl_loop import em_rewards
+from common.rollout.trajectory import Step, Trajectory
+from common.search_grpo import GRPOConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+CTX = RewardContext()
+
+
+def traj(group: str, k: int, answer: str | None, gold: list[str], docs: list[str] = ()):
+    steps = [Step("search", 0, 1, query="q", docs=[Doc(d, d, d, 1.0) for d in docs]),
+             Step("answer", 1, 2)]  # fmt: skip
+    return Trajectory(group, k, group, f"question {group}?", gold, [1], steps=steps,
+                      answer=answer, forced_terminated=answer is None)  # fmt: skip
+
+
+def batch() -> list[Trajectory]:
+    return [
+        traj("a", 0, "Paris", ["Paris"]),
+        traj("a", 1, "the paris", ["Paris"]),  # SQuAD normalisation: EM 1
+        traj("a", 2, "Paris France", ["Paris"]),  # F1 = 2·(1/2)·1 / (1/2 + 1) = 2/3
+        traj("a", 3, None, ["Paris"]),
+        traj("b", 0, "Rome", ["Milan"]),
+        traj("b", 1, "Milan", ["Milan"]),
+    ]
+
+
+def test_groups_of_keeps_batch_order_and_refuses_split_groups():
+    gs = groups_of(batch())
+    assert [len(g.trajectories) for g in gs] == [4, 2]
+    assert gs[0].predictions == ["Paris", "the paris", "Paris France", None]
+    assert gs[1].golden_answers == ["Milan"] and gs[1].aliases == [] and gs[1].source is None
+    t = batch()
+    with pytest.raises(ValueError, match="'a' is not contiguous"):
+        groups_of([t[0], t[4], t[1]])
+
+
+def test_exact_match_and_f1_by_hand_and_equal_to_the_loop_s_old_reward():
+    trajs = batch()
+    em = exact_match(groups_of(trajs), CTX)
+    assert em.values.tolist() == [1, 1, 0, 0, 0, 1] and em.metrics == {}
+    assert torch.equal(em.values, em_rewards(trajs))  # the GRPO loop's reward before
+    assert f1(groups_of(trajs), CTX).values.tolist() == pytest.approx([1, 1, 2 / 3, 0, 0, 1])
+    # aliases count as gold answers
+    g = Group("q", ["Milan"], ["Milano"], [], ["milano", "Rome"])
+    assert exact_match([g], CTX).values.tolist() == [1, 0]
+
+
+def test_grpo_and_rloo_by_hand_and_equal_to_common_rl():
+    r = Rewards(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0]))
+    ids = ["a", "a", "a", "a", "b", "b"]
+    # group a: mean 1/4, std (ddof 1) sqrt((9/16 + 3/16) / 3) = 1/2; group b: equal rewards -> 0
+    want = torch.tensor([1.5, -0.5, -0.5, -0.5, 0.0, 0.0])
+    assert torch.allclose(grpo(r, ids), want, atol=1e-5)
+    assert torch.equal(grpo(r, ids, None), group_normalized_advantages(r.values, ids))
+    # rloo: 1 - 0 = 1, 0 - 1/3 for the others; b: 1 - 1 = 0
+    assert torch.allclose(rloo(r, ids), torch.tensor([1, -1 / 3, -1 / 3, -1 / 3, 0, 0]))
+    assert torch.equal(rloo(r, ids), rloo_advantages(r.values, ids))
+
+
+def test_eviback_backoff_through_the_parts_equals_the_trainer_s_old_path():
+    """The old path: teacher_backoff + scaled_group_advantages (the trainer before); the new:
+    the verdicts handed to reward.fn=eviback, then reward.advantage=backoff."""
+    from eviback.backoff import backoff_advantages, teacher_backoff_reward
+    from eviback.config import TeacherConfig
+    from eviback.oracle import EvidenceOracle
+    from eviback.reward import scaled_group_advantages
+    from eviback.trainer import backoff_metrics, teacher_backoff, teacher_verdicts
+
+    examples = {
+        "a": QAExample("a", "question a?", ["Paris"], {"supporting_ids": ["p"]}),
+        "c": QAExample("c", "question c?", ["Oslo"], {"supporting_ids": ["o", "n"]}),
+    }
+    trajs = [
+        traj("a", 0, "Paris", ["Paris"], ["p"]),  # a correct rollout: EM for the group
+        traj("a", 1, "Lyon", ["Paris"], ["p"]),
+        traj("c", 0, "Bergen", ["Oslo"], ["o", "n"]),  # all zero: supported, 0.1 + 0.1·F1
+        traj("c", 1, "Bergen", ["Oslo"], ["o"]),  # one document missing: I -> 0
+        traj("c", 2, "Bergen", ["Oslo"], []),  # no evidence: 0, not asked
+    ]
+    ids = [t.group_id for t in trajs]
+    teacher, cfg = EvidenceOracle(5), TeacherConfig(lam=0.1)
+    old = teacher_backoff(trajs, examples, teacher, cfg)
+    old_adv = scaled_group_advantages(old.rewards, ids, old.scales)
+    judged, stats = teacher_verdicts(trajs, examples, teacher)
+    extra = {"judgements": judged, "teacher_stats": stats, "teacher": cfg, "em_gate": True}
+    new = teacher_backoff_reward(groups_of(trajs), RewardContext(extra=extra))
+    assert torch.equal(new.values, old.rewards)
+    assert torch.equal(new.extras["advantage_scale"], old.scales)
+    assert new.metrics == backoff_metrics(old)
+    assert torch.equal(backoff_advantages(new, ids, None), old_adv)
+    # by hand: a keeps EM; c0 supported and eligible, the oracle answers the gold: 0.1 + 0.1·1
+    assert new.values.tolist() == pytest.approx([1.0, 0.0, 0.2, 0.0, 0.0])
+    assert new.extras["advantage_scale"].tolist() == pytest.approx([1, 1, 0.1, 0.1, 0.1])
+    # λ after normalisation: group c's advantages are 0.1 × its z-scores
+    r = new.values[2:]
+    z = (r - r.mean()) / (r.std() + 1e-6)
+    assert torch.allclose(backoff_advantages(new, ids)[2:], 0.1 * z, atol=1e-6)
+    # no scale from the reward (EM): plain GRPO, ddof 1
+    em = exact_match(groups_of(trajs), CTX)
+    assert torch.allclose(backoff_advantages(em, ids), grpo(em, ids), atol=1e-6)
+
+
+USER_REWARDS = '''
+    import torch
+    from common.rewards import Rewards
+
+    def answered(groups, ctx):
+        """1 for every rollout with an answer, and the rollouts it counted."""
+        values = [float(p is not None) for g in groups for p in g.predictions]
+        return Rewards(torch.tensor(values), {"answered_count": float(len(values))})
+
+    class Halved:
+        def __call__(self, groups, ctx):
+            return Rewards(torch.tensor([0.5 for g in groups for _ in g.predictions]))
+
+    def two_args(groups):
+        return None
+
+    def flat_advantages(rewards, group_ids, step_scores):
+        return rewards.values - rewards.values.mean()
+
+    NOT_CALLABLE = 3
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(textwrap.dedent(USER_REWARDS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "my_rewards"
+
+
+def test_load_part_resolves_built_ins_paths_and_classes(user_module):
+    from common.rewards import ESTIMATORS, REWARDS
+
+    assert load_part("f1", "reward.fn", "reward", REWARDS) is f1
+    assert load_part("rloo", "reward.advantage", "estimator", ESTIMATORS) is rloo
+    assert load_part("common.rewards:exact_match", "reward.fn", "reward", REWARDS) is exact_match
+    halved = load_part("my_rewards:Halved", "reward.fn", "reward", REWARDS)  # instantiated
+    assert halved([Group("q", ["x"], [], [], ["x", None])], CTX).values.tolist() == [0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("reward.fn=exactmatch", r"reward.fn='exactmatch' is neither a built-in "
+         r"\(exact_match, f1(, eviback)?\) nor package.module:Name"),
+        ("reward.fn=no_such_module:fn", "reward.fn='no_such_module:fn' does not import: "
+         "ModuleNotFoundError: No module named 'no_such_module'"),
+        ("reward.fn=my_rewards:missing", "reward.fn='my_rewards:missing' does not import: "
+         "AttributeError"),
+        ("reward.fn=my_rewards:NOT_CALLABLE", r"reward.fn='my_rewards:NOT_CALLABLE' is not "
+         r"callable \(int\)"),
+        ("reward.fn=my_rewards:two_args", r"reward.fn='my_rewards:two_args' has the wrong "
+         r"signature: a reward is called as \(groups, ctx\), it takes \(groups\)"),
+        ("reward.advantage=my_rewards:answered", r"reward.advantage='my_rewards:answered' has "
+         r"the wrong signature: an estimator is called as \(rewards, group_ids, step_scores\)"),
+    ],
+)  # fmt: skip
+def test_a_bad_reward_is_one_line_naming_the_key(user_module, override, message):
+    for cls in (GRPOConfig, _eviback_config()):
+        with pytest.raises(ConfigError, match=message) as e:
+            load_config(cls, None, [override])
+        assert "\n" not in str(e.value) and "from the command line" in str(e.value)
+
+
+def _eviback_config() -> type:
+    from eviback.config import EviBackConfig
+
+    return EviBackConfig
+
+
+def test_the_defaults_are_today_s_rewards():
+    from eviback.config import EviBackConfig
+
+    grpo_cfg = load_config(GRPOConfig, ROOT / "common" / "configs" / "grpo_tiny.yaml")
+    assert grpo_cfg.reward.reward_fn() is exact_match and grpo_cfg.reward.estimator() is grpo
+    evi = load_config(EviBackConfig, ROOT / "eviback" / "configs" / "tiny.yaml")
+    from eviback.backoff import backoff_advantages, teacher_backoff_reward
+
+    assert evi.reward.reward_fn() is teacher_backoff_reward
+    assert evi.reward.estimator() is backoff_advantages
+
+
+@pytest.mark.slow
+def test_a_user_reward_by_import_path_trains_the_search_grpo_loop(
+    tiny_world, tmp_path, user_module
+):
+    from common.search_grpo import train_grpo
+    from common.train import read_metrics
+
+    run_dir = tmp_path / "run"
+    over = [
+        f"world={tiny_world}", f"model={tiny_world / 'model'}", f"run_dir={run_dir}",
+        "steps=1", "questions_per_step=2", "n=4", "eval_every=0", "loss.micro_batch_size=4",
+        "engine.backend=hf", "reward.fn=my_rewards:answered",
+        "reward.advantage=my_rewards:flat_advantages",
+    ]  # fmt: skip
+    out = train_grpo(load_config(GRPOConfig, ROOT / "common/configs/grpo_tiny.yaml", over))
+    (row,) = read_metrics(run_dir / "metrics.jsonl")
+    samples = json.loads((run_dir / "samples" / "step_00001.json").read_text())
+    # the reward is the share of rollouts with an answer, its own metric logged beside it
+    assert row["reward"] == pytest.approx(row["valid_answer_rate"])
+    assert row["answered_count"] == 8
+    assert all(s["reward"] == float(s["answer"] is not None) for s in samples)
+    assert out["before"] is None

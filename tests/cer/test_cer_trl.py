@@ -4,8 +4,8 @@ The expected values are computed another way: the prompt ids from ``cer.prompt.p
 (not TRL's tokenization), every (solution, answer) pair forwarded from scratch
 (``naive_scorer``, not the prefix scorer ``CERReward`` uses), ``cer_from_logprobs`` per group.
 
-Also a launcher of its own two-rank check: ``torchrun --nproc_per_node 2 tests/cer/test_cer_trl.py``
-(gloo, CPU) runs ``two_ranks_main``.
+Run as a script under two ranks (``deepspeed --num_gpus 2 tests/cer/test_cer_trl.py``, on CPU),
+it runs ``two_ranks_main``: the ZeRO-3 check.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 import pytest
@@ -135,58 +133,52 @@ def test_bad_inputs_are_clear_errors(tiny_qwen3, char_tokenizer):
         frozen.attach(object())
 
 
-# --- two ranks (gloo, CPU): shares that cut a group, unequal scorer-call counts ---------------
+# --- two ZeRO-3 ranks (CPU): shares that cut a group, unequal scorer-call counts -------------
 
 
 def two_ranks_main() -> None:
-    """Under torchrun, 2 ranks: the 4 groups of 2 split 3 / 5 (a group cut between the ranks) and
-    2 / 6, one group per scorer call. Each rank checks its rewards against one process scoring
-    the whole batch and prints its scorer-call count (equal on both: padded to the max)."""
-    import torch.distributed as dist
-    from conftest import build_char_tokenizer  # tests/cer/conftest.py (on sys.path: the script)
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    tokenizer = build_char_tokenizer()
+    """Under the DeepSpeed launcher, 2 ranks scoring with a ZeRO-3 partitioned model (each
+    forward gathers its parameters from both ranks): the 4 groups of 2 split 3 / 5 (a group cut
+    between the ranks) and 2 / 6, one group per scorer call. Each rank checks its rewards against
+    an unpartitioned copy scoring the whole batch and prints its scorer-call count (equal on
+    both: padded to the max; unequal forward counts would hang the gathers)."""
+    from conftest import build_char_tokenizer  # tests/cer/conftest.py (the script's folder)
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from common.train import TrainConfig, TrainEngine
+
+    tokenizer = build_char_tokenizer()
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    config = Qwen3Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
-    model = Qwen3ForCausalLM(config).eval()
+    model = Qwen3ForCausalLM(config)
+    full = copy.deepcopy(model).eval()
+    train = TrainEngine(model, TrainConfig(zero_stage=3, total_steps=1))
+    assert any(hasattr(p, "ds_id") for p in train.model.parameters()), "not partitioned"
     groups = [(p, r, c[:2]) for p, r, c in GROUPS] + [(p, r, c[1:]) for p, r, c in GROUPS]
     prompts, ids, answers = batch(tokenizer, groups)
-    whole = CERReward(tokenizer, "cer", scorer_model=model, num_generations=2, sync_ranks=False)
+    whole = CERReward(tokenizer, "cer", scorer_model=full, num_generations=2, sync_ranks=False)
     want = whole(prompts, None, ids, answer=answers)
+    assert sum(v > 0.0 for v in want) == 7  # all but the one without a box
     for cut in (3, 2):
-        share = slice(0, cut) if rank == 0 else slice(cut, len(ids))
+        share = slice(0, cut) if train.rank == 0 else slice(cut, len(ids))
         reward = CERReward(
-            tokenizer, "cer", scorer_model=model, num_generations=2, groups_per_call=1
+            tokenizer, "cer", scorer_model=train.model, num_generations=2, groups_per_call=1
         )
         got = reward(prompts[share], None, ids[share], answer=answers[share])
-        assert got == pytest.approx(want[share], abs=1e-6), (rank, cut, got, want[share])
-        print(f"rank {rank} cut {cut}: ok, {reward.calls} scorer calls", flush=True)
-    dist.destroy_process_group()
+        assert got == pytest.approx(want[share], abs=1e-5), (train.rank, cut, got, want[share])
+        print(f"rank {train.rank} cut {cut}: ok, {reward.calls} scorer calls", flush=True)
 
 
 @pytest.mark.slow
-def test_two_ranks_score_whole_groups_in_lockstep(tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_port", "29531", str(Path(__file__))],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+def test_two_zero3_ranks_score_whole_groups_in_lockstep(launch_two_ranks):
+    run = launch_two_ranks([str(Path(__file__))], timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    lines = sorted(x for x in run.stdout.splitlines() if x.startswith("rank "))
+    # (the ranks share one stdout: a line may follow another rank's output on the same line)
+    found = sorted(re.findall(r"rank (\d) cut (\d): ok, (\d+) scorer calls", run.stdout))
     # cut 3: rank 0 scores groups 0-1 (2 calls), rank 1 groups 1-3 (3 calls): both make 3;
     # cut 2: rank 0 group 0 (1 call, padded to 3), rank 1 groups 1-3 (3)
-    assert lines == [
-        "rank 0 cut 2: ok, 3 scorer calls",
-        "rank 0 cut 3: ok, 3 scorer calls",
-        "rank 1 cut 2: ok, 3 scorer calls",
-        "rank 1 cut 3: ok, 3 scorer calls",
-    ]
+    assert found == [("0", "2", "3"), ("0", "3", "3"), ("1", "2", "3"), ("1", "3", "3")], run.stdout
 
 
 # --- two TRL GRPO steps on the tiny CER task ----------------------------------------------------
@@ -207,7 +199,7 @@ def warm_task(tmp_path_factory) -> Path:
         task = build_tiny(root / "task", seed=0, n_train=30, n_dev=4, n_test=4)
         cfg = load_config(
             CERConfig,
-            "cer/configs/tiny.yaml",
+            str(ROOT / "cer" / "configs" / "tiny.yaml"),
             [f"assets.init_model={task / 'model'}", f"assets.warmstart={task / 'warmstart.jsonl'}",
              f"warmup.out={root / 'warmup'}", "warmup.steps=40", "warmup.batch_size=8"],
         )  # fmt: skip
@@ -324,6 +316,5 @@ def test_two_trl_grpo_steps_get_cers_rewards(warm_task, tmp_path):
     json.dumps(calls)  # plain data
 
 
-if __name__ == "__main__":  # under torchrun: test_two_ranks_score_whole_groups_in_lockstep
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+if __name__ == "__main__":  # two ranks: test_two_zero3_ranks_score_whole_groups_in_lockstep
     two_ranks_main()

@@ -1,8 +1,8 @@
 """CER as a reward function for ``trl.GRPOTrainer`` (written against TRL 1.16.0; extra ``[trl]``).
 
-    reward = CERReward(tokenizer, "cer")                  # or "rule+cer", "rule", "exact", "verifree"
+    reward = CERReward(tokenizer, "cer")  # or "rule+cer", "rule", "exact", "verifree"
     trainer = GRPOTrainer(model, reward_funcs=[reward], args=GRPOConfig(...), train_dataset=ds)
-    reward.attach(trainer)                                 # the live policy scores; before train()
+    reward.attach(trainer)  # the live policy scores; before train()
     trainer.train()
 
 What TRL 1.16.0 hands a reward function (``GRPOTrainer._calculate_rewards``): ``prompts``,
@@ -288,8 +288,8 @@ class CERReward:
         for b, block in enumerate(blocks):
             if any(s[0] != block[0][0] for s in block):
                 raise ValueError(
-                    f"CERReward: the completions of group {b} of this call do not share one prompt: "
-                    f"TRL lays out a batch as groups of num_generations={g} consecutive "
+                    f"CERReward: the completions of group {b} of this call do not share one "
+                    f"prompt: TRL lays out a batch as groups of num_generations={g} consecutive "
                     "completions of one prompt"
                 )
         ids = self.prompt_ids([block[0][0] for block in blocks])

@@ -11,12 +11,22 @@ from pathlib import Path
 from typing import Literal
 
 from common.model_id import model_reason
+from common.rewards import REWARDS, OutcomeReward, load_part
 from common.rl_loop import EngineConfig
 from common.rl_loop import LossConfig as GRPOLossConfig
 from common.train import TrainConfig
 from common.train.logging import LogConfig
 
 REWARD_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
+# reward.fn's built-in names: every reward type, and common's search-agent rewards
+BUILTIN_REWARDS = {
+    **REWARDS,
+    "exact": "cer.group_reward:EXACT",
+    "rule": "cer.group_reward:RULE",
+    "cer": "cer.group_reward:CER",
+    "rule+cer": "cer.group_reward:RULE_CER",
+    "verifree": "cer.group_reward:VERIFREE",
+}
 
 
 @dataclass
@@ -68,6 +78,14 @@ class RewardConfig:
             "help": "exact | rule (math-verify / letter) | cer | rule+cer | verifree (VeriFree: "
             "pi(a* | own solution), 0 without an answer; trained with its likelihood term, "
             "see verifree_likelihood)"
+        },
+    )
+    fn: str = field(
+        default="",
+        metadata={
+            "help": "the reward that trains, instead of type's: a type, exact_match | f1 "
+            "(common's, SQuAD-normalised, over answer_forms) or package.module:Name "
+            "(common.rewards; ctx.extra holds score_fn); empty = type"
         },
     )
     m: int | None = field(
@@ -132,6 +150,14 @@ class RewardConfig:
             "letter itself"
         },
     )
+
+    def __post_init__(self) -> None:
+        if self.fn:
+            self.reward_fn()
+
+    def reward_fn(self) -> OutcomeReward:
+        """The outcome reward (``common.rewards.OutcomeReward``) ``fn``, else ``type``, names."""
+        return load_part(self.fn or self.type, "reward.fn", "reward", BUILTIN_REWARDS)
 
 
 @dataclass

@@ -2,7 +2,9 @@
 
 A ``Group`` is one prompt, its G sampled responses and their answer splits. ``group_rewards``
 returns the rewards of the requested types over all samples (group after group) and, when a
-scored type is among them, the CER matrix summary.
+scored type is among them, the CER matrix summary. ``GroupReward`` is one type as an outcome
+reward (``common.rewards``): ``EXACT``, ``RULE``, ``CER``, ``RULE_CER`` and ``VERIFREE``, what
+``reward.fn`` (or ``reward.type``) names.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from cer.verifiers import (
     rule_verifier,
     strict_choice_verifier,
 )
+from common import rewards as parts
 from common.rollout.engine import GeneratedKV
 from common.rollout.trajectory import Trajectory
 
@@ -214,3 +217,51 @@ def group_rewards(
         "cer/distinct_answers": sum(len(d) for *_, d in scored) / len(scored),
     }
     return {k: v for k, v in out.items() if k in types}, stats
+
+
+def common_groups(groups: Sequence[Group]) -> list[parts.Group]:
+    """CER's groups as ``common.rewards.Group``s: the problem, the reference (its other
+    ``answer_forms`` as aliases), each sample's boxed answer; the CER group as ``source``."""
+    return [
+        parts.Group(
+            g.example.problem,
+            [g.example.answer],
+            list(g.example.metadata.get("answer_forms", [])[1:]),
+            g.trajs,
+            [s.answer for s in g.splits],
+            g,
+        )
+        for g in groups
+    ]
+
+
+@dataclass(frozen=True)
+class GroupReward:
+    """Reward type ``type`` of ``group_rewards`` as an outcome reward over ``common_groups``.
+
+    ``ctx.extra``: ``score_fn`` (needed by cer, rule+cer, verifree), ``m``, ``selection``,
+    ``rules``, and ``types``: other types computed in the same pass (the scorer called once).
+    Metrics: the CER summary; extras: ``by_type``, every type computed (exact and rule always).
+    """
+
+    type: str
+
+    def __call__(self, groups: Sequence[parts.Group], ctx: parts.RewardContext) -> parts.Rewards:
+        x = ctx.extra
+        by_type, stats = group_rewards(
+            {self.type, *x.get("types", ())},
+            [g.source for g in groups],
+            x.get("score_fn"),
+            ctx.tokenizer,
+            x.get("m"),
+            x.get("selection", "first"),
+            x.get("rules", DEFAULT_RULES),
+        )
+        return parts.Rewards(by_type[self.type], stats, {"by_type": by_type})
+
+
+EXACT = GroupReward("exact")
+RULE = GroupReward("rule")
+CER = GroupReward("cer")
+RULE_CER = GroupReward("rule+cer")
+VERIFREE = GroupReward("verifree")

@@ -1,7 +1,7 @@
 """`cer train`: GRPO-family RL with the conditional expectation reward (or a baseline reward).
 
     per step: B prompts x G samples (engine) -> answer split on the sampled ids
-              -> reward by type (exact | rule | cer | rule+cer | verifree)
+              -> reward by type (exact | rule | cer | rule+cer | verifree), or reward.fn's
               -> RLOO advantage (r_k minus the mean of the other G-1; no std)
               -> clipped surrogate (eps 0.2), summed over tokens, averaged over sequences
               -> one optimizer step -> weights pushed into the engine
@@ -31,14 +31,22 @@ import torch
 
 from cer.config import CERConfig, check_assets
 from cer.evaluate import evaluate_problems, load_problems, problem_results
-from cer.group_reward import REF_PROB, Group, group_rewards, rules_of, verifier_name
+from cer.group_reward import (
+    REF_PROB,
+    Group,
+    GroupReward,
+    common_groups,
+    group_rewards,
+    rules_of,
+    verifier_name,
+)
 from cer.rollout import sample_groups, step_sampling
 from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
 from cer.signal import signal_metrics
 from cer.token_counts import counting_scorer
 from cer.verifree import verifree_batch
 from common.batches import BatchLog, group_grad_accum, rank_questions
-from common.rl import group_normalized_advantages, rloo_advantages
+from common.rewards import RewardContext, Rewards, grpo, rloo
 from common.rl_loop import (
     all_ranks_mean,
     build_engine,
@@ -68,10 +76,9 @@ SIGNAL_TYPES = (*ALL_TYPES, REF_PROB)  # reward.signal: every type and pi(a*|s) 
 
 
 def advantages(rewards: torch.Tensor, group_ids: list[str], kind: str) -> torch.Tensor:
-    """rloo: A_k = r_k - 1/(G-1) sum_{j != k} r_j; grpo: (r_k - mean) / (std + eps)."""
-    if kind == "rloo":
-        return rloo_advantages(rewards, group_ids)
-    return group_normalized_advantages(rewards, group_ids)
+    """rloo: A_k = r_k - 1/(G-1) sum_{j != k} r_j; grpo: (r_k - mean) / (std + eps)
+    (``common.rewards``' estimators)."""
+    return {"rloo": rloo, "grpo": grpo}[kind](Rewards(rewards), group_ids, None)
 
 
 def step_signal(
@@ -184,6 +191,9 @@ def train_cer(cfg: CERConfig) -> dict:
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals: list[dict] = []
     reward_rules = (cfg.reward.m_selection, rules_of(cfg))
+    reward_fn, reward_name = cfg.reward.reward_fn(), cfg.reward.fn or cfg.reward.type
+    # VeriFree as published trains the reference tokens too: only for its own reward
+    verifree = isinstance(reward_fn, GroupReward) and reward_fn.type == "verifree"
 
     def run_eval(step: int) -> None:
         shard = slice(train.rank, None, train.world_size)
@@ -220,7 +230,7 @@ def train_cer(cfg: CERConfig) -> dict:
         run_eval(0)
     batch_log = BatchLog(run_dir, start, train.is_main)
     steps = range(start, cfg.steps + 1)
-    for step in progress(steps, desc=f"cer[{cfg.reward.type}]", total=len(steps)):
+    for step in progress(steps, desc=f"cer[{reward_name}]", total=len(steps)):
         t_step = time.perf_counter()
         # this rank's contiguous share of the one-rank batch: a function of (seed, step)
         idx = rank_questions(step, train.rank, train.world_size, order, cfg.prompts_per_step)
@@ -241,15 +251,23 @@ def train_cer(cfg: CERConfig) -> dict:
             engine.keep_kv = False
         timings["generate"] = time.perf_counter() - t0
         t0, scored[0] = time.perf_counter(), 0
-        rewards, cer_stats = group_rewards(
-            SIGNAL_TYPES if cfg.reward.signal else [cfg.reward.type],
-            groups, score_fn, tokenizer, cfg.reward.m, *reward_rules,
-        )  # fmt: skip
+        types = SIGNAL_TYPES if cfg.reward.signal else ()
+        extra = {"score_fn": score_fn, "m": cfg.reward.m, "selection": reward_rules[0],
+                 "rules": reward_rules[1], "types": types}  # fmt: skip
+        out = reward_fn(
+            common_groups(groups), RewardContext(train.model, tokenizer, engine, step, extra)
+        )
+        rewards, cer_stats = out.extras.get("by_type"), out.metrics
+        if rewards is None:  # another reward: the types logged beside it, in their own pass
+            rewards, stats = group_rewards(
+                types, groups, score_fn, tokenizer, cfg.reward.m, *reward_rules
+            )
+            cer_stats = {**stats, **out.metrics}
         ref_prob = rewards.pop(REF_PROB, None)
         timings["reward"] = time.perf_counter() - t0
         reward_tokens, scored[0] = scored[0], 0
         trajs = [t for g in groups for t in g.trajs]
-        reward = rewards[cfg.reward.type]
+        reward = out.values
         adv = advantages(reward, [t.group_id for t in trajs], cfg.advantage)
         # Every reward type for the groups written to samples/ (same count on every rank: the
         # vLLM scorer is collective under several ranks).
@@ -258,8 +276,8 @@ def train_cer(cfg: CERConfig) -> dict:
             ALL_TYPES, shown, score_fn, tokenizer, cfg.reward.m, *reward_rules
         )
         trained, trained_adv = trajs, adv
-        if cfg.reward.type == "verifree" and cfg.reward.verifree_likelihood:
-            # VeriFree as published: the reference replaces the answer and is trained too
+        if verifree and cfg.reward.verifree_likelihood:
+            # the reference replaces the answer and is trained too
             trained, trained_adv = verifree_batch(groups, reward, adv, tokenizer)
         upd = update_and_push(
             train,
@@ -312,7 +330,7 @@ def train_cer(cfg: CERConfig) -> dict:
     if logger:
         logger.close()
         if evals:
-            plot_curve(evals, run_dir / "dev_curve.png", cfg.reward.type)
+            plot_curve(evals, run_dir / "dev_curve.png", reward_name)
         (run_dir / "dev_evals.json").write_text(json.dumps(evals, indent=1))
     folder.close()
     before, after = (evals[0], evals[-1]) if evals else (None, None)

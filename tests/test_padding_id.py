@@ -15,7 +15,7 @@ def test_padding_id_falls_back_to_eos_then_zero():
 
 
 def test_the_llama_stand_in_tokenizer_has_no_pad_token_and_pads_with_eot():
-    from common.rehearse.tokenizers import build_llama32_tokenizer
+    from experiments.rehearse.tokenizers import build_llama32_tokenizer
 
     tok = build_llama32_tokenizer()
     assert tok.pad_token_id is None

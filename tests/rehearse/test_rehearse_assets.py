@@ -17,7 +17,10 @@ from cer.config import CERConfig
 from cer.data import load_math_examples, webinstruct_paper_filter
 from common.config import config_to_dict, load_config
 from common.data import load_qa
-from common.rehearse.assets import (
+from common.retrieval.base import read_corpus
+from eviback.assets import load_questions
+from eviback.config import EviBackConfig
+from experiments.rehearse.assets import (
     CHOICE_ANSWERS,
     MATH_ANSWERS,
     QA_ANSWERS,
@@ -30,9 +33,6 @@ from common.rehearse.assets import (
     standin_corpus,
     standin_e5_encoder,
 )
-from common.retrieval.base import read_corpus
-from eviback.assets import load_questions
-from eviback.config import EviBackConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = 8

@@ -1,4 +1,4 @@
-"""Paper configs rehearsed end to end by ``python -m common.rehearse`` (the user's command), with
+"""Paper configs rehearsed end to end by ``python -m experiments.rehearse`` (the user's command), with
 their sizes cut further where a stage would dominate ``make test``: CER under two DeepSpeed ranks
 (ZeRO-3, bf16), EviBack on Qwen3-0.6B (APE, training with the teacher), ARCO on Llama-3.2-3B
 (warmup with the LLM player and annotator, a sparse and a dense step, evaluation) and on
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def rehearse(tmp_path: Path, *args: str, timeout: int = 1500) -> dict:
     out = tmp_path / "rehearsal"
-    command = [sys.executable, "-m", "common.rehearse", *args, "--out", str(out)]
+    command = [sys.executable, "-m", "experiments.rehearse", *args, "--out", str(out)]
     run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
     report = json.loads((out / "report.json").read_text())
     logs = "\n".join(

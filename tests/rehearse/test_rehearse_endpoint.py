@@ -19,7 +19,12 @@ from arco.teacher import (
 )
 from common.data import QAExample
 from common.llm_client import LLMClient
-from common.rehearse.endpoint import (
+from common.retrieval.base import Doc
+from eviback.ape import labeller_messages
+from eviback.ape_run import controller_candidates, controller_written, llm_labeller
+from eviback.prompts import STAGE_A_DEFAULT, STAGE_B_DEFAULT, Round
+from eviback.teacher import TeacherItem, TeacherPolicy, TwoStageTeacher
+from experiments.rehearse.endpoint import (
     CONTRACTS,
     FAILURES,
     Shares,
@@ -27,11 +32,6 @@ from common.rehearse.endpoint import (
     recognise,
     serve_endpoint,
 )
-from common.retrieval.base import Doc
-from eviback.ape import labeller_messages
-from eviback.ape_run import controller_candidates, controller_written, llm_labeller
-from eviback.prompts import STAGE_A_DEFAULT, STAGE_B_DEFAULT, Round
-from eviback.teacher import TeacherItem, TeacherPolicy, TwoStageTeacher
 
 PARIS = Doc("d1", "Mira Kovalenko", "Mira Kovalenko was born in Paris.", 1.0)
 BOTH = Doc("d2", "Vera Lind", "Vera Lind sang in Paris in 1912.", 0.9)
@@ -231,7 +231,15 @@ def test_cli_serves(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "common.rehearse.endpoint", "--port", str(port), "--malformed", "1"],
+        [
+            sys.executable,
+            "-m",
+            "experiments.rehearse.endpoint",
+            "--port",
+            str(port),
+            "--malformed",
+            "1",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from common.rehearse import scripts
-from common.rehearse.__main__ import arco_variants, main
-from common.rehearse.runner import PAPER_CONFIGS, ROOT, family
-from common.rehearse.stages import Stage, StageFailed, last_error_line, overrides, run_stage
+from experiments.rehearse import scripts
+from experiments.rehearse.__main__ import arco_variants, main
+from experiments.rehearse.runner import PAPER_CONFIGS, ROOT, family
+from experiments.rehearse.stages import Stage, StageFailed, last_error_line, overrides, run_stage
 
 
 def test_overrides_are_read_back_by_yaml_as_the_values():
@@ -92,8 +92,8 @@ def test_scripts_start_where_the_model_continues(qwen3_tokenizer):
 
 
 def _greedy_actions(tokenizer, script, protocol):
-    from common.rehearse.standin import chain_from_paths
     from common.rollout.protocols import get_protocol
+    from experiments.rehearse.standin import chain_from_paths
 
     chain = chain_from_paths(scripts.script_paths(tokenizer, script, protocol))
     starts = scripts.start_tokens(tokenizer, protocol)
@@ -109,7 +109,7 @@ def _greedy_actions(tokenizer, script, protocol):
 def test_the_greedy_stand_in_searches_first_and_answers_after_an_observation(qwen3_tokenizer):
     """Dev evaluation is greedy: the stand-in's greedy turns are valid actions, a search from
     the prompt and the data's first answer after an observation (Search-R1 and ReAct)."""
-    from common.rehearse.tokenizers import build_llama32_tokenizer
+    from experiments.rehearse.tokenizers import build_llama32_tokenizer
 
     prompt, after = _greedy_actions(
         qwen3_tokenizer, scripts.search_r1_script(["Paris"]), "search_r1"

@@ -9,13 +9,13 @@ import torch
 import transformers
 
 from cer.token_counts import counting_scorer, scoring_tokens
-from common.rehearse.runner import Report
-from common.rehearse.stages import StageResult
-from common.rehearse.tokens import cost_model, token_table
 from common.rl_loop import LossConfig, policy_update
 from common.rollout import Trajectory
 from common.token_counts import rollout_token_metrics
 from common.train import TrainConfig, TrainEngine
+from experiments.rehearse.runner import Report
+from experiments.rehearse.stages import StageResult
+from experiments.rehearse.tokens import cost_model, token_table
 
 
 def shape_row(step: int, groups: int, trajs: int, prompt: int, response: int, **tokens) -> dict:

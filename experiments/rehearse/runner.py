@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.rehearse.stages import (
+from experiments.rehearse.stages import (
     Stage,
     StageFailed,
     StageResult,
@@ -33,7 +33,7 @@ from common.rehearse.stages import (
     read_jsonl,
     run_stage,
 )
-from common.rehearse.tokens import markdown_rows, token_table
+from experiments.rehearse.tokens import markdown_rows, token_table
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_CONFIGS: tuple[str, ...] = (
@@ -586,8 +586,8 @@ def _prepared(
     config: Path, raw: dict, variant: str | None, ranks: int, out: Path, device: str, report: Report
 ) -> Iterator[Setup]:
     """The stand-in model, data, corpus and servers of one rehearsal, stopped on exit."""
-    from common.rehearse import assets as standin_assets
-    from common.rehearse.endpoint import serve_endpoint
+    from experiments.rehearse import assets as standin_assets
+    from experiments.rehearse.endpoint import serve_endpoint
 
     fam = family(config)
     out.mkdir(parents=True, exist_ok=True)
@@ -655,10 +655,10 @@ def build_model(
     """The stand-in of ``model_id``, scripted with its method's texts (``scripts``)."""
     import torch
 
-    from common.rehearse import assets as standin_assets
-    from common.rehearse import scripts
-    from common.rehearse.standin import build_standin, chain_from_paths
-    from common.rehearse.tokenizers import standin_tokenizer
+    from experiments.rehearse import assets as standin_assets
+    from experiments.rehearse import scripts
+    from experiments.rehearse.standin import build_standin, chain_from_paths
+    from experiments.rehearse.tokenizers import standin_tokenizer
 
     tok = standin_tokenizer(model_id, cache / "tokenizers")
     answers = list(standin_assets.QA_ANSWERS)
@@ -684,7 +684,7 @@ def build_model(
 def _retrieval_server(folder: Path, cache: Path, dense: bool) -> Iterator[str]:
     """``common.retrieval serve`` on loopback over the stand-in corpus (dense: the stand-in E5
     encoder's FAISS index), as the paper configs' retrieval servers; stopped on exit."""
-    from common.rehearse import assets as standin_assets
+    from experiments.rehearse import assets as standin_assets
 
     corpus = standin_assets.standin_corpus(folder)
     index = folder / ("index-dense" if dense else "index-bm25")

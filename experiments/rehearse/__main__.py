@@ -1,6 +1,6 @@
-"""``python -m common.rehearse --config <paper config> [--variant NAME] [--ranks N]``, or ``--all``.
+"""``python -m experiments.rehearse --config <paper config> [--variant NAME] [--ranks N]``, or ``--all``.
 
-Runs the config's whole pipeline on this machine with stand-ins (see ``common.rehearse.runner``)
+Runs the config's whole pipeline on this machine with stand-ins (see ``experiments.rehearse.runner``)
 and writes ``runs/rehearse/<config>/report.md`` and ``report.json``. Exit status 1 when a stage
 fails (the stage is named), 2 when the rehearsal could not be set up.
 """
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from common.rehearse.runner import (
+from experiments.rehearse.runner import (
     ARCO_VARIANT_CONFIG,
     PAPER_CONFIGS,
     ROOT,
@@ -27,7 +27,7 @@ def arco_variants() -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m common.rehearse",
+        prog="python -m experiments.rehearse",
         description="Rehearse a paper config end to end on this machine with a shrunken stand-in "
         "model, stand-in data, retrieval and endpoints.",
     )

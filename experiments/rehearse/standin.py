@@ -45,7 +45,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from common.rehearse.tokenizers import model_facts, standin_config, standin_tokenizer
+from experiments.rehearse.tokenizers import model_facts, standin_config, standin_tokenizer
 
 Chain = dict[int, dict[int, float]]
 
@@ -261,7 +261,7 @@ def build_standin(
             "sampling defaults of generation_config not copied (only its special ids)",
         ]
         + (
-            ["weights scripted to a token-level Markov chain (see common/rehearse/standin.py)"]
+            ["weights scripted to a token-level Markov chain (see experiments/rehearse/standin.py)"]
             if scripted
             else []
         ),

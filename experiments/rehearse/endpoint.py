@@ -36,7 +36,7 @@ retry draws afresh): ``malformed`` (HTTP 200, content that breaks the contract),
 is not a chat request, or whose contract is not recognised, gets HTTP 400 naming what was not
 recognised (counted under ``unrecognised``).
 
-CLI: ``python -m common.rehearse.endpoint --port 8001 [--malformed 0.1 ...]``.
+CLI: ``python -m experiments.rehearse.endpoint --port 8001 [--malformed 0.1 ...]``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from common.rehearse.assets import QA_ANSWERS
+from experiments.rehearse.assets import QA_ANSWERS
 
 # contract -> the text its client's prompt carries (checked in this order)
 CONTRACTS: dict[str, tuple[str, ...]] = {
@@ -469,7 +469,7 @@ def serve_endpoint(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m common.rehearse.endpoint", description=__doc__.split("\n\n")[0]
+        prog="python -m experiments.rehearse.endpoint", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)

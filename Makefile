@@ -30,13 +30,13 @@ endif
 .PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-eviback compare-cer compare-arco \
-	compare-arco-smoke rehearse rehearse-all
+	compare-arco-smoke compare-eviback-allzero compare-eviback-allzero-smoke rehearse rehearse-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
 
 test: lint  ## ruff, then the whole test suite (GPU tests skip without a GPU)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 test-fast: lint  ## without the tests that start engines or subprocesses
 	$(PY) -m pytest -q -m "not slow"
@@ -123,6 +123,15 @@ compare-grpo: warmstart  ## the reference GRPO loop against its warm start, 3 se
 
 compare-eviback: warmstart  ## EviBack vs the Search-R1 baseline, 3 seeds, one warm start
 	$(PY) -m experiments.compare --spec eviback/configs/compare_tiny.yaml
+
+compare-eviback-allzero: warmstart  ## issue 26: 3-hop bridges only (most groups all-zero), Search-R1 vs EviBack λ 0.1/0.3/1.0, 3 seeds
+	$(PY) -m experiments.compare --spec eviback/configs/compare_allzero.yaml
+
+# the same wiring in minutes: 1 seed, 1 step of 2 questions, 8 dev questions (numbers meaningless)
+compare-eviback-allzero-smoke: warmstart  ## compare-eviback-allzero's wiring end to end
+	$(PY) -m experiments.compare --spec eviback/configs/compare_allzero.yaml \
+		--out runs/compare/eviback_allzero_smoke --seeds 0 --set steps=1 --set eval_every=1 \
+		--set eval_questions=8 --set questions_per_step=4 --set loss.micro_batch_size=32
 
 compare-cer: cer-tiny-assets  ## CER rewards (exact, rule = alias oracle, cer, rule+cer), 3 seeds, vs exact
 	$(PY) -m experiments.compare --spec cer/configs/compare_tiny.yaml

@@ -64,8 +64,11 @@ def load_questions(
     seed: int,
     selection: str = "random",
     release_names: Mapping[str, str] | None = None,
+    where: Mapping[str, Sequence[str]] | None = None,
+    where_key: str = "train_where",
 ) -> list[QAExample]:
-    """Every file's examples (ids ``{source}:{id}``), cut to its quota.
+    """Every file's examples (ids ``{source}:{id}``), kept by ``where`` (``keep_where``; named
+    ``assets.<where_key>`` in errors), cut to its quota.
 
     ``selection="random"``: a draw seeded by ``seed`` and the source name. ``"sha256"``: the
     release's draw (``stable_selection``, ``seed`` = its selection seed), with each source under
@@ -78,8 +81,11 @@ def load_questions(
     if unknown:
         raise ValueError(f"quotas name sources without a file: {', '.join(unknown)}")
     out: list[QAExample] = []
+    matched: set[tuple[str, str]] = set()
     for source, path in files.items():
         examples = load_qa(path, source=source)
+        if where:
+            examples = keep_where(examples, where, matched)
         quota = quotas.get(source)
         if quota is not None:
             if quota > len(examples):
@@ -95,7 +101,33 @@ def load_questions(
             else:
                 examples = random.Random(f"{seed}:{source}").sample(examples, quota)
         out.extend(examples)
+    unmatched = [
+        f"{k}={v}" for k, vs in (where or {}).items() for v in vs if (k, str(v)) not in matched
+    ]
+    if unmatched:
+        raise ValueError(
+            f"assets.{where_key}: {', '.join(unmatched)} matches no question in "
+            f"{', '.join(map(str, files.values()))}"
+        )
     return out
+
+
+def keep_where(
+    examples: Sequence[QAExample],
+    where: Mapping[str, Sequence[str]],
+    matched: set[tuple[str, str]] | None = None,
+) -> list[QAExample]:
+    """The examples whose ``metadata[key]``, as text, is one of ``where[key]`` for every key;
+    ``matched`` collects each ``(key, value)`` some example had."""
+    allowed = {k: {str(v) for v in vs} for k, vs in where.items()}
+    kept = []
+    for ex in examples:
+        have = {k: str(ex.metadata.get(k, "")) for k in allowed}
+        if matched is not None:
+            matched.update((k, v) for k, v in have.items() if v in allowed[k])
+        if all(have[k] in allowed[k] for k in allowed):
+            kept.append(ex)
+    return kept
 
 
 def select_questions(assets: AssetsConfig, kind: str, seed: int) -> list[QAExample]:
@@ -106,7 +138,10 @@ def select_questions(assets: AssetsConfig, kind: str, seed: int) -> list[QAExamp
         "eval": (assets.eval_files, assets.eval_quotas, assets.eval_selection_seed),
     }[kind]
     draw_seed = selection_seed if assets.selection == "sha256" else seed
-    return load_questions(files, quotas, draw_seed, assets.selection, assets.release_names)
+    where = assets.train_where if kind == "train" else None
+    return load_questions(
+        files, quotas, draw_seed, assets.selection, assets.release_names, where=where
+    )
 
 
 def source_of(example_id: str) -> str:

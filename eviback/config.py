@@ -47,8 +47,20 @@ class AssetsConfig:
         default_factory=dict,
         metadata={"help": "questions drawn per training source (seeded); empty = all", "ge": 1},
     )
+    train_where: dict[str, list[str]] = field(
+        default_factory=dict,
+        metadata={
+            "help": "keep only training questions whose metadata[key] (as text) is one of the "
+            "values, for every key (before quotas), e.g. {relation: [founder_birth_country]} or "
+            "{type: [bridge], hops: ['3']}; empty = all"
+        },
+    )
     dev_files: dict[str, str] = field(
         default_factory=dict, metadata={"help": "QA files evaluated during training"}
+    )
+    dev_where: dict[str, list[str]] = field(
+        default_factory=dict,
+        metadata={"help": "the same filter for the dev questions of training; empty = all"},
     )
     eval_files: dict[str, str] = field(
         default_factory=dict, metadata={"help": "benchmark name -> QA file for `eviback eval`"}
@@ -89,6 +101,15 @@ class AssetsConfig:
         default="", metadata={"help": "E2E-APE controller LLM base URL (empty: grid candidates)"}
     )
     controller_model: str = field(default="", metadata={"help": "the controller's model name"})
+
+    def __post_init__(self) -> None:
+        for name in ("train_where", "dev_where"):
+            for key, values in getattr(self, name).items():
+                if not values or not all(str(v).strip() for v in values):
+                    raise ValueError(
+                        f"assets.{name}.{key} must list at least one non-empty value, "
+                        f"got {values!r}"
+                    )
 
 
 @dataclass

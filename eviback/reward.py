@@ -151,3 +151,12 @@ def scaled_group_advantages(
     advantages = group_normalized_advantages(rewards, ids, eps=eps, ddof=1)  # [N]
     alone = torch.tensor([size[g] == 1 for g in ids], dtype=torch.bool)  # [N]
     return torch.where(alone, rewards, advantages) * scales
+
+
+def fallback_advantage_share(advantages: Tensor, fell_back: Sequence[bool]) -> float:
+    """The backoff's share of the update's signal: Σ|A_i| over rollouts of fallback (all-zero)
+    groups over Σ|A_i| over all rollouts; 0 when every advantage is 0."""
+    a = advantages.detach().abs().float()
+    mask = torch.tensor(list(fell_back), dtype=torch.bool)
+    total = a.sum().item()
+    return a[mask].sum().item() / total if total > 0 else 0.0

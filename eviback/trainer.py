@@ -55,6 +55,7 @@ from eviback.config import EviBackConfig, TeacherConfig
 from eviback.prompts import rounds_from_trajectory
 from eviback.reward import (
     actor_em,
+    fallback_advantage_share,
     group_rewards,
     is_eligible,
     is_supported,
@@ -257,7 +258,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     cfg.train.seed = cfg.seed
     a = cfg.assets
     train_set = select_questions(a, "train", cfg.seed)
-    dev_set = load_questions(a.dev_files, {}, cfg.seed)
+    dev_set = load_questions(a.dev_files, {}, cfg.seed, where=a.dev_where, where_key="dev_where")
     dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
     run_dir = Path(cfg.run_dir)
     # resume: continue after run_dir's latest complete checkpoint (none: start at step 0)
@@ -366,6 +367,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             **upd,
             **{f"time/{k}": v for k, v in timings.items()},
         }
+        metrics["backoff_adv_share"] = fallback_advantage_share(adv, b.fell_back)
         # tokens through the model (the teacher is external: teacher/tokens), every rank's summed
         counts = {k: v for k, v in upd.items() if k.startswith(SUMMED_PREFIXES)}
         metrics |= all_ranks_mean(counts | rollout_token_metrics(trajs), len(trajs))

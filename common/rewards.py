@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -101,17 +101,21 @@ class AdvantageEstimator(Protocol):
 def groups_of(trajs: Sequence[Trajectory]) -> list[Group]:
     """The search agent's trajectories (whole groups, each group's contiguous) as ``Group``s."""
     groups: list[Group] = []
+    seen: set[str] = set()
     for t in trajs:
         if not groups or groups[-1].trajectories[0].group_id != t.group_id:
-            if any(g.trajectories[0].group_id == t.group_id for g in groups):
+            if t.group_id in seen:
                 raise ValueError(f"group {t.group_id!r} is not contiguous in the batch")
+            seen.add(t.group_id)
             groups.append(Group(t.question, list(t.golden_answers), [], [], []))
         groups[-1].trajectories.append(t)
         groups[-1].predictions.append(t.answer)
     return groups
 
 
-def _per_prediction(groups: Sequence[Group], score: Any) -> Tensor:
+def _per_prediction(
+    groups: Sequence[Group], score: Callable[[str | None, list[str]], float]
+) -> Tensor:
     return torch.tensor(
         [score(p, g.golden_answers + g.aliases) for g in groups for p in g.predictions]
     )  # [N]

@@ -127,7 +127,7 @@ compare-eviback: warmstart  ## EviBack vs the Search-R1 baseline, 3 seeds, one w
 compare-eviback-allzero: warmstart  ## issue 26: 3-hop bridges only (most groups all-zero), Search-R1 vs EviBack λ 0.1/0.3/1.0, 3 seeds
 	$(PY) -m experiments.compare --spec eviback/configs/compare_allzero.yaml
 
-# the same wiring in minutes: 1 seed, 1 step of 2 questions, 8 dev questions (numbers meaningless)
+# the same wiring in minutes: 1 seed, 1 step of 4 questions, 8 dev questions (numbers meaningless)
 compare-eviback-allzero-smoke: warmstart  ## compare-eviback-allzero's wiring end to end
 	$(PY) -m experiments.compare --spec eviback/configs/compare_allzero.yaml \
 		--out runs/compare/eviback_allzero_smoke --seeds 0 --set steps=1 --set eval_every=1 \

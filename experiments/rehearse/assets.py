@@ -181,7 +181,7 @@ EVIBACK_DATA = ("train_files", "dev_files", "eval_files", "corpus")
 EVIBACK_OTHER = (
     "model", "train_quotas", "eval_quotas", "selection", "train_selection_seed",
     "eval_selection_seed", "release_names", "retrieval_url", "teacher_endpoint", "teacher_model",
-    "controller_endpoint", "controller_model",
+    "controller_endpoint", "controller_model", "train_where", "dev_where",
 )  # fmt: skip
 
 

@@ -124,7 +124,7 @@ compare-grpo: warmstart  ## the reference GRPO loop against its warm start, 3 se
 compare-eviback: warmstart  ## EviBack vs the Search-R1 baseline, 3 seeds, one warm start
 	$(PY) -m experiments.compare --spec eviback/configs/compare_tiny.yaml
 
-compare-eviback-allzero: warmstart  ## issue 26: 3-hop bridges only (most groups all-zero), Search-R1 vs EviBack λ 0.1/0.3/1.0, 3 seeds
+compare-eviback-allzero: warmstart  ## issue 26: the hard multi-hop kinds (most groups all-zero), Search-R1 vs EviBack λ 0.1/0.3/1.0, 3 seeds
 	$(PY) -m experiments.compare --spec eviback/configs/compare_allzero.yaml
 
 # the same wiring in minutes: 1 seed, 1 step of 4 questions, 8 dev questions (numbers meaningless)

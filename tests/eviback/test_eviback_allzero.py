@@ -25,9 +25,14 @@ TINY = ROOT / "eviback" / "configs" / "tiny.yaml"
 ROWS = [
     ("s1", "single_hop", 1, "birthplace"),
     ("b2", "bridge", 2, "birth_country"),
+    ("b2y", "bridge", 2, "director_birth_year"),
     ("b3a", "bridge", 3, "director_birth_country"),
     ("b3b", "bridge", 3, "birth_country_capital"),
     ("c2", "comparison", 2, "person_older"),
+    ("b2n", "bridge", 2, "capital_population"),
+    ("c2c", "comparison", 2, "city_larger"),
+    ("c2f", "comparison", 2, "film_earlier"),
+    ("c2o", "comparison", 2, "organisation_older"),
     ("y1", "yes_no", 1, "born_in_city"),
 ]
 
@@ -41,10 +46,12 @@ def qa_file(path: Path) -> Path:
     return path
 
 
-def test_allzero_config_extends_tiny_and_keeps_only_three_hop_bridges(tmp_path):
+def test_allzero_config_extends_tiny_and_keeps_only_the_hard_relations(tmp_path):
     cfg = load_config(EviBackConfig, ALLZERO)
     tiny = load_config(EviBackConfig, TINY)
-    assert cfg.assets.train_where == {"type": ["bridge"], "hops": ["3"]}
+    hard = ["director_birth_year", "capital_population", "city_larger", "film_earlier",
+            "organisation_older", "person_older"]  # fmt: skip
+    assert cfg.assets.train_where == {"relation": hard}
     assert cfg.assets.dev_where == cfg.assets.train_where
     # everything else is the tiny setting: same warm start, loop and teacher (λ = 0.1)
     assert (cfg.assets.model, cfg.teacher, cfg.train, cfg.agent) == (
@@ -53,13 +60,16 @@ def test_allzero_config_extends_tiny_and_keeps_only_three_hop_bridges(tmp_path):
     assert (cfg.n, cfg.questions_per_step, cfg.steps) == (tiny.n, tiny.questions_per_step, 30)
     qa = str(qa_file(tmp_path / "train.jsonl"))
     cfg = load_config(EviBackConfig, ALLZERO, [f"assets.train_files={{tiny: {qa}}}"])
-    assert [ex.id for ex in select_questions(cfg.assets, "train", 0)] == ["tiny:b3a", "tiny:b3b"]
+    # of the eleven rows: the year and number bridges and the four comparisons; not the single
+    # hop, the city bridge, the 3-hop bridges nor yes/no
+    kept = ["tiny:b2y", "tiny:c2", "tiny:b2n", "tiny:c2c", "tiny:c2f", "tiny:c2o"]
+    assert [ex.id for ex in select_questions(cfg.assets, "train", 0)] == kept
     # the dev filter, as the trainer reads the dev files
     dev = load_questions({"tiny": qa}, {}, 0, where=cfg.assets.dev_where, where_key="dev_where")
-    assert [ex.id for ex in dev] == ["tiny:b3a", "tiny:b3b"]
-    # the default keeps all six
+    assert [ex.id for ex in dev] == kept
+    # the default keeps all eleven
     plain = load_config(EviBackConfig, TINY, [f"assets.train_files={{tiny: {qa}}}"])
-    assert len(select_questions(plain.assets, "train", 0)) == 6
+    assert len(select_questions(plain.assets, "train", 0)) == 11
 
 
 def test_keep_where_matches_values_as_text_and_records_them():
@@ -68,7 +78,7 @@ def test_keep_where_matches_values_as_text_and_records_them():
     exs = [QAExample(q, "?", ["x"], {"type": t, "hops": h, "relation": r}) for q, t, h, r in ROWS]
     matched: set[tuple[str, str]] = set()
     kept = keep_where(exs, {"type": ["bridge", "comparison"], "hops": ["2"]}, matched)
-    assert [ex.id for ex in kept] == ["b2", "c2"]
+    assert [ex.id for ex in kept] == ["b2", "b2y", "c2", "b2n", "c2c", "c2f", "c2o"]
     assert matched == {("type", "bridge"), ("type", "comparison"), ("hops", "2")}
     assert [ex.id for ex in keep_where(exs, {"relation": ["person_older", "birthplace"]})] == [
         "s1",
@@ -80,6 +90,9 @@ def test_a_filter_value_that_matches_nothing_and_an_empty_list_are_errors(tmp_pa
     qa = str(qa_file(tmp_path / "train.jsonl"))
     with pytest.raises(ValueError, match=r"assets.train_where: hops=4 matches no question"):
         load_questions({"tiny": qa}, {}, 0, where={"type": ["bridge"], "hops": ["3", "4"]})
+    # a misspelt relation is named, not silently dropped
+    with pytest.raises(ValueError, match=r"relation=person_oldr matches no question"):
+        load_questions({"tiny": qa}, {}, 0, where={"relation": ["person_older", "person_oldr"]})
     with pytest.raises(ConfigError, match="assets.dev_where.type must list at least one"):
         load_config(EviBackConfig, ALLZERO, ["assets.dev_where={type: []}"])
 

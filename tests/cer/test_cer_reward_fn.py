@@ -101,3 +101,31 @@ def test_reward_fn_defaults_to_the_type_and_is_checked_when_built():
         load_config(CERConfig, None, ["reward.fn=cer.group_reward:common_groups"])
     with pytest.raises(ConfigError, match="reward.fn='rule_cer' is neither a built-in"):
         load_config(CERConfig, None, ["reward.fn=rule_cer"])
+
+
+@pytest.mark.slow
+def test_another_reward_trains_cer_and_every_type_is_still_logged(tmp_path):
+    """reward.fn=f1 (common's, not a CER type): it trains, and the types logged beside it
+    (reward.signal) come from their own group_rewards pass."""
+    import json
+
+    from cer.tiny import build_tiny
+    from cer.trainer import ALL_TYPES, train_cer
+    from common.metrics import f1_score
+    from common.train import read_metrics
+
+    task = build_tiny(tmp_path / "task", seed=0, n_train=16, n_dev=2, n_test=2)
+    rows = {json.loads(x)["id"]: json.loads(x) for x in (task / "train.jsonl").open()}
+    run_dir = tmp_path / "run"
+    over = [f"assets.model={task / 'model'}", f"assets.train={task / 'train.jsonl'}",
+            f"assets.dev={task / 'dev.jsonl'}", f"run_dir={run_dir}", "steps=1",
+            "prompts_per_step=1", "group_size=4", "loss.micro_batch_size=4", "eval_every=0",
+            "max_response_tokens=16", "reward.fn=f1"]  # fmt: skip
+    train_cer(load_config(CERConfig, "cer/configs/tiny.yaml", over))
+    (row,) = read_metrics(run_dir / "metrics.jsonl")
+    (group,) = json.loads((run_dir / "samples" / "step_00001.json").read_text())["groups"]
+    forms = rows[group["id"].split(":")[-1]]["answer_forms"]
+    want = [f1_score(s["answer"], forms) for s in group["samples"]]
+    assert row["reward"] == pytest.approx(sum(want) / 4)
+    assert all(f"reward/{t}" in row and f"signal/abs_adv/{t}" in row for t in ALL_TYPES)
+    assert "reward/f1" not in row and "cer/ref_prob_mean" in row

@@ -132,7 +132,7 @@ def test_compare_spec_allzero_runs_the_lambda_ablation_against_search_r1():
     spec = load_spec(ROOT / "eviback" / "configs" / "compare_allzero.yaml")
     names = [a["name"] for a in spec["arms"]]
     assert names == ["search_r1", "eviback_lam0.1", "eviback_lam0.3", "eviback_lam1.0"]
-    assert (spec["seeds"], spec["metric"], spec["baseline"]) == ([0, 1, 2], "em", "search_r1")
+    assert (spec["seeds"], spec["metric"], spec["baseline"]) == ([0, 1, 2], "f1", "search_r1")
     for arm in spec["arms"]:
         assert arm["command"][-2:] == ["--config", "eviback/configs/tiny_allzero.yaml"]
     overrides = [a["overrides"] for a in spec["arms"]]

@@ -48,6 +48,8 @@ def test_two_deepspeed_ranks_with_vllm_lora_end_with_identical_weights(
     # the batch is global: the two ranks' questions of a step, rank 0's then rank 1's, are what
     # one rank draws (2 questions x 2 rollouts sparse, 4 x 1 dense), and so is the update's size
     cfg = load_config(ArcoConfig, CONFIG, over)
+    # μ's forwards took the shared-prefix trunk (the default) on both ranks, in bf16
+    assert cfg.rubric.shared_prefix and "shared_prefix" not in " ".join(over)
     train_set = load_qa(cfg.assets.train_file)
     batches = [json.loads(line) for line in (tmp_path / "run" / "batches.jsonl").open()]
     assert batches == [

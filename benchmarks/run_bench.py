@@ -53,6 +53,8 @@ BENCHES = (
           ("--steps", "2", "--rounds", "1", "--prompts", "2", "--n", "2", "--tokens", "16")),
     Bench("bench_arco.calls", "bench_arco.py", ("calls",), ("calls", "--repeats", "1")),
     Bench("bench_arco.memory", "bench_arco.py", ("memory",), ("memory",)),
+    # rubric.shared_prefix true vs false, side by side from one warmup (needs the tiny assets)
+    Bench("bench_arco", "bench_arco.py", ("shared",), ("shared", "--dense-steps", "2")),
 )  # fmt: skip
 
 

@@ -197,6 +197,14 @@ def _tokens(s: Setup, run_dir: Path, first: int = 1) -> dict[str, Any]:
     return {"tokens": token_table(rows, family(s.config), s.raw)}
 
 
+def _resume_stage(s: Setup, package: str, train: dict[str, Any], run: Path) -> Stage:
+    """The train command once more with ``train``'s one step more (the config change allowed):
+    it must continue from the train stage's checkpoint and log step 3 alone."""
+    log = s.out / "logs" / "resume.log"
+    args = _args(s, "train", train | EXTEND)
+    return Stage("resume", package, args, s.ranks, _resume_check(s, run, log, 3, first=3))
+
+
 def _resume_check(
     s: Setup, run_dir: Path, log: Path, steps: int, first: int
 ) -> Callable[[], dict[str, Any]]:
@@ -251,7 +259,6 @@ def eviback_plan(s: Setup) -> list[Stage]:
         "ape.out": str(ape_dir),
     }
     train = base | {"teacher.policy_file": str(ape_dir / "policy.yaml"), "steps": 2}
-    logs = s.out / "logs"
     marks: dict[str, Any] = {}
 
     def mark() -> None:
@@ -270,13 +277,7 @@ def eviback_plan(s: Setup) -> list[Stage]:
     return [
         Stage("ape", "eviback", _args(s, "ape", ape), s.ranks, ape_check, before=mark),
         Stage("train", "eviback", _args(s, "train", train), s.ranks, train_check, before=mark),
-        Stage(
-            "resume",
-            "eviback",
-            _args(s, "train", train | {"steps": 3} | EXTEND),
-            s.ranks,
-            _resume_check(s, run, logs / "resume.log", 3, first=3),
-        ),
+        _resume_stage(s, "eviback", train | {"steps": 3}, run),
         Stage("eval", "eviback", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
     ]
 
@@ -291,7 +292,6 @@ def cer_plan(s: Setup) -> list[Stage]:
         "save_every": 1,
         "eval.k": 2,
     }
-    logs = s.out / "logs"
 
     def train_check() -> dict[str, Any]:
         counts = _train_counts(run, 2)
@@ -302,13 +302,7 @@ def cer_plan(s: Setup) -> list[Stage]:
 
     return [
         Stage("train", "cer", _args(s, "train", base | {"steps": 2}), s.ranks, train_check),
-        Stage(
-            "resume",
-            "cer",
-            _args(s, "train", base | {"steps": 3} | EXTEND),
-            s.ranks,
-            _resume_check(s, run, logs / "resume.log", 3, first=3),
-        ),
+        _resume_stage(s, "cer", base | {"steps": 3}, run),
         Stage("eval", "cer", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
     ]
 
@@ -341,7 +335,6 @@ def arco_plan(s: Setup) -> list[Stage]:
         "warmup.teacher_timeout_s": CLIENT_TIMEOUT_S,
     }
     train = base | {"rl.sparse_steps": 1, "rl.dense_steps": 1}
-    logs = s.out / "logs"
 
     def mark() -> None:
         marks["before"] = s.stats()
@@ -368,13 +361,7 @@ def arco_plan(s: Setup) -> list[Stage]:
         *base_warmup,
         Stage("warmup", "arco", _args(s, "warmup", warmup), s.ranks, warmup_check, before=mark),
         Stage("train", "arco", _args(s, "train", train), s.ranks, train_check),
-        Stage(
-            "resume",
-            "arco",
-            _args(s, "train", train | {"rl.dense_steps": 2} | EXTEND),
-            s.ranks,
-            _resume_check(s, run, logs / "resume.log", 3, first=3),
-        ),
+        _resume_stage(s, "arco", train | {"rl.dense_steps": 2}, run),
         Stage("eval", "arco", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
         Stage("diagnose", "arco", _args(s, "diagnose", base), 1, None),
     ]

@@ -29,8 +29,9 @@ endif
 
 .PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
-	warmup-arco train-arco eval-arco compare-grpo compare-eviback compare-cer compare-arco \
-	compare-arco-smoke compare-eviback-allzero compare-eviback-allzero-smoke rehearse rehearse-all
+	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
+	compare-arco compare-arco-smoke compare-eviback-allzero compare-eviback-allzero-smoke rehearse \
+	rehearse-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -120,6 +121,9 @@ demo:  ## all of it on the tiny setup, from nothing, on CPU (about 14.5 min on 2
 
 compare-grpo: warmstart  ## the reference GRPO loop against its warm start, 3 seeds, paired bootstrap
 	$(PY) -m experiments.compare --spec common/configs/compare_grpo_tiny.yaml
+
+compare-grpo-cer: warmstart  ## the search agent's reward: exact match vs F1 vs CER (cer.agent_reward), 3 seeds, vs exact match
+	$(PY) -m experiments.compare --spec common/configs/compare_grpo_cer_tiny.yaml
 
 compare-eviback: warmstart  ## EviBack vs the Search-R1 baseline, 3 seeds, one warm start
 	$(PY) -m experiments.compare --spec eviback/configs/compare_tiny.yaml

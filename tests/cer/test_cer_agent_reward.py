@@ -196,3 +196,23 @@ def test_one_search_grpo_step_trains_with_it(tiny_world, tmp_path):
     samples = json.loads((run_dir / "samples" / "step_00001.json").read_text())
     assert 0.0 <= row["reward"] <= 1.0 and "cer/ref_prob_mean" in row
     assert all(s["reward"] == 0.0 for s in samples if s["answer"] is None)
+
+
+def test_the_compare_spec_s_arms_build_and_the_make_target_runs_it():
+    import subprocess
+
+    import yaml
+
+    spec = yaml.safe_load((ROOT / "common/configs/compare_grpo_cer_tiny.yaml").read_text())
+    assert [a["name"] for a in spec["arms"]] == ["exact_match", "f1", "cer"]
+    assert spec["seeds"] == [0, 1, 2] and spec["baseline"] == "exact_match"
+    fns = []
+    for arm in spec["arms"]:
+        assert arm["command"][:3] == ["python", "-m", "common.search_grpo"]
+        cfg = load_config(GRPOConfig, ROOT / arm["command"][-1], arm["overrides"])
+        fns.append(cfg.reward.reward_fn())
+    assert fns[0].__name__ == "exact_match" and fns[1].__name__ == "f1"
+    assert isinstance(fns[2], AgentCER)
+    dry = subprocess.run(["make", "-n", "compare-grpo-cer"], cwd=ROOT, capture_output=True,
+                         text=True, check=True).stdout  # fmt: skip
+    assert "experiments.compare --spec common/configs/compare_grpo_cer_tiny.yaml" in dry

@@ -28,7 +28,8 @@ R_k = Σ_j π(a_k|s_j) π(a*|s_j) / Σ_j π(a_k|s_j) over all G trajectories of 
 (``cer.reward.cer_from_logprobs``), the scores filled by ``cer.scorer.group_pairs`` and one call
 of the scorer: ``ctx.extra["score_fn"]`` when given, else ``cer.scorer.hf_prefix_scorer`` on the
 live policy ``ctx.policy`` (with ``sync_ranks`` when it is ZeRO-3 partitioned over several
-ranks: every rank then makes the same number of forwards, as ``cer.trainer.make_score_fn``).
+ranks: every rank then makes the same number of forwards, as ``cer.trainer.make_score_fn``), in
+eval mode under no grad.
 """
 
 from __future__ import annotations
@@ -168,12 +169,22 @@ class AgentCER:
     def __call__(self, groups: Sequence[Group], ctx: RewardContext) -> Rewards:
         built = [agent_pairs(g, ctx.tokenizer, self.aliases) for g in groups]
         flat = [p for main, others in built for p in (main, *others)]
-        # one call for the whole step (under sync_ranks each rank makes one)
-        scores = self.score_fn(ctx)(
-            [x for p in flat for x in p.prefixes],
-            [x for p in flat for x in p.continuations],
-            [x for p in flat for x in p.alternatives],
-        )
+        score_fn = self.score_fn(ctx)
+        # the live policy scores in eval mode (no dropout; gradient checkpointing would drop the
+        # caches), its mode restored after
+        policy = ctx.policy if ctx.extra.get("score_fn") is None else None
+        was_training = policy is not None and policy.training
+        if was_training:
+            policy.eval()
+        try:  # one call for the whole step (under sync_ranks each rank makes one)
+            scores = score_fn(
+                [x for p in flat for x in p.prefixes],
+                [x for p in flat for x in p.continuations],
+                [x for p in flat for x in p.alternatives],
+            )
+        finally:
+            if was_training:
+                policy.train()
         values, ref_probs, distinct, pos = [], [], [], 0
         for main, others in built:
             matrices = []

@@ -160,6 +160,21 @@ def test_two_groups_in_one_call_equal_each_alone(qwen3_tokenizer, model):
     torch.testing.assert_close(both, torch.cat(alone), rtol=1e-5, atol=0.0)
 
 
+def test_a_training_policy_scores_in_eval_mode_and_stays_training(qwen3_tokenizer, model):
+    ts, _ = trajectories(qwen3_tokenizer)
+    ctx = RewardContext(policy=model, tokenizer=qwen3_tokenizer)
+    want = AgentCER()(groups_of(ts), ctx).values
+    model.train()
+    model.gradient_checkpointing_enable()
+    try:
+        got = AgentCER()(groups_of(ts), ctx).values
+        assert model.training
+    finally:
+        model.gradient_checkpointing_disable()
+        model.eval()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0.0)
+
+
 def test_a_group_without_any_answer_is_all_zero(qwen3_tokenizer, model):
     ts, _ = trajectories(qwen3_tokenizer)
     group = Group("q", ["Paris"], [], [ts[3], ts[3]], [None, None])

@@ -145,8 +145,6 @@ class CERReward:
         ):
             if value is not None and value < 1:
                 raise ValueError(f"CERReward: {key} must be at least 1; got {value}")
-        if scorer_model is not None:
-            scorer_model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.reward_type = reward_type
         self.scorer_model = scorer_model

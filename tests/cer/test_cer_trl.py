@@ -59,10 +59,15 @@ def batch(tokenizer, groups=GROUPS):
 def test_rewards_equal_cers_own_scorer_group_by_group(tiny_qwen3, char_tokenizer):
     prompts, ids, answers = batch(char_tokenizer)
     metrics: dict[str, list[float]] = {}
+    grads = [p.requires_grad for p in tiny_qwen3.parameters()]
+    training = tiny_qwen3.training
     reward = CERReward(char_tokenizer, "cer", scorer_model=tiny_qwen3, num_generations=3)
     got = reward(
         prompts, None, ids, answer=answers, log_metric=lambda k, v: metrics.setdefault(k, [v])
     )
+    # the scorer stays as given (the fixture is the session's: later tests train copies of it)
+    assert [p.requires_grad for p in tiny_qwen3.parameters()] == grads
+    assert tiny_qwen3.training == training
     want = []
     for g, (prompt, reference, _) in enumerate(GROUPS):
         p = char_tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -378,7 +378,7 @@ def _eval_check(folder: Path) -> Callable[[], dict[str, Any]]:
 
 
 def _eval_all_stage(s: Setup) -> Stage:
-    """``common.evaluate_all`` over the rehearsal's runs, as ``make eval-all`` runs it."""
+    """``experiments.evaluate_all`` over the rehearsal's runs, as ``make eval-all`` runs it."""
     out = s.out / "eval-all"
 
     def check() -> dict[str, Any]:

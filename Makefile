@@ -30,7 +30,7 @@ endif
 .PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
-	compare-arco compare-arco-smoke compare-eviback-allzero compare-eviback-allzero-smoke rehearse \
+	compare-arco compare-arco-smoke compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer rehearse \
 	rehearse-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
@@ -136,6 +136,9 @@ compare-eviback-allzero-smoke: warmstart  ## compare-eviback-allzero's wiring en
 	$(PY) -m experiments.compare --spec eviback/configs/compare_allzero.yaml \
 		--out runs/compare/eviback_allzero_smoke --seeds 0 --set steps=1 --set eval_every=1 \
 		--set eval_questions=8 --set questions_per_step=4 --set loss.micro_batch_size=32
+
+compare-eviback-cer: warmstart  ## EviBack's backoff over a CER base reward vs CER alone, EM and EviBack, 3 seeds (tiny_allzero)
+	$(PY) -m experiments.compare --spec eviback/configs/compare_cer_backoff.yaml
 
 compare-cer: cer-tiny-assets  ## CER rewards (exact, rule = alias oracle, cer, rule+cer), 3 seeds, vs exact
 	$(PY) -m experiments.compare --spec cer/configs/compare_tiny.yaml

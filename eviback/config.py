@@ -13,7 +13,7 @@ from typing import Literal
 
 from common.model_id import model_problem
 from common.retrieval.index_folder import is_index_folder
-from common.rewards import ESTIMATORS, REWARDS, RewardConfig
+from common.rewards import ESTIMATORS, REWARDS, OutcomeReward, RewardConfig, load_part
 from common.rl_loop import EngineConfig, LossConfig, RunLoopConfig
 from common.rollout import AgentConfig
 from common.train import TrainConfig
@@ -181,6 +181,32 @@ class EviBackRewardConfig(RewardConfig):
             "grpo | rloo | package.module:Name"
         },
     )
+    base: str = field(
+        default="",
+        metadata={
+            "help": "with fn=eviback: the reward of the groups that do not fall back to the "
+            "teacher, in place of EM (exact_match | f1 | package.module:Name, e.g. "
+            "cer.agent_reward:AgentCER); empty: EM, the paper"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.base and self.fn != "eviback":
+            raise ValueError(
+                f"reward.base={self.base!r} is the base under EviBack's backoff: it needs "
+                f"reward.fn=eviback (got {self.fn!r})"
+            )
+        if self.base == "eviback":
+            raise ValueError("reward.base=eviback: the backoff cannot be its own base")
+        super().__post_init__()
+
+    def reward_fn(self) -> OutcomeReward:
+        fn = super().reward_fn()
+        if not self.base:
+            return fn
+        from eviback.backoff import BackoffOver  # eviback.backoff imports the trainer
+
+        return BackoffOver(load_part(self.base, "reward.base", "reward", self.REWARDS))
 
 
 @dataclass

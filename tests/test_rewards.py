@@ -86,14 +86,12 @@ def test_grpo_and_rloo_by_hand_and_equal_to_common_rl():
     assert torch.equal(rloo(r, ids), rloo_advantages(r.values, ids))
 
 
-def test_eviback_backoff_through_the_parts_equals_the_trainer_s_old_path():
-    """The old path: teacher_backoff + scaled_group_advantages (the trainer before); the new:
-    the verdicts handed to reward.fn=eviback, then reward.advantage=backoff."""
-    from eviback.backoff import backoff_advantages, teacher_backoff_reward
+def backoff_case(lam: float = 0.1):
+    """Two groups for EviBack's backoff: ``a`` has a correct rollout, ``c`` is all zero (the
+    evidence oracle's verdicts); the trajectories, their examples and the reward's ctx."""
     from eviback.config import TeacherConfig
     from eviback.oracle import EvidenceOracle
-    from eviback.reward import scaled_group_advantages
-    from eviback.trainer import backoff_metrics, teacher_backoff, teacher_verdicts
+    from eviback.trainer import teacher_verdicts
 
     examples = {
         "a": QAExample("a", "question a?", ["Paris"], {"supporting_ids": ["p"]}),
@@ -106,13 +104,24 @@ def test_eviback_backoff_through_the_parts_equals_the_trainer_s_old_path():
         traj("c", 1, "Bergen", ["Oslo"], ["o"]),  # one document missing: I -> 0
         traj("c", 2, "Bergen", ["Oslo"], []),  # no evidence: 0, not asked
     ]
-    ids = [t.group_id for t in trajs]
-    teacher, cfg = EvidenceOracle(5), TeacherConfig(lam=0.1)
-    old = teacher_backoff(trajs, examples, teacher, cfg)
-    old_adv = scaled_group_advantages(old.rewards, ids, old.scales)
+    teacher, cfg = EvidenceOracle(5), TeacherConfig(lam=lam)
     judged, stats = teacher_verdicts(trajs, examples, teacher)
     extra = {"judgements": judged, "teacher_stats": stats, "teacher": cfg, "em_gate": True}
-    new = teacher_backoff_reward(groups_of(trajs), RewardContext(extra=extra))
+    return trajs, examples, teacher, cfg, RewardContext(extra=extra)
+
+
+def test_eviback_backoff_through_the_parts_equals_the_trainer_s_old_path():
+    """The old path: teacher_backoff + scaled_group_advantages (the trainer before); the new:
+    the verdicts handed to reward.fn=eviback, then reward.advantage=backoff."""
+    from eviback.backoff import backoff_advantages, teacher_backoff_reward
+    from eviback.reward import scaled_group_advantages
+    from eviback.trainer import backoff_metrics, teacher_backoff
+
+    trajs, examples, teacher, cfg, ctx = backoff_case()
+    ids = [t.group_id for t in trajs]
+    old = teacher_backoff(trajs, examples, teacher, cfg)
+    old_adv = scaled_group_advantages(old.rewards, ids, old.scales)
+    new = teacher_backoff_reward(groups_of(trajs), ctx)
     assert torch.equal(new.values, old.rewards)
     assert torch.equal(new.extras["advantage_scale"], old.scales)
     assert new.metrics == backoff_metrics(old)
@@ -127,6 +136,46 @@ def test_eviback_backoff_through_the_parts_equals_the_trainer_s_old_path():
     # no scale from the reward (EM): plain GRPO, ddof 1
     em = exact_match(groups_of(trajs), CTX)
     assert torch.allclose(backoff_advantages(em, ids), grpo(em, ids), atol=1e-6)
+
+
+def test_backoff_over_a_base_reward_replaces_em_where_no_group_falls_back():
+    """reward.base: group a (a correct rollout) takes the base's rewards, group c (all zero,
+    the teacher on) the teacher's with λ; with the teacher off every group is the base's."""
+    from eviback.backoff import BackoffOver, backoff_advantages, teacher_backoff_reward
+
+    trajs, _, _, _, ctx = backoff_case(lam=0.3)
+    trajs[1].answer = "Paris France"  # F1 2/3, EM 0: group a still has a correct rollout
+    groups = groups_of(trajs)
+    out = BackoffOver(f1)(groups, ctx)
+    plain = teacher_backoff_reward(groups, ctx)
+    assert out.values.tolist() == pytest.approx([1.0, 2 / 3, 0.2, 0.0, 0.0])
+    assert plain.values.tolist() == pytest.approx([1.0, 0.0, 0.2, 0.0, 0.0])  # EM in a
+    assert out.extras["advantage_scale"].tolist() == pytest.approx([1, 1, 0.3, 0.3, 0.3])
+    assert out.metrics == plain.metrics  # f1 counts nothing; the backoff's metrics unchanged
+    assert torch.equal(out.extras["backoff"].rewards, out.values)  # what samples/ shows
+    ids = [t.group_id for t in trajs]
+    # group a: rewards 1, 2/3, mean 5/6, std (ddof 1) sqrt(2)/6: z = ±1/sqrt(2)
+    adv = backoff_advantages(out, ids)
+    assert adv[:2].tolist() == pytest.approx([2**-0.5, -(2**-0.5)], abs=1e-5)
+    off = RewardContext(extra={**ctx.extra, "teacher": None})
+    assert torch.equal(BackoffOver(f1)(groups, off).values, f1(groups, CTX).values)
+    with pytest.raises(ValueError, match=r"reward.base gave \(2,\) rewards for 5 rollouts"):
+        BackoffOver(lambda g, c: Rewards(torch.zeros(2)))(groups, ctx)
+
+
+def test_reward_base_is_checked_and_built_from_the_config():
+    from eviback.backoff import BackoffOver
+
+    cls = _eviback_config()
+    cfg = load_config(cls, None, ["reward.base=f1"])
+    fn = cfg.reward.reward_fn()
+    assert isinstance(fn, BackoffOver) and fn.base is f1
+    with pytest.raises(ConfigError, match="reward.base='f1' is the base under EviBack's backoff"):
+        load_config(cls, None, ["reward.base=f1", "reward.fn=exact_match"])
+    with pytest.raises(ConfigError, match="reward.base='nope' is neither a built-in"):
+        load_config(cls, None, ["reward.base=nope"])
+    with pytest.raises(ConfigError, match="cannot be its own base"):
+        load_config(cls, None, ["reward.base=eviback"])
 
 
 USER_REWARDS = '''

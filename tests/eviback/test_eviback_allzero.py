@@ -158,3 +158,27 @@ def test_make_targets_run_the_allzero_spec(target, marker):
 
     lines = " ".join(dry_run("-B", target)).replace("\\", " ")
     assert "-m experiments.compare" in lines and marker in " ".join(lines.split())
+
+
+def test_compare_spec_cer_backoff_sets_the_backoff_over_cer_against_cer_alone():
+    from cer.agent_reward import AgentCER
+    from eviback.backoff import BackoffOver, teacher_backoff_reward
+    from experiments.compare import load_spec
+    from tests.test_makefile import dry_run
+
+    spec = load_spec(ROOT / "eviback" / "configs" / "compare_cer_backoff.yaml")
+    assert [a["name"] for a in spec["arms"]] == ["cer", "eviback_cer", "search_r1", "eviback"]
+    assert (spec["seeds"], spec["metric"], spec["baseline"]) == ([0, 1, 2], "f1", "cer")
+    built = {}
+    for arm in spec["arms"]:
+        assert arm["command"][-2:] == ["--config", "eviback/configs/tiny_allzero.yaml"]
+        cfg = load_config(EviBackConfig, ROOT / arm["command"][-1], arm["overrides"])
+        built[arm["name"]] = (cfg.teacher.enabled, cfg.reward.reward_fn())
+    for name in ("cer", "eviback_cer"):
+        enabled, fn = built[name]
+        assert isinstance(fn, BackoffOver) and isinstance(fn.base, AgentCER)
+        assert enabled == (name == "eviback_cer")
+    assert built["search_r1"] == (False, teacher_backoff_reward)
+    assert built["eviback"] == (True, teacher_backoff_reward)
+    lines = " ".join(dry_run("-B", "compare-eviback-cer")).replace("\\", " ")
+    assert "--spec eviback/configs/compare_cer_backoff.yaml" in lines

@@ -127,3 +127,30 @@ def test_eviback_and_baseline_train_then_eval_with_bootstrap(
     ]  # fmt: skip
     for run_dir in (runs["eviback"], trained):
         assert [json.loads(x) for x in (run_dir / "batches.jsonl").open()] == want
+
+
+def test_the_backoff_over_a_cer_base_trains(tiny_world, warm, tmp_path):
+    """reward.base=cer.agent_reward:AgentCER, one step: every rollout outside the fallback
+    groups carries CER's reward (a probability, 0 without an answer), every fallback rollout the
+    teacher's, and CER's metrics are logged beside the backoff's."""
+    from eviback.trainer import train_eviback
+
+    run_dir = tmp_path / "cer_base"
+    extra = ("reward.base=cer.agent_reward:AgentCER", "steps=1", "eval_every=0",
+             "samples_per_step=8")  # fmt: skip
+    cfg = load_config(EviBackConfig, DEFAULT_CONFIG, overrides(tiny_world, warm, run_dir, *extra))
+    train_eviback(cfg)
+    (row,) = step_rows(run_dir)
+    assert "cer/ref_prob_mean" in row and 0 <= row["all_zero_share"] <= 1
+    samples = json.loads((run_dir / "samples" / "step_00001.json").read_text())
+    assert len(samples) == 8  # the batch's 2 groups of 4
+    for s in samples:
+        if s["fell_back"]:
+            assert s["reward"] == 0.0 or 0.1 - 1e-6 <= s["reward"] <= 0.2 + 1e-6
+        elif s["answer"] is None:
+            assert s["reward"] == 0.0
+        else:
+            assert 0.0 <= s["reward"] <= 1.0
+    kept = [s for s in samples if not s["fell_back"] and s["answer"] is not None]
+    # CER is soft: a kept rollout's reward is not its EM (a wrong answer earns π(a*|s) > 0)
+    assert any(s["reward"] not in (0.0, 1.0) for s in kept) or not kept

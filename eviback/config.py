@@ -199,14 +199,11 @@ class EviBackRewardConfig(RewardConfig):
         if self.base == "eviback":
             raise ValueError("reward.base=eviback: the backoff cannot be its own base")
         super().__post_init__()
+        self.base_fn()
 
-    def reward_fn(self) -> OutcomeReward:
-        fn = super().reward_fn()
-        if not self.base:
-            return fn
-        from eviback.backoff import BackoffOver  # eviback.backoff imports the trainer
-
-        return BackoffOver(load_part(self.base, "reward.base", "reward", self.REWARDS))
+    def base_fn(self) -> OutcomeReward | None:
+        """The base reward under the backoff (``eviback.backoff.reward_of``); None: EM."""
+        return load_part(self.base, "reward.base", "reward", self.REWARDS) if self.base else None
 
 
 @dataclass

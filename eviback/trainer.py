@@ -19,7 +19,7 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -51,32 +51,15 @@ from common.train import (
 )
 from common.train.run_folder import RunFolder, open_run_folder
 from eviback.assets import build_retriever, build_teacher, load_questions, select_questions
+from eviback.backoff import Backoff, backoff_rewards, reward_of
 from eviback.config import EviBackConfig, TeacherConfig
 from eviback.prompts import rounds_from_trajectory
 from eviback.reward import (
     actor_em,
     fallback_advantage_share,
-    group_rewards,
-    is_eligible,
-    is_supported,
     rollout_facts,
-    teacher_f1,
 )
 from eviback.teacher import Judgement, Teacher, TeacherItem, TeacherStats
-
-
-@dataclass
-class Backoff:
-    """Rewards and advantage scales of a batch of groups, with what the teacher said."""
-
-    rewards: torch.Tensor  # [N]
-    scales: torch.Tensor  # [N]
-    em: list[float]
-    fell_back: list[bool]  # the rollout's group fell back to the teacher
-    judgements: list[Judgement | None]  # None where the teacher was not asked
-    stats: TeacherStats
-    all_zero_groups: int
-    groups: int
 
 
 def teacher_items(
@@ -179,71 +162,6 @@ class TeacherOverlap:
         self.pool.shutdown(wait=True)
 
 
-def backoff_rewards(
-    trajs: Sequence[Trajectory],
-    judged: Sequence[Judgement | None],
-    stats: TeacherStats,
-    cfg: TeacherConfig | None,
-    em_gate: bool = True,
-) -> Backoff:
-    """EM for groups with a correct rollout; for all-zero groups ``group_rewards`` gives
-    r_i = β·supported_i + γ·eligible_i·F1(teacher answer_i, gold), scale λ. ``cfg`` None (no
-    teacher): EM, scale 1. ``em_gate``: EM counts only from a well-formed trajectory
-    (``actor_em``), so a malformed correct rollout earns 0 and leaves its group all-zero.
-    """
-    groups: dict[str, list[int]] = {}
-    for i, t in enumerate(trajs):
-        groups.setdefault(t.group_id, []).append(i)
-    em = [actor_em(t, em_gate) for t in trajs]
-    facts = [rollout_facts(t) for t in trajs]
-    all_zero = [g for g, idx in groups.items() if not any(em[i] for i in idx)]
-    rewards, scales, fell_back = list(em), [1.0] * len(trajs), [False] * len(trajs)
-    if cfg is not None:
-        for idx in groups.values():
-            final = [judged[i].final if judged[i] else None for i in idx]
-            r, fb = group_rewards(
-                [em[i] for i in idx],
-                [is_supported(v) for v in final],
-                [is_eligible(v, facts[i]) for v, i in zip(final, idx, strict=True)],
-                [teacher_f1(v, trajs[i].golden_answers) for v, i in zip(final, idx, strict=True)],
-                [facts[i].has_evidence for i in idx],
-                cfg.beta,
-                cfg.gamma,
-            )
-            for k, i in enumerate(idx):
-                rewards[i], fell_back[i], scales[i] = r[k], fb, cfg.lam if fb else 1.0
-    return Backoff(
-        torch.tensor(rewards, dtype=torch.float32),
-        torch.tensor(scales, dtype=torch.float32),
-        em,
-        fell_back,
-        list(judged),
-        stats,
-        len(all_zero),
-        len(groups),
-    )
-
-
-def backoff_metrics(b: Backoff) -> dict[str, float]:
-    """The per-step teacher log: all-zero share, calls, verdict mix, backoff reward, cost."""
-    s = b.stats
-    judged = max(s.items, 1)
-    fallback = [r for r, fb in zip(b.rewards.tolist(), b.fell_back, strict=True) if fb]
-    return {
-        "all_zero_share": b.all_zero_groups / max(b.groups, 1),
-        "teacher/items": s.items,
-        "teacher/calls": s.calls,
-        "teacher/S": s.supported / judged,
-        "teacher/I": s.insufficient / judged,
-        "teacher/A": s.ambiguous / judged,
-        "teacher/invalid": s.invalid / judged,
-        "teacher/failures": s.failures,
-        "teacher/tokens": s.prompt_tokens + s.completion_tokens,
-        "teacher/latency_s": s.latency_s,
-        "backoff_reward_mean": sum(fallback) / len(fallback) if fallback else 0.0,
-    }
-
-
 def train_eviback(cfg: EviBackConfig) -> dict:
     """Run the loop; returns the dev evaluations (first = before training, last = after)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -284,7 +202,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     )
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
-    reward_fn, estimator = cfg.reward.reward_fn(), cfg.reward.estimator()
+    reward_fn, estimator = reward_of(cfg.reward), cfg.reward.estimator()
     folder.begin()  # every load-time check passed: record the settings, trim the log
     if train.is_main:
         start_afresh(run_dir, cfg.resume)

@@ -113,9 +113,9 @@ def backoff_case(lam: float = 0.1):
 def test_eviback_backoff_through_the_parts_equals_the_trainer_s_old_path():
     """The old path: teacher_backoff + scaled_group_advantages (the trainer before); the new:
     the verdicts handed to reward.fn=eviback, then reward.advantage=backoff."""
-    from eviback.backoff import backoff_advantages, teacher_backoff_reward
+    from eviback.backoff import backoff_advantages, backoff_metrics, teacher_backoff_reward
     from eviback.reward import scaled_group_advantages
-    from eviback.trainer import backoff_metrics, teacher_backoff
+    from eviback.trainer import teacher_backoff
 
     trajs, examples, teacher, cfg, ctx = backoff_case()
     ids = [t.group_id for t in trajs]
@@ -164,11 +164,12 @@ def test_backoff_over_a_base_reward_replaces_em_where_no_group_falls_back():
 
 
 def test_reward_base_is_checked_and_built_from_the_config():
-    from eviback.backoff import BackoffOver
+    from eviback.backoff import BackoffOver, reward_of, teacher_backoff_reward
 
     cls = _eviback_config()
+    assert reward_of(load_config(cls, None, []).reward) is teacher_backoff_reward
     cfg = load_config(cls, None, ["reward.base=f1"])
-    fn = cfg.reward.reward_fn()
+    fn = reward_of(cfg.reward)
     assert isinstance(fn, BackoffOver) and fn.base is f1
     with pytest.raises(ConfigError, match="reward.base='f1' is the base under EviBack's backoff"):
         load_config(cls, None, ["reward.base=f1", "reward.fn=exact_match"])

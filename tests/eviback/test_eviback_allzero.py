@@ -11,10 +11,11 @@ import torch
 
 from common.config import ConfigError, load_config
 from eviback.assets import keep_where, load_questions, select_questions
+from eviback.backoff import backoff_metrics
 from eviback.config import EviBackConfig, TeacherConfig
 from eviback.oracle import EvidenceOracle
 from eviback.reward import fallback_advantage_share, scaled_group_advantages
-from eviback.trainer import backoff_metrics, teacher_backoff
+from eviback.trainer import teacher_backoff
 from tests.eviback.test_eviback_backoff import EXAMPLES, rollout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,7 +163,7 @@ def test_make_targets_run_the_allzero_spec(target, marker):
 
 def test_compare_spec_cer_backoff_sets_the_backoff_over_cer_against_cer_alone():
     from cer.agent_reward import AgentCER
-    from eviback.backoff import BackoffOver, teacher_backoff_reward
+    from eviback.backoff import BackoffOver, reward_of, teacher_backoff_reward
     from experiments.compare import load_spec
     from tests.test_makefile import dry_run
 
@@ -173,7 +174,7 @@ def test_compare_spec_cer_backoff_sets_the_backoff_over_cer_against_cer_alone():
     for arm in spec["arms"]:
         assert arm["command"][-2:] == ["--config", "eviback/configs/tiny_allzero.yaml"]
         cfg = load_config(EviBackConfig, ROOT / arm["command"][-1], arm["overrides"])
-        built[arm["name"]] = (cfg.teacher.enabled, cfg.reward.reward_fn())
+        built[arm["name"]] = (cfg.teacher.enabled, reward_of(cfg.reward))
     for name in ("cer", "eviback_cer"):
         enabled, fn = built[name]
         assert isinstance(fn, BackoffOver) and isinstance(fn.base, AgentCER)

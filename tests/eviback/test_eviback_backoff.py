@@ -10,17 +10,12 @@ import torch
 from common.data import QAExample
 from common.retrieval.base import Doc
 from common.rollout.trajectory import Step, Trajectory
+from eviback.backoff import backoff_metrics, backoff_rewards
 from eviback.config import TeacherConfig
 from eviback.oracle import EvidenceOracle
 from eviback.reward import actor_em, scaled_group_advantages
 from eviback.teacher import TeacherStats
-from eviback.trainer import (
-    TeacherOverlap,
-    backoff_metrics,
-    backoff_rewards,
-    teacher_backoff,
-    teacher_items,
-)
+from eviback.trainer import TeacherOverlap, teacher_backoff, teacher_items
 
 DOCS = {k: Doc(k, k.title(), f"text of {k}", 1.0) for k in ("a", "b", "x")}
 EXAMPLES = {

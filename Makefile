@@ -30,7 +30,7 @@ endif
 .PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
-	compare-arco compare-arco-smoke compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer rehearse \
+	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer rehearse \
 	rehearse-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
@@ -162,6 +162,11 @@ compare-arco: $(ARCO_WARM)/arco.json  ## ARCO vs outcome-only, PRM and 3 ablatio
 	test -f runs/compare/arco/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco/warmup/arco
 	$(call arco_variant_warmups,runs/compare/arco,)
 	$(PY) -m experiments.compare --spec arco/configs/compare_tiny.yaml $(if $(ARMS),--arms $(ARMS))
+
+compare-arco-teacher-steps: $(ARCO_WARM)/arco.json  ## ARCO's dense phase from EviBack's teacher's step verdicts vs μ and outcome-only, 3 seeds
+	mkdir -p runs/compare/arco_steps/warmup
+	test -f runs/compare/arco_steps/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco_steps/warmup/arco
+	$(PY) -m experiments.compare --spec arco/configs/compare_step_scorer.yaml
 
 # the same wiring in minutes: small warmups, 1 seed, 1 sparse + 1 dense step, 20 dev questions
 ARCO_SMOKE := runs/compare/arco_smoke

@@ -21,6 +21,7 @@ from arco.rubric_prompt import (
     read_criteria_file,
 )
 from common.model_id import model_problem
+from common.rewards import StepScorer, load_part
 from common.rl_loop import EngineConfig
 from common.rollout import AgentConfig
 from common.train import TrainConfig
@@ -339,6 +340,14 @@ class RLConfig:
         default=32,
         metadata={"help": "rubric sequences per no-grad scoring forward", "ge": 1},
     )
+    step_scorer: str = field(
+        default="rubric",
+        metadata={
+            "help": "what scores the dense phase's steps: rubric (μ, ARCO) | package.module:Name, "
+            "a step scorer (common.rewards.StepScorer, given ctx.extra['examples'] by question "
+            "id), e.g. experiments.step_scorers:TeacherEvidenceSteps; μ is then not used in RL"
+        },
+    )
     mu_single_forward: bool = field(
         default=True,
         metadata={
@@ -366,6 +375,12 @@ class RLConfig:
         for name in ("sparse_steps", "dense_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rl.{name}={getattr(self, name)}; must be >= 0")
+        if self.step_scorer != "rubric":
+            self.scorer()  # imports and has the step scorer's signature
+
+    def scorer(self) -> StepScorer:
+        """The external step scorer ``step_scorer`` names (not ``rubric``)."""
+        return load_part(self.step_scorer, "rl.step_scorer", "step scorer", {})
 
 
 @dataclass
@@ -454,6 +469,13 @@ class ArcoConfig:
                 raise ValueError("method=prm scores steps without criteria; drop rubric.mode=fixed")
             self.rubric.mode = "none"
             self.rl.freeze_rubric = True
+        if self.rl.step_scorer != "rubric":
+            if self.method != "arco":
+                raise ValueError(
+                    f"rl.step_scorer={self.rl.step_scorer!r} drives ARCO's dense phase in μ's "
+                    f"place; method={self.method} has none of its own to replace"
+                )
+            self.rl.freeze_rubric = True  # μ is not used in RL
         if self.method == "outcome_only":  # the same budget: every step a sparse (GRPO) step
             if self.rl.pi_dense_from < 0:  # ARCO's switch, or never (outcome_schedule=sparse)
                 arco = self.rl.outcome_schedule == "arco"

@@ -17,6 +17,7 @@ updated on every batch.
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ from arco.token_counts import arco_token_metrics
 from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_slice
 from common.config import ConfigError
 from common.data import load_qa
+from common.rewards import RewardContext, StepScorer, groups_of
 from common.rl import logprobs_from_logits
 from common.rl_loop import (
     all_ranks_mean,
@@ -137,6 +139,24 @@ def make_rubric_items(cfg: ArcoConfig, episodes: Sequence[Episode], tokenizer) -
     return rubric_items(
         episodes, tokenizer, r.k, r.prefix, r.max_obs_chars, r.mode, fixed, **r.templates()
     )
+
+
+def external_step_scores(
+    scorer: StepScorer, trajs: Sequence[Trajectory], ctx: RewardContext, name: str
+) -> list[list[float]]:
+    """``scorer``'s s_t for every step of ``trajs`` (``rl.step_scorer``, in μ's place), checked:
+    one finite score per agent step."""
+    scores = scorer(groups_of(trajs), ctx)
+    if len(scores) != len(trajs):
+        raise ValueError(f"rl.step_scorer={name!r} gave {len(scores)} score lists for "
+                         f"{len(trajs)} trajectories")  # fmt: skip
+    for i, (t, s) in enumerate(zip(trajs, scores, strict=True)):
+        if len(s) != len(t.steps) or not all(math.isfinite(float(x)) for x in s):
+            raise ValueError(
+                f"rl.step_scorer={name!r}, trajectory {i}: {len(s)} scores for "
+                f"{len(t.steps)} steps, or one not finite ({list(s)[:8]})"
+            )
+    return [[float(x) for x in s] for s in scores]
 
 
 def all_ranks(obj):
@@ -474,18 +494,22 @@ def write_samples(
     items: Sequence[RubricItem],
     step_adv: Sequence[Sequence[float]],
     k: int,
+    step_scores: Sequence[Sequence[float]] | None = None,
 ) -> None:
-    """The first ``k`` trajectories, readable: each action with its criteria, scores, advantage."""
+    """The first ``k`` trajectories, readable: each action with its criteria, scores, advantage
+    (``step_scores``: an external step scorer's s_t, in μ's place)."""
     rows = []
     for i, ep in enumerate(episodes[:k]):
         mine = {it.step: it for it in items if it.traj == i}  # none without μ (outcome-only)
+        theirs = step_scores[i] if step_scores is not None else None
+        total = sum(theirs) if theirs is not None else sum(it.step_reward for it in mine.values())
         rows.append(
             {
                 "question": ep.question,
                 "golden_answers": ep.golden_answers,
                 "answer": ep.answer,
                 "reward": ep.reward,
-                "sum_step_scores": sum(it.step_reward for it in mine.values()),
+                "sum_step_scores": total,
                 "steps": [
                     {
                         "kind": st.kind,
@@ -493,6 +517,7 @@ def write_samples(
                         "observation": st.observation,
                         "searches_left": st.searches_left,
                         **(_rubric_view(mine[t]) if t in mine else {}),
+                        **({"step_score": round(theirs[t], 4)} if theirs is not None else {}),
                         "advantage": round(a, 4),
                     }
                     for t, (st, a) in enumerate(zip(ep.steps, step_adv[i], strict=True))
@@ -576,7 +601,9 @@ def train_arco(cfg: ArcoConfig) -> dict:
     cfg.check_assets(("model", "train_file", "dev_file", "retrieval", "warmup"))
     train_set = load_qa(cfg.assets.train_file)
     dev_set = load_qa(cfg.assets.dev_file)[: cfg.eval_questions]
-    uses_mu = cfg.method != "outcome_only"
+    uses_mu = cfg.method != "outcome_only" and rl.step_scorer == "rubric"
+    step_scorer = rl.scorer() if rl.step_scorer != "rubric" else None
+    by_id = {q.id: q for q in train_set}
     single = mu_single_forward(cfg)
     cfg.train.grad_accum = check_batches(rl, world, len(train_set)) * (2 if single else 1)
     cfg.train.total_steps = max(cfg.steps, 1)
@@ -676,10 +703,16 @@ def train_arco(cfg: ArcoConfig) -> dict:
             score_items(train.model, items, pad_id, rl.score_batch_size, cfg.rubric.shared_prefix)
             timings["scoring"] = time.perf_counter() - t0
         kinds = [[s.kind for s in t.steps] for t in trajs]
+        scores = None  # the dense phase's s_t
         if dense:
-            step_adv = global_dense_advantages(
-                step_rewards(items, len(trajs)), kinds, rl.c, rl.invalid_bucket, train.rank
-            )
+            if step_scorer is None:
+                scores = step_rewards(items, len(trajs))
+            else:
+                t0 = time.perf_counter()
+                ctx = RewardContext(train.model, tokenizer, engine, step, {"examples": by_id})
+                scores = external_step_scores(step_scorer, trajs, ctx, rl.step_scorer)
+                timings["step_scorer"] = time.perf_counter() - t0
+            step_adv = global_dense_advantages(scores, kinds, rl.c, rl.invalid_bucket, train.rank)
         else:
             a = sparse_group_advantages(rewards, [t.group_id for t in trajs]).tolist()
             step_adv = [[a[i]] * len(t.steps) for i, t in enumerate(trajs)]
@@ -711,6 +744,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
                 items,
                 step_adv,
                 cfg.samples_per_step,
+                scores if step_scorer is not None else None,
             )
         end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
     if logger:

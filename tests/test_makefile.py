@@ -80,6 +80,8 @@ EXPERIMENTS = [
     ("compare-cer", "experiments.compare --spec cer/configs/compare_tiny.yaml"),
     ("compare-arco", "experiments.compare --spec arco/configs/compare_tiny.yaml"),
     ("compare-arco-smoke", "experiments.compare --spec arco/configs/compare_tiny.yaml --out"),
+    ("compare-arco-teacher-steps", "experiments.compare --spec arco/configs/compare_step_scorer"),
+    ("compare-eviback-cer", "experiments.compare --spec eviback/configs/compare_cer_backoff"),
     ("demo", "experiments.demo --world runs/tinyworld/seed0"),
     ("demo", "experiments.demo_report --out runs/demo"),
 ]

@@ -120,3 +120,37 @@ def test_policy_from_without_a_warmup_is_a_missing_asset(tiny_world, tmp_path):
     over = overrides(tiny_world, tmp_path) + [f"warmup.policy_from={tmp_path / 'none'}"]
     with pytest.raises(FileNotFoundError, match="warmup.policy_from: .* has no arco.json"):
         load_config(ArcoConfig, CONFIG, over).check_assets(("teacher",))
+
+
+@pytest.mark.slow
+def test_an_external_step_scorer_drives_the_dense_phase_in_mu_s_place(
+    tiny_world, prm_warmed, tmp_path
+):
+    """rl.step_scorer=experiments.step_scorers:TeacherEvidenceSteps: the sparse step is ARCO's
+    GRPO step, the dense step's advantages come from the teacher's step scores, μ is untouched."""
+    from arco.trainer import train_arco
+
+    over = overrides(tiny_world, prm_warmed, backend="hf") + [
+        f"run_dir={tmp_path / 'run'}",
+        "rl.step_scorer=experiments.step_scorers:TeacherEvidenceSteps",
+    ]
+    cfg = load_config(ArcoConfig, CONFIG, over)
+    assert cfg.rl.freeze_rubric  # μ is not used in RL
+    out = train_arco(cfg)
+    rows = _rows(Path(out["run_dir"]))
+    assert [r["phase_dense"] for r in rows] == [0.0, 1.0]
+    assert "time/step_scorer" in rows[1] and "time/step_scorer" not in rows[0]
+    assert all("decomposition_error" not in r and "time/rubric_generation" not in r for r in rows)
+    ckpt = Path(out["run_dir"]) / "checkpoints" / "step_2"
+    for key, t in _adapter(prm_warmed / "warmup", "rubric").items():
+        assert torch.equal(t, _adapter(ckpt, "rubric")[key]), key
+    sample = json.loads((Path(out["run_dir"]) / "samples" / "step_00002.json").read_text())
+    # the untrained tiny model's steps are invalid: s_t = 0, so every A_t = c·(0 − 0) = 0
+    for traj in sample:
+        assert all("step_score" in st and "criteria" not in st for st in traj["steps"])
+        assert traj["sum_step_scores"] == sum(st["step_score"] for st in traj["steps"])
+        for st in traj["steps"]:
+            if st["kind"] == "invalid":
+                assert st["step_score"] == 0.0
+    if all(st["kind"] == "invalid" for t in sample for st in t["steps"]):
+        assert all(st["advantage"] == 0.0 for t in sample for st in t["steps"])

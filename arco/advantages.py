@@ -3,14 +3,20 @@
 Dense phase (specs/arco.md): step rewards s_t from the rubric model, reward-to-go G_t, a baseline
 b_t = the batch mean of G over the step's position bucket, and A_t = c * (G_t - b_t). Sparse
 phase: A = R - mean of R over the question's group, no std division.
+
+Both as parts (``common.rewards.AdvantageEstimator``) for any trainer: ``DenseAdvantages`` (the
+step scores and ``rewards.extras["step_kinds"]``) and ``sparse_group``.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+
+from common.rewards import Rewards
 
 STEP_KINDS = ("search", "answer", "invalid")
 
@@ -119,3 +125,39 @@ def sparse_group_advantages(rewards: torch.Tensor, group_ids: Sequence[str]) -> 
     sums = r.new_zeros(len(index_of)).index_add_(0, groups, r)  # [G]
     counts = r.new_zeros(len(index_of)).index_add_(0, groups, torch.ones_like(r))  # [G]
     return r - (sums / counts)[groups]
+
+
+@dataclass
+class DenseAdvantages:
+    """ARCO's dense estimator as a part: A_t = c·(G_t − b_bucket) (``dense_advantages``) from a
+    step scorer's ``step_scores`` and the step kinds in ``rewards.extras["step_kinds"]`` (one
+    list per trajectory: search, answer, invalid). The bucket baselines are over the batch this
+    process holds; ARCO's trainer gathers every rank's batch first (``global_dense_advantages``).
+    """
+
+    c: float = 0.5
+    invalid_bucket: bool = True
+
+    def __call__(
+        self,
+        rewards: Rewards,
+        group_ids: Sequence[str],
+        step_scores: list[list[float]] | None = None,
+    ) -> list[list[float]]:
+        if step_scores is None:
+            raise ValueError("DenseAdvantages needs step_scores: one s_t per agent step")
+        kinds = rewards.extras.get("step_kinds")
+        if kinds is None:
+            raise ValueError("DenseAdvantages needs rewards.extras['step_kinds'] (per trajectory)")
+        if len(step_scores) != len(group_ids):
+            raise ValueError(
+                f"DenseAdvantages: {len(step_scores)} score lists for {len(group_ids)} trajectories"
+            )
+        return dense_advantages(step_scores, kinds, self.c, self.invalid_bucket)
+
+
+def sparse_group(
+    rewards: Rewards, group_ids: Sequence[str], step_scores: list[list[float]] | None = None
+) -> torch.Tensor:
+    """ARCO's sparse estimator as a part: A_i = R_i − group mean (``sparse_group_advantages``)."""
+    return sparse_group_advantages(rewards.values, group_ids)

@@ -137,3 +137,28 @@ def test_sparse_group_advantages_detached_and_checked():
     torch.testing.assert_close(got, torch.tensor([1.0, -1.0]))
     with pytest.raises(ValueError):
         sparse_group_advantages(torch.zeros(3), ["a", "b"])
+
+
+def test_the_estimators_as_parts_equal_the_functions_and_load_by_path():
+    from arco.advantages import DenseAdvantages, sparse_group
+    from common.rewards import ESTIMATORS, Rewards, load_part
+
+    scores = [[0.2, 0.5], [0.1, 0.0, 0.4], [0.3]]
+    kinds = [["search", "answer"], ["search", "invalid", "answer"], ["answer"]]
+    r = Rewards(torch.tensor([1.0, 0.0, 1.0]), extras={"step_kinds": kinds})
+    ids = ["a", "a", "b"]
+    dense = load_part(
+        "arco.advantages:DenseAdvantages", "reward.advantage", "estimator", ESTIMATORS
+    )
+    assert dense(r, ids, scores) == dense_advantages(scores, kinds, 0.5, True)
+    assert DenseAdvantages(c=1.0, invalid_bucket=False)(r, ids, scores) == dense_advantages(
+        scores, kinds, 1.0, False
+    )
+    assert torch.equal(sparse_group(r, ids), sparse_group_advantages(r.values, ids))
+    assert sparse_group(r, ids).tolist() == [0.5, -0.5, 0.0]  # a: mean 1/2; b: alone
+    with pytest.raises(ValueError, match="needs step_scores"):
+        dense(r, ids)
+    with pytest.raises(ValueError, match="step_kinds"):
+        dense(Rewards(r.values), ids, scores)
+    with pytest.raises(ValueError, match="2 score lists for 3 trajectories"):
+        dense(r, ids, scores[:2])

@@ -135,7 +135,7 @@ def test_a_mu_taught_which_criteria_go_with_which_action_is_identified(tiny_worl
         logits, _ = model.eval()("rubric", ids, attn)
         whole = (logprobs_from_logits(logits[:, :-1], ids[:, 1:]) * mask).sum(-1).tolist()
     got = criteria_loglik(model.train(), first, tok.pad_token_id, 1)
-    assert got == pytest.approx(whole, abs=1e-5) and all(v < 0 for v in got)
+    assert got == pytest.approx(whole, rel=1e-5) and all(v < 0 for v in got)
 
     only_first = [it for it in items if it.step == 0]
     out = action_identification(model, eps, only_first, make, tok.pad_token_id, 4, 8)

@@ -30,7 +30,8 @@ endif
 .PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
-	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer rehearse \
+	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-cer-selfverify \
+	cer-selfverify-assets rehearse \
 	rehearse-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
@@ -142,6 +143,16 @@ compare-eviback-cer: warmstart  ## EviBack's backoff over a CER base reward vs C
 
 compare-cer: cer-tiny-assets  ## CER rewards (exact, rule = alias oracle, cer, rule+cer), 3 seeds, vs exact
 	$(PY) -m experiments.compare --spec cer/configs/compare_tiny.yaml
+
+# Issue 26: the alias task whose warm start boxes the canonical form 90% of the time (a confident
+# self-verifier, cer/configs/tiny_selfverify.yaml), and the four rewards on it
+cer-selfverify-assets: runs/cer/tiny_selfverify/warmup/model/config.json  ## the self-verifier setting's task and warm start
+runs/cer/tiny_selfverify/warmup/model/config.json:
+	$(PY) -m cer build-tiny --out runs/cer/tiny_selfverify/task --canonical-share 0.9
+	$(PY) -m cer warmup --config cer/configs/tiny_selfverify.yaml
+
+compare-cer-selfverify: cer-selfverify-assets  ## issue 26: CER rewards where the model verifies itself confidently, 3 seeds, vs exact
+	$(PY) -m experiments.compare --spec cer/configs/compare_selfverify.yaml
 
 # compare-arco: every arm starts from one π. <out>/warmup/arco is ARCO's warmup; the variants'
 # warmups take its π (warmup.policy_from) and train their own μ (none: w/o Rubric and PRM;

@@ -76,6 +76,10 @@ HOLDOUT = 0.1
 ENTITY_KINDS = ("people", "cities", "countries", "films", "organisations")
 # shared-names: which names a dev or test world holds out of train (``_draw_names``).
 NAME_HOLDOUTS = ("asked", "subjects", "names", "none")
+CANONICAL_SHARE_HELP = (
+    "the share of warm-start solutions that box the canonical form (default: a correct form at "
+    "random); 0.9 makes the warm start a confident self-verifier (make compare-cer-selfverify)"
+)
 DEFAULT_NAME_HOLDOUT = "asked"
 # Train problems when none are asked for: shared-names has as many as 800 warm-start steps of 16
 # see (about once each; 2,000 were memorised, README), the others the 2,000 they were measured on.
@@ -516,14 +520,18 @@ def build(
     n_test: int = 200,
     worlds: str = DEFAULT_WORLDS,
     name_holdout: str = DEFAULT_NAME_HOLDOUT,
+    canonical_share: float | None = None,
 ) -> Path:
     """Write the task's splits, warm-start set and meta.json into ``out``; with
     ``worlds="shared"`` or ``"shared-names"`` also ``documents.jsonl``, the shared world's
     documents (the tokenizer's corpus, ``cer.tiny.tokenizer_texts``). ``name_holdout``: the
     shared-names build's hold-out (``_draw_names``); ``n_train`` defaults to
-    ``DEFAULT_N_TRAIN[worlds]``."""
+    ``DEFAULT_N_TRAIN[worlds]``; ``canonical_share``: the warm start boxes the canonical form
+    with this probability (``tinytask.warm_start_solution``; default: a form at random)."""
     if worlds not in WORLDS:
         raise ValueError(f"unknown worlds {worlds!r}; known: {', '.join(WORLDS)}")
+    if canonical_share is not None and not 0.0 <= canonical_share <= 1.0:
+        raise ValueError(f"canonical_share must be in [0, 1], got {canonical_share}")
     n_train = DEFAULT_N_TRAIN[worlds] if n_train is None else n_train
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -539,7 +547,7 @@ def build(
     rng = random.Random(seed + 2)
     warm = []
     for i, p in enumerate(splits["train"]):
-        solution, form = warm_start_solution(p, rng)
+        solution, form = warm_start_solution(p, rng, canonical_share)
         warm.append(
             {
                 "id": f"alias-train-{i:05d}",
@@ -565,6 +573,8 @@ def build(
             }
     else:  # the fresh build's meta.json as it was before the option
         meta["problems_per_world"] = PROBLEMS_PER_WORLD
+    if canonical_share is not None:
+        meta["canonical_share"] = canonical_share
     meta |= {
         "sizes": {name: len(items) for name, items in splits.items()},
         "kinds": dict(sorted(Counter(p.kind for p in problems).items())),
@@ -594,9 +604,17 @@ def main(argv: list[str] | None = None) -> None:
         default=DEFAULT_NAME_HOLDOUT,
         help=NAME_HOLDOUT_HELP,
     )
+    b.add_argument("--canonical-share", type=float, default=None, help=CANONICAL_SHARE_HELP)
     args = parser.parse_args(argv)
     out = build(
-        args.out, args.seed, args.n_train, args.n_dev, args.n_test, args.worlds, args.name_holdout
+        args.out,
+        args.seed,
+        args.n_train,
+        args.n_dev,
+        args.n_test,
+        args.worlds,
+        args.name_holdout,
+        args.canonical_share,
     )
     print(f"wrote the tiny CER alias task to {out}")
 

@@ -15,6 +15,7 @@ import argparse
 import sys
 
 from cer.aliastask import (
+    CANONICAL_SHARE_HELP,
     DEFAULT_NAME_HOLDOUT,
     DEFAULT_WORLDS,
     NAME_HOLDOUT_HELP,
@@ -75,6 +76,12 @@ def _parser() -> argparse.ArgumentParser:
         help=NAME_HOLDOUT_HELP,
     )
     b.add_argument(
+        "--canonical-share",
+        type=float,
+        default=None,
+        help=f"alias task only: {CANONICAL_SHARE_HELP}",
+    )
+    b.add_argument(
         "--isolate-spaces",
         action="store_true",
         help="a space is a token of its own, so a name has the same ids in the context and in "
@@ -118,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.isolate_spaces,
                 args.worlds,
                 args.name_holdout,
+                args.canonical_share,
             )
             print(f"wrote the tiny CER {args.task} task, tokenizer and model to {out}")
             return 0

@@ -67,6 +67,7 @@ def build_tiny(
     isolate_spaces: bool = False,
     worlds: str | None = None,
     name_holdout: str = aliastask.DEFAULT_NAME_HOLDOUT,
+    canonical_share: float | None = None,
 ) -> Path:
     """Write the tiny ``task`` into ``out`` and its tokenizer (``vocab_size`` ids, default
     ``VOCAB_SIZES[task]``) + model into ``out/model``. With ``isolate_spaces`` a space is a token
@@ -75,18 +76,23 @@ def build_tiny(
     ``worlds`` (alias task only; default ``aliastask.DEFAULT_WORLDS``): ``shared-names``,
     ``shared`` or ``fresh``, ``name_holdout`` the shared-names hold-out (``cer.aliastask``); the
     shared builds' default vocabulary is ``SHARED_VOCAB_SIZE``, ``n_train`` defaults to
-    ``aliastask.DEFAULT_N_TRAIN`` (2000 for arithmetic)."""
+    ``aliastask.DEFAULT_N_TRAIN`` (2000 for arithmetic); ``canonical_share`` (alias task only):
+    the share of warm-start solutions boxing the canonical form."""
     if task not in TASKS:
         raise ValueError(f"unknown tiny task {task!r}; known: {', '.join(TASKS)}")
     if worlds is not None and task != "alias":
         raise ValueError(f"worlds={worlds!r} is an option of the alias task only")
+    if canonical_share is not None and task != "alias":
+        raise ValueError(f"canonical_share={canonical_share} is an option of the alias task only")
     # Imported here so that the task files alone do not wait for torch.
     from common.tinyworld.model import build_model, save_model_folder
     from common.tinyworld.tokenizer import build_tokenizer
 
     if task == "alias":
         worlds = aliastask.DEFAULT_WORLDS if worlds is None else worlds
-        out = aliastask.build(out, seed, n_train, n_dev, n_test, worlds, name_holdout)
+        out = aliastask.build(
+            out, seed, n_train, n_dev, n_test, worlds, name_holdout, canonical_share
+        )
         default_vocab = VOCAB_SIZES[task] if worlds == "fresh" else SHARED_VOCAB_SIZE
     else:
         out = TASKS[task](out, seed, 2000 if n_train is None else n_train, n_dev, n_test)

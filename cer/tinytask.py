@@ -218,9 +218,18 @@ def generate_problems(n: int, seed: int) -> list[TinyProblem]:
     return out
 
 
-def warm_start_solution(problem: TinyProblem, rng: random.Random) -> tuple[str, str]:
-    """A worked solution ending in ``\\boxed{<a random correct form>}``, and that form."""
-    form = rng.choice(problem.forms)
+def warm_start_solution(
+    problem: TinyProblem, rng: random.Random, canonical_share: float | None = None
+) -> tuple[str, str]:
+    """A worked solution ending in ``\\boxed{<a random correct form>}``, and that form. With
+    ``canonical_share`` the box holds the canonical form (``forms[0]``) with that probability and
+    one of the other forms otherwise (a single-form answer: always its form)."""
+    if canonical_share is None:
+        form = rng.choice(problem.forms)
+    elif len(problem.forms) == 1 or rng.random() < canonical_share:
+        form = problem.forms[0]
+    else:
+        form = rng.choice(problem.forms[1:])
     return f"{problem.steps} The answer is \\boxed{{{form}}}.", form
 
 

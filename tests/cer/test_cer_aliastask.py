@@ -285,3 +285,29 @@ def test_shared_names_facts_change_with_the_world(tmp_path):
         by_mode[worlds] = max(len(answers) for answers in facts.values())
     assert by_mode == {"shared": 1, "shared-names": by_mode["shared-names"]}
     assert by_mode["shared-names"] > 1
+
+
+@pytest.mark.parametrize("share", [0.0, 0.9, 1.0])
+def test_canonical_share_sets_how_often_the_warm_start_boxes_the_canonical_form(share, tmp_path):
+    out = build(tmp_path, seed=3, n_train=600, n_dev=20, n_test=20, canonical_share=share)
+    train = {r["id"]: r for r in _rows(out / "train.jsonl")}
+    warm = _rows(out / "warmstart.jsonl")
+    multi = [r for r in warm if len(train[r["id"]]["answer_forms"]) > 1]
+    canonical = [r["answer"] == train[r["id"]]["answer"] for r in multi]
+    share_seen = sum(canonical) / len(multi)
+    # 0 and 1 are exact; 0.9 over ~400 multi-form rows is within 4 binomial sds (0.015 each)
+    assert share_seen == pytest.approx(share, abs=0.06 if 0 < share < 1 else 0.0)
+    for r in warm:  # single-form answers keep their one form, every box a correct form
+        assert r["answer"] in train[r["id"]]["answer_forms"]
+        assert last_boxed(r["solution"]) == r["answer"]
+    assert json.loads((out / "meta.json").read_text())["canonical_share"] == share
+    # the splits are the default build's: only the warm start's boxes change
+    plain = build(tmp_path / "plain", seed=3, n_train=600, n_dev=20, n_test=20)
+    for name in ("train.jsonl", "dev.jsonl", "test.jsonl"):
+        assert (out / name).read_bytes() == (plain / name).read_bytes()
+    assert "canonical_share" not in json.loads((plain / "meta.json").read_text())
+
+
+def test_canonical_share_out_of_range_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"canonical_share must be in \[0, 1\], got 1.5"):
+        build(tmp_path, seed=3, n_train=10, n_dev=5, n_test=5, canonical_share=1.5)

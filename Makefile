@@ -31,7 +31,7 @@ endif
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-cer-selfverify \
-	cer-selfverify-assets rehearse \
+	cer-selfverify-assets compare-arco-long rehearse \
 	rehearse-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
@@ -178,6 +178,17 @@ compare-arco-teacher-steps: $(ARCO_WARM)/arco.json  ## ARCO's dense phase from E
 	mkdir -p runs/compare/arco_steps/warmup
 	test -f runs/compare/arco_steps/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco_steps/warmup/arco
 	$(PY) -m experiments.compare --spec arco/configs/compare_step_scorer.yaml
+
+# Issue 26: long trajectories (arco/configs/tiny_long.yaml: the 3-hop bridges, 6 free searches).
+# ARCO's warmup trains μ on them; PRM's (rubric.mode=none) takes its π. Warmups already there are kept.
+ARCO_LONG := runs/compare/arco_long
+compare-arco-long: warmstart  ## issue 26: ARCO vs PRM and outcome-only on 3-hop questions with 6 searches, 3 seeds
+	test -f $(ARCO_LONG)/warmup/arco/arco.json || $(PY) -m arco warmup \
+		--config arco/configs/tiny_long.yaml warmup_dir=$(ARCO_LONG)/warmup/arco
+	test -f $(ARCO_LONG)/warmup/none/arco.json || $(PY) -m arco warmup \
+		--config arco/configs/tiny_long.yaml warmup_dir=$(ARCO_LONG)/warmup/none \
+		warmup.policy_from=$(ARCO_LONG)/warmup/arco rubric.mode=none
+	$(PY) -m experiments.compare --spec arco/configs/compare_long.yaml
 
 # the same wiring in minutes: small warmups, 1 seed, 1 sparse + 1 dense step, 20 dev questions
 ARCO_SMOKE := runs/compare/arco_smoke

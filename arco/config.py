@@ -20,6 +20,7 @@ from arco.rubric_prompt import (
     SYSTEM_TEMPLATE,
     read_criteria_file,
 )
+from common.data import QAExample, load_qa_where
 from common.model_id import model_problem
 from common.rewards import StepScorer, load_part
 from common.rl_loop import EngineConfig
@@ -77,6 +78,35 @@ class AssetsConfig:
     api_key_env: str = field(
         default="OPENAI_API_KEY", metadata={"help": "environment variable holding the API key"}
     )
+    train_where: dict[str, list[str]] = field(
+        default_factory=dict,
+        metadata={
+            "help": "keep only training questions whose metadata[key] (as text) is one of the "
+            "values, for every key, e.g. {hops: ['3']}; empty = all (warmup and RL)"
+        },
+    )
+    dev_where: dict[str, list[str]] = field(
+        default_factory=dict,
+        metadata={"help": "the same filter for the dev questions (RL's evaluations, diagnose)"},
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("train_where", "dev_where"):
+            for key, values in getattr(self, name).items():
+                if (
+                    not isinstance(values, list)
+                    or not values
+                    or not all(str(v).strip() for v in values)
+                ):
+                    raise ValueError(
+                        f"assets.{name}.{key} must list at least one non-empty value, "
+                        f"got {values!r}"
+                    )
+
+    def questions(self, split: str) -> list[QAExample]:
+        """The ``train`` or ``dev`` questions, kept by ``assets.<split>_where``."""
+        path = {"train": self.train_file, "dev": self.dev_file}[split]
+        return load_qa_where(path, getattr(self, f"{split}_where"), f"assets.{split}_where")
 
 
 @dataclass

@@ -249,7 +249,6 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     from arco.rubrics import score_items, write_criteria
     from arco.steps import episode_from_trajectory
     from arco.trainer import build_engine, check_rubric_matches, make_rubric_items, push_adapters
-    from common.data import load_qa
     from common.rollout import run_agent
     from common.train import MetricsLogger
 
@@ -270,7 +269,7 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed)
     push_adapters(engine, model)
-    questions = load_qa(cfg.assets.dev_file)[: d.questions]
+    questions = cfg.assets.questions("dev")[: d.questions]
     play = replace(agent_cfg, temperature=d.temperature)
     trajs = run_agent(
         engine, tokenizer, retriever, questions, d.samples, play, group_prefix="diagnose:",

@@ -33,8 +33,10 @@ def run_eval(
     ckpt = Path(checkpoint) if checkpoint else find_latest_checkpoint(run_dir)
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir}: no complete checkpoint; train first (`arco train`)")
-    benchmarks = cfg.assets.eval_files or {"dev": cfg.assets.dev_file}
-    data = {name: load_qa(path) for name, path in benchmarks.items()}
+    if cfg.assets.eval_files:
+        data = {name: load_qa(path) for name, path in cfg.assets.eval_files.items()}
+    else:  # the dev questions of training, kept by assets.dev_where
+        data = {"dev": cfg.assets.questions("dev")}
     rank, world, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     model = None

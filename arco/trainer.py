@@ -54,7 +54,6 @@ from arco.steps import Episode, episode_from_trajectory
 from arco.token_counts import arco_token_metrics
 from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_slice
 from common.config import ConfigError
-from common.data import load_qa
 from common.rewards import RewardContext, StepScorer, groups_of
 from common.rl import logprobs_from_logits
 from common.rl_loop import (
@@ -599,8 +598,8 @@ def train_arco(cfg: ArcoConfig) -> dict:
     world = data_world_size()  # batch sizes are global: each rank's share, before any load
     check_batches(rl, world)
     cfg.check_assets(("model", "train_file", "dev_file", "retrieval", "warmup"))
-    train_set = load_qa(cfg.assets.train_file)
-    dev_set = load_qa(cfg.assets.dev_file)[: cfg.eval_questions]
+    train_set = cfg.assets.questions("train")
+    dev_set = cfg.assets.questions("dev")[: cfg.eval_questions]
     uses_mu = cfg.method != "outcome_only" and rl.step_scorer == "rubric"
     step_scorer = rl.scorer() if rl.step_scorer != "rubric" else None
     by_id = {q.id: q for q in train_set}

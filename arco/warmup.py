@@ -43,7 +43,7 @@ from arco.rubric_prompt import format_criteria
 from arco.rubrics import RubricItem, rubric_batch, write_criteria
 from arco.steps import Episode, agent_step, episode_from_trajectory
 from arco.teacher import StepAnnotation, annotate, oracle_annotation, teacher_rollouts
-from common.data import QAExample, load_qa
+from common.data import QAExample
 from common.llm_client import LLMClient
 from common.retrieval.base import Doc
 from common.rl import logprobs_from_logits
@@ -569,7 +569,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     cfg.check_assets(needs)
     out = Path(cfg.warmup_dir)
     w = cfg.warmup
-    train_set = load_qa(cfg.assets.train_file)
+    train_set = cfg.assets.questions("train")
     rng = random.Random(cfg.seed)
     order = list(range(len(train_set)))
     rng.shuffle(order)
@@ -577,6 +577,11 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         raise ValueError(
             f"warmup needs questions + select_questions = {w.questions + w.select_questions} "
             f"training questions; {cfg.assets.train_file} has {len(order)}"
+            + (
+                f" kept by assets.train_where {cfg.assets.train_where}"
+                if cfg.assets.train_where
+                else ""
+            )
         )
     played = [train_set[i] for i in order[: w.questions]]
     select = [train_set[i] for i in order[w.questions : w.questions + w.select_questions]]

@@ -31,7 +31,7 @@ import dataclasses
 import json
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,43 @@ def load_qa(path: str | Path, format: str = "auto", source: str | None = None) -
         raise DataError(f"hub path {str(path)!r} is not of the form hf://owner/name[:config]@split")
     rows = read_json_rows(Path(path))
     return _parse_rows(rows, str(path), format, _default_source(path) if source is None else source)
+
+
+def keep_where(
+    examples: Sequence[QAExample],
+    where: Mapping[str, Sequence[str]],
+    matched: set[tuple[str, str]] | None = None,
+) -> list[QAExample]:
+    """The examples whose ``metadata[key]``, as text, is one of ``where[key]`` for every key;
+    ``matched`` collects each ``(key, value)`` some example had."""
+    allowed = {k: {str(v) for v in vs} for k, vs in where.items()}
+    kept = []
+    for ex in examples:
+        have = {k: str(ex.metadata.get(k, "")) for k in allowed}
+        if matched is not None:
+            matched.update((k, v) for k, v in have.items() if v in allowed[k])
+        if all(have[k] in allowed[k] for k in allowed):
+            kept.append(ex)
+    return kept
+
+
+def load_qa_where(
+    path: str | Path, where: Mapping[str, Sequence[str]], name: str = "where"
+) -> list[QAExample]:
+    """``load_qa(path)`` kept by ``where`` (``keep_where``; all rows when empty). A value that
+    matches no row, or a filter that keeps none, is a ``DataError`` naming ``name`` (the config
+    key) and the file."""
+    examples = load_qa(path)
+    if not where:
+        return examples
+    matched: set[tuple[str, str]] = set()
+    kept = keep_where(examples, where, matched)
+    unmatched = [f"{k}={v}" for k, vs in where.items() for v in vs if (k, str(v)) not in matched]
+    if unmatched:
+        raise DataError(f"{name}: {', '.join(unmatched)} matches no question in {path}")
+    if not kept:
+        raise DataError(f"{name}: no question of {path} matches every key of {dict(where)}")
+    return kept
 
 
 def load_hf_qa(

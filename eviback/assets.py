@@ -9,7 +9,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from common.data import QAExample, load_qa
+from common.data import QAExample, keep_where, load_qa
 from common.llm_client import LLMClient
 from common.retrieval.base import Retriever
 from eviback.config import AssetsConfig, TeacherConfig
@@ -110,24 +110,6 @@ def load_questions(
             f"{', '.join(map(str, files.values()))}"
         )
     return out
-
-
-def keep_where(
-    examples: Sequence[QAExample],
-    where: Mapping[str, Sequence[str]],
-    matched: set[tuple[str, str]] | None = None,
-) -> list[QAExample]:
-    """The examples whose ``metadata[key]``, as text, is one of ``where[key]`` for every key;
-    ``matched`` collects each ``(key, value)`` some example had."""
-    allowed = {k: {str(v) for v in vs} for k, vs in where.items()}
-    kept = []
-    for ex in examples:
-        have = {k: str(ex.metadata.get(k, "")) for k in allowed}
-        if matched is not None:
-            matched.update((k, v) for k, v in have.items() if v in allowed[k])
-        if all(have[k] in allowed[k] for k in allowed):
-            kept.append(ex)
-    return kept
 
 
 def select_questions(assets: AssetsConfig, kind: str, seed: int) -> list[QAExample]:

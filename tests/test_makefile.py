@@ -82,6 +82,8 @@ EXPERIMENTS = [
     ("compare-arco-smoke", "experiments.compare --spec arco/configs/compare_tiny.yaml --out"),
     ("compare-arco-teacher-steps", "experiments.compare --spec arco/configs/compare_step_scorer"),
     ("compare-eviback-cer", "experiments.compare --spec eviback/configs/compare_cer_backoff"),
+    ("compare-cer-selfverify", "experiments.compare --spec cer/configs/compare_selfverify"),
+    ("compare-arco-long", "experiments.compare --spec arco/configs/compare_long"),
     ("demo", "experiments.demo --world runs/tinyworld/seed0"),
     ("demo", "experiments.demo_report --out runs/demo"),
 ]
@@ -96,3 +98,17 @@ def test_cross_method_targets_run_the_experiments_modules(target, marker):
     assert (ROOT / (line.split()[2].replace(".", "/") + ".py")).is_file()
     assert not any(" -m common.compare" in x or " -m common.evaluate_all" in x for x in lines)
     assert not any(" -m common.demo" in x for x in lines)
+
+
+def test_the_issue_26_settings_build_their_own_warm_starts():
+    def text(target: str) -> str:  # continuation lines joined
+        return " ".join(x.rstrip("\\").strip() for x in dry_run("-B", target))
+
+    cer = text("compare-cer-selfverify")
+    assert "cer build-tiny --out runs/cer/tiny_selfverify/task --canonical-share 0.9" in cer
+    assert "cer warmup --config cer/configs/tiny_selfverify.yaml" in cer
+    arco = text("compare-arco-long")
+    long = "--config arco/configs/tiny_long.yaml warmup_dir=runs/compare/arco_long/warmup"
+    assert f"{long}/arco " in arco
+    prm = f"{long}/none warmup.policy_from=runs/compare/arco_long/warmup/arco rubric.mode=none"
+    assert prm in arco

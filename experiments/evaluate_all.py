@@ -144,7 +144,11 @@ def recognise(config: dict[str, Any], run_dir: Path) -> tuple[str, str] | None:
     if "reward" in config and "benchmarks" in assets:
         if (run_dir / "model").is_dir() and not (run_dir / "checkpoints").is_dir():
             return "cer_warmup", "cer_warmup"
-        return "cer", f"cer/{section(config, 'reward').get('type', 'cer')}"
+        reward = section(config, "reward")
+        fn = reward.get("fn") or ""  # reward.fn replaces the type's reward: label the run by it
+        if not isinstance(fn, str):
+            raise MalformedKey(f"`reward.fn` must be a name, not {fn!r:.60}")
+        return "cer", f"cer/{fn.rpartition(':')[2] or reward.get('type', 'cer')}"
     if "teacher" in config and "train_files" in assets:
         method = "eviback" if section(config, "teacher").get("enabled", True) else "search_r1"
         return method, method

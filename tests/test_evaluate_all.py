@@ -25,6 +25,7 @@ from experiments.evaluate_all import (
     load_run,
     main,
     metric_value,
+    recognise,
     subprocess_evaluator,
 )
 from experiments.evaluate_plots import benchmark_bars
@@ -122,6 +123,20 @@ def test_discovery_and_recognition(tmp_path):
     # a chosen step that is not there is a reason, not a crash
     chosen = load_run(runs / "grpo/s0", runs, step=10)
     assert chosen.model is None and "step_10" in chosen.problem
+
+
+@pytest.mark.parametrize(
+    ("reward", "arm"),
+    [
+        ({"type": "rule"}, "cer/rule"),
+        ({"type": "cer", "fn": ""}, "cer/cer"),
+        ({"type": "cer", "fn": "f1"}, "cer/f1"),
+        ({"type": "exact", "fn": "mypkg.rewards:LengthPenalty"}, "cer/LengthPenalty"),
+    ],
+)
+def test_a_cer_run_is_labelled_by_its_reward_fn_when_one_replaces_the_type(reward, arm, tmp_path):
+    config = {"reward": reward, "assets": {"benchmarks": {"dev": "dev.jsonl"}}}
+    assert recognise(config, tmp_path) == ("cer", arm)
 
 
 # per-question rows of the fake evaluations: (em, f1, valid, searches, duplicates, forced)

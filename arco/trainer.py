@@ -731,7 +731,9 @@ def train_arco(cfg: ArcoConfig) -> dict:
             **(rubric_metrics(items, kinds, rewards, rl.invalid_bucket) if uses_mu else {}),
             "reward": rewards.mean().item(),
             **upd,
-            **arco_token_metrics(trajs, items, pi_reference=late and rl.pi_kl_coef > 0),
+            **arco_token_metrics(
+                trajs, items, late and rl.pi_kl_coef > 0, cfg.rubric.shared_prefix
+            ),
             **{f"time/{k}": v for k, v in timings.items()},
         }
         metrics = all_ranks_mean(metrics, len(trajs))

@@ -33,6 +33,8 @@ NOTES = {
     "prefix cache not read); arco_rows models μ for assumed trajectory shapes, not compared",
     "mu_rows": "ARCO: μ's rows (prompt + criteria) once, whole; its forwards (score, update, "
     "μ_ref) and rubric.shared_prefix's shared histories not counted; not compared",
+    "mu_packed": "ARCO: the same rows as one of μ's forwards takes them (rubric.shared_prefix: "
+    "each trajectory's trunk once and its rows' tails); not compared",
     "teacher": "the external teacher endpoint's usage (stand-in's count); not the policy's "
     "tokens, not compared",
 }
@@ -101,6 +103,8 @@ def token_table(rows: Sequence[dict], family: str, raw: dict[str, Any]) -> list[
             ("rubric generation (μ)", total("tokens/rubric_generation"), None, NOTES["rubric"]),
             ("μ rows", total("tokens/mu_rows"), None, NOTES["mu_rows"]),
         ]
+        if any("tokens/mu_packed" in r for r in rows):
+            entries.append(("μ rows packed", total("tokens/mu_packed"), None, NOTES["mu_packed"]))
     entries += [
         ("update", total("tokens/update"), model["update"], NOTES["update"]),
         ("reference", total("tokens/reference"), model["reference"], NOTES["reference"]),

@@ -91,6 +91,9 @@ def test_arco_models_pi_ref_on_its_late_steps_only_and_reports_mu_unmodelled():
     assert (table["reference"]["measured"], table["reference"]["model"]) == (120, 120)
     assert table["μ rows"]["measured"] == 1600 and table["μ rows"]["model"] is None
     assert table["rubric generation (μ)"]["measured"] == 800
+    early["tokens/mu_packed"], late["tokens/mu_packed"] = 500, 400
+    table = by_category(token_table([early, late], "arco", raw))
+    assert table["μ rows packed"]["measured"] == 900 and table["μ rows packed"]["model"] is None
 
 
 def test_arco_counts_pi_rows_and_mu_rows_whole():
@@ -105,6 +108,12 @@ def test_arco_counts_pi_rows_and_mu_rows_whole():
     assert counts["tokens/mu_rows"] == 17 and counts["tokens/rubric_generation"] == 10
     assert counts["tokens/generation"] == 18 and counts["shape/groups"] == 2
     assert arco_token_metrics(trajs, [], pi_reference=False)["tokens/reference"] == 0
+    assert counts["tokens/mu_packed"] == 17  # two trajectories, nothing shared
+    # one trajectory's two rows (7 and 6 ids) share their first 4: 7 + (6 - 4) packed, 13 whole
+    same = [RubricItem(0, 0, [1, 2, 3, 4, 5], [9, 9]), RubricItem(0, 1, [1, 2, 3, 4, 6], [8])]
+    packed = arco_token_metrics(trajs, same, pi_reference=False, shared_prefix=True)
+    assert (packed["tokens/mu_rows"], packed["tokens/mu_packed"]) == (13, 9)
+    assert arco_token_metrics(trajs, same, pi_reference=False)["tokens/mu_packed"] == 13
 
 
 def test_rows_without_shapes_give_no_table_and_the_report_says_so():

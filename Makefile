@@ -31,7 +31,7 @@ endif
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-cer-selfverify \
-	cer-selfverify-assets compare-arco-long rehearse \
+	cer-selfverify-assets compare-arco-long compare-arco-paths rehearse \
 	rehearse-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
@@ -178,6 +178,11 @@ compare-arco-teacher-steps: $(ARCO_WARM)/arco.json  ## ARCO's dense phase from E
 	mkdir -p runs/compare/arco_steps/warmup
 	test -f runs/compare/arco_steps/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco_steps/warmup/arco
 	$(PY) -m experiments.compare --spec arco/configs/compare_step_scorer.yaml
+
+compare-arco-paths: $(ARCO_WARM)/arco.json  ## issue 23: ARCO's shared-trunk single-forward μ path vs the per-row path, 3 seeds
+	mkdir -p runs/compare/arco_paths/warmup
+	test -f runs/compare/arco_paths/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco_paths/warmup/arco
+	$(PY) -m experiments.compare --spec arco/configs/compare_paths.yaml
 
 # Issue 26: long trajectories (arco/configs/tiny_long.yaml: the 3-hop bridges, 6 free searches).
 # ARCO's warmup trains μ on them; PRM's (rubric.mode=none) takes its π. Warmups already there are kept.

@@ -363,3 +363,34 @@ def test_a_metric_the_results_lack_names_the_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "plain/s0/dev_results/step_00000.jsonl" in err
     assert "no `emm` field" in err
+
+
+ROOT_DIR = Path(__file__).resolve().parent.parent
+CONFIG_CLASSES = {
+    "arco": "arco.config:ArcoConfig",
+    "cer": "cer.config:CERConfig",
+    "eviback": "eviback.config:EviBackConfig",
+    "common.search_grpo": "common.search_grpo:GRPOConfig",
+}
+
+
+@pytest.mark.parametrize(
+    "spec_path",
+    sorted(ROOT_DIR.glob("*/configs/compare_*.yaml")),
+    ids=lambda p: f"{p.parent.parent.name}/{p.name}",
+)
+def test_every_shipped_spec_loads_and_each_arm_s_settings_are_valid(spec_path):
+    """A typo in an arm's overrides (a key or a value out of range) fails here, not an hour
+    into `make compare-*`."""
+    import importlib
+
+    from common.config import load_config
+
+    spec = load_spec(spec_path)
+    for arm in spec["arms"]:
+        cmd = arm["command"]
+        module, config = cmd[cmd.index("-m") + 1], cmd[cmd.index("--config") + 1]
+        mod, _, name = CONFIG_CLASSES[module].partition(":")
+        cls = getattr(importlib.import_module(mod), name)
+        overrides = [o.replace("{out}", "runs/x") for o in arm.get("overrides", [])]
+        load_config(cls, ROOT_DIR / config, overrides)

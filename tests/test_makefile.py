@@ -84,6 +84,7 @@ EXPERIMENTS = [
     ("compare-eviback-cer", "experiments.compare --spec eviback/configs/compare_cer_backoff"),
     ("compare-cer-selfverify", "experiments.compare --spec cer/configs/compare_selfverify"),
     ("compare-arco-long", "experiments.compare --spec arco/configs/compare_long"),
+    ("compare-arco-paths", "experiments.compare --spec arco/configs/compare_paths"),
     ("demo", "experiments.demo --world runs/tinyworld/seed0"),
     ("demo", "experiments.demo_report --out runs/demo"),
 ]

@@ -42,6 +42,7 @@ from common.rl_loop import (
 )
 from common.rollout import AgentConfig, run_agent
 from common.rollout.batch import padding_id
+from common.token_counts import rollout_token_metrics
 from common.train import (
     MetricsLogger,
     TrainConfig,
@@ -216,6 +217,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             ),
             **out.metrics,
             **upd,
+            **rollout_token_metrics(trajs),  # tokens/generation, shape/*: summed over ranks
             **{f"time/{k}": v for k, v in timings.items()},
         }
         metrics = all_ranks_mean(metrics, len(trajs))

@@ -46,6 +46,9 @@ def test_two_deepspeed_ranks_with_vllm_end_with_identical_weights(
     steps = [r for r in rows if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
     assert all(0.0 <= r["reward"] <= 1.0 for r in steps)
+    # the step's token counts are summed over the ranks: 2 questions x 4 rollouts
+    assert all(r["shape/trajectories"] == 8 and r["shape/groups"] == 2 for r in steps)
+    assert all(r["tokens/generation"] > r["shape/response_tokens"] > 0 for r in steps)
     # the batch is global: each step's 2 questions are one on each rank, in rank order the
     # ones one rank draws (the seed-0 shuffle, 2 a step), and the update has 2 x 4 rollouts
     train_ids = [ex.id for ex in load_qa(tiny_world / "train.jsonl")]

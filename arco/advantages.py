@@ -5,7 +5,8 @@ b_t = the batch mean of G over the step's position bucket, and A_t = c * (G_t - 
 phase: A = R - mean of R over the question's group, no std division.
 
 Both as parts (``common.rewards.AdvantageEstimator``) for any trainer: ``DenseAdvantages`` (the
-step scores and ``rewards.extras["step_kinds"]``) and ``sparse_group``.
+step scores and the trainer's ``common.rewards.step_layout`` in ``rewards.extras``; per-token
+advantages) and ``sparse_group``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from common.rewards import Rewards
+from common.rewards import Rewards, spread_to_tokens
+
+LAYOUT = ("step_kinds", "step_tokens", "response_tokens")
 
 STEP_KINDS = ("search", "answer", "invalid")
 
@@ -130,11 +134,13 @@ def sparse_group_advantages(rewards: torch.Tensor, group_ids: Sequence[str]) -> 
 @dataclass
 class DenseAdvantages:
     """ARCO's dense estimator as a part: A_t = c·(G_t − b_bucket) (``dense_advantages``) from a
-    step scorer's ``step_scores`` and the step kinds in ``rewards.extras["step_kinds"]`` (one
-    list per trajectory: search, answer, invalid). The bucket baselines are over the batch this
-    process holds; ARCO's trainer gathers every rank's batch first (``global_dense_advantages``).
-    """
+    step scorer's ``step_scores``, placed on each step's sampled tokens (per-token lists,
+    ``common.rewards.spread_to_tokens``). It reads the trainer's ``step_layout`` in
+    ``rewards.extras`` (``step_kinds``, ``step_tokens``, ``response_tokens``). The bucket
+    baselines are over the batch this process holds; ARCO's own trainer gathers every rank's
+    batch first (``global_dense_advantages``)."""
 
+    needs_step_scores: ClassVar[bool] = True
     c: float = 0.5
     invalid_bucket: bool = True
 
@@ -146,14 +152,19 @@ class DenseAdvantages:
     ) -> list[list[float]]:
         if step_scores is None:
             raise ValueError("DenseAdvantages needs step_scores: one s_t per agent step")
-        kinds = rewards.extras.get("step_kinds")
-        if kinds is None:
-            raise ValueError("DenseAdvantages needs rewards.extras['step_kinds'] (per trajectory)")
+        missing = [k for k in LAYOUT if k not in rewards.extras]
+        if missing:
+            raise ValueError(
+                f"DenseAdvantages needs rewards.extras[{', '.join(map(repr, missing))}] "
+                "(common.rewards.step_layout of the step's trajectories)"
+            )
         if len(step_scores) != len(group_ids):
             raise ValueError(
                 f"DenseAdvantages: {len(step_scores)} score lists for {len(group_ids)} trajectories"
             )
-        return dense_advantages(step_scores, kinds, self.c, self.invalid_bucket)
+        extras = rewards.extras
+        per_step = dense_advantages(step_scores, extras["step_kinds"], self.c, self.invalid_bucket)
+        return spread_to_tokens(per_step, extras["step_tokens"], extras["response_tokens"])
 
 
 def sparse_group(

@@ -17,7 +17,6 @@ updated on every batch.
 from __future__ import annotations
 
 import json
-import math
 import random
 import time
 from collections.abc import Sequence
@@ -54,7 +53,7 @@ from arco.steps import Episode, episode_from_trajectory
 from arco.token_counts import arco_token_metrics
 from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_slice
 from common.config import ConfigError
-from common.rewards import RewardContext, StepScorer, groups_of
+from common.rewards import RewardContext, StepScorer, check_step_scores, groups_of
 from common.rl import logprobs_from_logits
 from common.rl_loop import (
     all_ranks_mean,
@@ -144,18 +143,8 @@ def external_step_scores(
     scorer: StepScorer, trajs: Sequence[Trajectory], ctx: RewardContext, name: str
 ) -> list[list[float]]:
     """``scorer``'s s_t for every step of ``trajs`` (``rl.step_scorer``, in μ's place), checked:
-    one finite score per agent step."""
-    scores = scorer(groups_of(trajs), ctx)
-    if len(scores) != len(trajs):
-        raise ValueError(f"rl.step_scorer={name!r} gave {len(scores)} score lists for "
-                         f"{len(trajs)} trajectories")  # fmt: skip
-    for i, (t, s) in enumerate(zip(trajs, scores, strict=True)):
-        if len(s) != len(t.steps) or not all(math.isfinite(float(x)) for x in s):
-            raise ValueError(
-                f"rl.step_scorer={name!r}, trajectory {i}: {len(s)} scores for "
-                f"{len(t.steps)} steps, or one not finite ({list(s)[:8]})"
-            )
-    return [[float(x) for x in s] for s in scores]
+    one finite score per agent step (``common.rewards.check_step_scores``)."""
+    return check_step_scores(scorer(groups_of(trajs), ctx), trajs, f"rl.step_scorer={name!r}")
 
 
 def all_ranks(obj):

@@ -5,6 +5,10 @@ from its config instead of branching on a method:
     step_scorer(groups, ctx) -> list[list[float]]           one score per agent step
     estimator(rewards, group_ids, step_scores) -> advantages   [N], or per token (lists)
 
+A trainer with a step scorer puts ``step_layout(trajs)`` into the reward's extras, so that a
+step-level estimator (``arco.advantages:DenseAdvantages``) can place its per-step advantages
+on each step's tokens (``spread_to_tokens``).
+
 ``groups`` are a step's groups in batch order (``Group``: one question, its gold answers and
 aliases, its n trajectories and their final answers); ``ctx`` (``RewardContext``) is what a
 reward may need from the run, handed over explicitly: the policy for scoring, the tokenizer, the
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
@@ -143,6 +148,59 @@ def rloo(
 ) -> Tensor:
     """A_i = r_i − 1/(n_g − 1) Σ_{j≠i} r_j (``common.rl.rloo_advantages``)."""
     return rloo_advantages(rewards.values, group_ids)
+
+
+def step_layout(trajs: Sequence[Trajectory]) -> dict[str, list]:
+    """What a step-level estimator reads in ``Rewards.extras``, from a step's trajectories:
+    ``step_kinds`` (per trajectory, each agent step's kind: search, answer, invalid),
+    ``step_tokens`` (each step's ``[start, end)`` in the response ids: its sampled tokens) and
+    ``response_tokens`` (each response's length)."""
+    return {
+        "step_kinds": [[s.kind for s in t.steps] for t in trajs],
+        "step_tokens": [[(s.start, s.end) for s in t.steps] for t in trajs],
+        "response_tokens": [len(t.response_ids) for t in trajs],
+    }
+
+
+def spread_to_tokens(
+    per_step: Sequence[Sequence[float]],
+    spans: Sequence[Sequence[tuple[int, int]]],
+    lengths: Sequence[int],
+) -> list[list[float]]:
+    """One value per response token: step t's value on its sampled tokens ``spans[i][t]``, 0
+    elsewhere (retrieved documents and a forced turn's text are not the policy's)."""
+    if not len(per_step) == len(spans) == len(lengths):
+        raise ValueError(
+            f"spread_to_tokens: {len(per_step)} value lists, {len(spans)} span lists and "
+            f"{len(lengths)} lengths"
+        )
+    out = []
+    for i, (values, steps, n) in enumerate(zip(per_step, spans, lengths, strict=True)):
+        if len(values) != len(steps):
+            raise ValueError(f"spread_to_tokens: trajectory {i}: {len(values)} values for "
+                             f"{len(steps)} steps")  # fmt: skip
+        row = [0.0] * n
+        for v, (a, b) in zip(values, steps, strict=True):
+            row[a:b] = [float(v)] * (b - a)
+        out.append(row)
+    return out
+
+
+def check_step_scores(
+    scores: Sequence[Sequence[float]], trajs: Sequence[Trajectory], name: str
+) -> list[list[float]]:
+    """A step scorer's output checked: one list per trajectory, one finite score per agent
+    step; ``name`` (the config setting, ``key='value'``) begins the error."""
+    if len(scores) != len(trajs):
+        raise ValueError(f"{name} gave {len(scores)} score lists for "
+                         f"{len(trajs)} trajectories")  # fmt: skip
+    for i, (t, s) in enumerate(zip(trajs, scores, strict=True)):
+        if len(s) != len(t.steps) or not all(math.isfinite(float(x)) for x in s):
+            raise ValueError(
+                f"{name}, trajectory {i}: {len(s)} scores for {len(t.steps)} "
+                f"steps, or one not finite ({list(s)[:8]})"
+            )
+    return [[float(x) for x in s] for s in scores]
 
 
 REWARDS = {"exact_match": "common.rewards:exact_match", "f1": "common.rewards:f1"}

@@ -23,7 +23,15 @@ from common.config import ConfigError, load_config
 from common.data import DataError, load_qa
 from common.retrieval.bm25 import BM25Retriever
 from common.retrieval.client import HTTPRetriever
-from common.rewards import RewardConfig, RewardContext, groups_of
+from common.rewards import (
+    RewardConfig,
+    RewardContext,
+    StepScorer,
+    check_step_scores,
+    groups_of,
+    load_part,
+    step_layout,
+)
 from common.rl_loop import (
     EngineConfig,
     LossConfig,
@@ -56,6 +64,33 @@ from common.train.run_folder import open_run_folder
 
 
 @dataclass
+class GRPORewardConfig(RewardConfig):
+    """``RewardConfig`` plus an optional step scorer, for an estimator that takes step scores
+    (``arco.advantages:DenseAdvantages``: ARCO's reward-to-go with bucket baselines)."""
+
+    step_scorer: str = field(
+        default="",
+        metadata={
+            "help": "one score per agent step, package.module:Name (e.g. "
+            "experiments.step_scorers:TeacherEvidenceSteps); empty: none"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        needs = getattr(self.estimator(), "needs_step_scores", False)
+        if needs and not self.step_scorer:
+            raise ValueError(f"reward.advantage={self.advantage!r} needs step scores: set "
+                             "reward.step_scorer=package.module:Name")  # fmt: skip
+        self.scorer()
+
+    def scorer(self) -> StepScorer | None:
+        if not self.step_scorer:
+            return None
+        return load_part(self.step_scorer, "reward.step_scorer", "step scorer", {})
+
+
+@dataclass
 class GRPOConfig(RunLoopConfig):
     """The reference GRPO run (the run loop's fields: ``RunLoopConfig``)."""
 
@@ -79,7 +114,7 @@ class GRPOConfig(RunLoopConfig):
     engine: EngineConfig = field(default_factory=EngineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     loss: LossConfig = field(default_factory=LossConfig)
-    reward: RewardConfig = field(default_factory=RewardConfig)
+    reward: GRPORewardConfig = field(default_factory=GRPORewardConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
@@ -151,6 +186,8 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     rng.shuffle(order)
     pad_id = padding_id(tokenizer)
     reward_fn, estimator = cfg.reward.reward_fn(), cfg.reward.estimator()
+    step_scorer = cfg.reward.scorer()
+    by_id = {q.id: q for q in train_set}  # a step scorer's ctx.extra['examples']
     folder.begin()  # every load-time check passed: record the settings, trim the log
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
     evals = []
@@ -201,10 +238,19 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             seed=cfg.seed * 100003 + step,
             timings=timings,
         )
-        ctx = RewardContext(policy=train.model, tokenizer=tokenizer, engine=engine, step=step)
+        ctx = RewardContext(train.model, tokenizer, engine, step, {"examples": by_id})
         out = reward_fn(groups_of(trajs), ctx)
         rewards = out.values
-        adv = estimator(out, [t.group_id for t in trajs], None)
+        step_scores = None
+        if step_scorer is not None:
+            t0 = time.perf_counter()
+            raw = step_scorer(groups_of(trajs), ctx)
+            step_scores = check_step_scores(
+                raw, trajs, f"reward.step_scorer={cfg.reward.step_scorer!r}"
+            )
+            out.extras.update(step_layout(trajs))
+            timings["step_scorer"] = time.perf_counter() - t0
+        adv = estimator(out, [t.group_id for t in trajs], step_scores)
         upd = update_and_push(train, engine, trajs, adv, cfg.loss, cfg.engine, pad_id, timings)
         timings["step"] = time.perf_counter() - t_step
         batch_log.write(step, [q.id for q in qs], len(trajs))

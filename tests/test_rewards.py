@@ -19,12 +19,15 @@ from common.rewards import (
     Group,
     RewardContext,
     Rewards,
+    check_step_scores,
     exact_match,
     f1,
     groups_of,
     grpo,
     load_part,
     rloo,
+    spread_to_tokens,
+    step_layout,
 )
 from common.rl import group_normalized_advantages, rloo_advantages
 from common.rl_loop import em_rewards
@@ -199,6 +202,35 @@ USER_REWARDS = '''
         return rewards.values - rewards.values.mean()
 
     NOT_CALLABLE = 3
+
+    SEEN = []
+
+    class SearchesPay:
+        """s_t = 0.25 for a search, the EM for the answer step, 0 otherwise; records its input."""
+
+        def __call__(self, groups, ctx):
+            SEEN.append(sorted(ctx.extra["examples"])[:1])
+            out = []
+            for g in groups:
+                for t in g.trajectories:
+                    hit = t.answer is not None and t.answer in t.golden_answers
+                    out.append([0.25 if s.kind == "search" else float(hit and s.kind == "answer")
+                                for s in t.steps])
+            return out
+
+    class Recorded:
+        """ARCO's dense advantages, and what they were computed from."""
+
+        CALLS = []
+
+        def __call__(self, rewards, group_ids, step_scores):
+            from arco.advantages import DenseAdvantages
+
+            out = DenseAdvantages()(rewards, group_ids, step_scores)
+            Recorded.CALLS.append((dict(rewards.extras), step_scores, out))
+            return out
+
+        needs_step_scores = True
 '''
 
 
@@ -283,3 +315,62 @@ def test_a_user_reward_by_import_path_trains_the_search_grpo_loop(
     assert row["answered_count"] == 8
     assert all(s["reward"] == float(s["answer"] is not None) for s in samples)
     assert out["before"] is None
+
+
+def test_step_layout_and_spread_to_tokens_by_hand():
+    t = Trajectory("g", 0, "q", "q?", ["x"], [1, 2], response_ids=[5] * 9,
+                   steps=[Step("search", 0, 3), Step("answer", 6, 8)], answer="x")  # fmt: skip
+    layout = step_layout([t])
+    assert layout == {"step_kinds": [["search", "answer"]], "step_tokens": [[(0, 3), (6, 8)]],
+                      "response_tokens": [9]}  # fmt: skip
+    # the observation (3-6) and the token after the answer (8) carry no advantage
+    got = spread_to_tokens([[0.5, -1.0]], layout["step_tokens"], layout["response_tokens"])
+    assert got == [[0.5, 0.5, 0.5, 0.0, 0.0, 0.0, -1.0, -1.0, 0.0]]
+    with pytest.raises(ValueError, match="trajectory 0: 1 values for 2 steps"):
+        spread_to_tokens([[0.5]], layout["step_tokens"], layout["response_tokens"])
+    assert check_step_scores([[1, 2]], [t], "k='v'") == [[1.0, 2.0]]
+    with pytest.raises(ValueError, match=r"k='v' gave 2 score lists for 1 trajectories"):
+        check_step_scores([[1, 2], [3]], [t], "k='v'")
+    with pytest.raises(ValueError, match=r"k='v', trajectory 0: 2 scores for 2 steps, or one not"):
+        check_step_scores([[1.0, float("nan")]], [t], "k='v'")
+
+
+def test_a_step_estimator_without_a_step_scorer_is_refused_at_config_time(user_module):
+    path = ROOT / "common" / "configs" / "grpo_tiny.yaml"
+    with pytest.raises(ConfigError, match="needs step scores: set reward.step_scorer"):
+        load_config(GRPOConfig, path, ["reward.advantage=arco.advantages:DenseAdvantages"])
+    with pytest.raises(ConfigError, match="reward.step_scorer='nope:X' does not import"):
+        load_config(GRPOConfig, path, ["reward.step_scorer=nope:X"])
+    cfg = load_config(GRPOConfig, path, ["reward.step_scorer=my_rewards:SearchesPay"])
+    assert cfg.reward.scorer() is not None and load_config(GRPOConfig, path).reward.scorer() is None
+
+
+@pytest.mark.slow
+def test_arco_s_dense_advantages_from_a_step_scorer_train_the_search_grpo_loop(
+    tiny_world, tmp_path, user_module
+):
+    import my_rewards
+
+    from arco.advantages import dense_advantages
+    from common.search_grpo import train_grpo
+    from common.train import read_metrics
+
+    run_dir = tmp_path / "run"
+    over = [
+        f"world={tiny_world}", f"model={tiny_world / 'model'}", f"run_dir={run_dir}",
+        "steps=1", "questions_per_step=2", "n=4", "eval_every=0", "loss.micro_batch_size=4",
+        "engine.backend=hf", "reward.step_scorer=my_rewards:SearchesPay",
+        "reward.advantage=my_rewards:Recorded",
+    ]  # fmt: skip
+    train_grpo(load_config(GRPOConfig, ROOT / "common/configs/grpo_tiny.yaml", over))
+    (row,) = read_metrics(run_dir / "metrics.jsonl")
+    assert row["time/step_scorer"] >= 0 and my_rewards.SEEN  # the questions reached the scorer
+    ((extras, scores, adv),) = my_rewards.Recorded.CALLS
+    assert len(scores) == len(adv) == 8 and extras["response_tokens"] == [len(a) for a in adv]
+    assert any(e > s for steps in extras["step_tokens"] for s, e in steps)  # steps were sampled
+    per_step = dense_advantages(scores, extras["step_kinds"])  # c 0.5, the invalid bucket
+    for a, steps, values in zip(adv, extras["step_tokens"], per_step, strict=True):
+        inside = {i for s, e in steps for i in range(s, e)}
+        assert all(a[i] == 0.0 for i in range(len(a)) if i not in inside)
+        for (s, e), v in zip(steps, values, strict=True):
+            assert a[s:e] == [v] * (e - s)

@@ -141,24 +141,32 @@ def test_sparse_group_advantages_detached_and_checked():
 
 def test_the_estimators_as_parts_equal_the_functions_and_load_by_path():
     from arco.advantages import DenseAdvantages, sparse_group
-    from common.rewards import ESTIMATORS, Rewards, load_part
+    from common.rewards import ESTIMATORS, Rewards, load_part, spread_to_tokens
 
     scores = [[0.2, 0.5], [0.1, 0.0, 0.4], [0.3]]
     kinds = [["search", "answer"], ["search", "invalid", "answer"], ["answer"]]
-    r = Rewards(torch.tensor([1.0, 0.0, 1.0]), extras={"step_kinds": kinds})
+    spans = [[(0, 2), (5, 6)], [(0, 1), (4, 5), (7, 9)], [(0, 3)]]
+    lengths = [6, 10, 3]
+    layout = {"step_kinds": kinds, "step_tokens": spans, "response_tokens": lengths}
+    r = Rewards(torch.tensor([1.0, 0.0, 1.0]), extras=layout)
     ids = ["a", "a", "b"]
     dense = load_part(
         "arco.advantages:DenseAdvantages", "reward.advantage", "estimator", ESTIMATORS
     )
-    assert dense(r, ids, scores) == dense_advantages(scores, kinds, 0.5, True)
-    assert DenseAdvantages(c=1.0, invalid_bucket=False)(r, ids, scores) == dense_advantages(
-        scores, kinds, 1.0, False
-    )
+    per_step = dense_advantages(scores, kinds, 0.5, True)
+    assert dense(r, ids, scores) == spread_to_tokens(per_step, spans, lengths)
+    got = DenseAdvantages(c=1.0, invalid_bucket=False)(r, ids, scores)
+    assert got == spread_to_tokens(dense_advantages(scores, kinds, 1.0, False), spans, lengths)
+    # by hand, trajectory 0: step 0's A on tokens 0-1, the answer's on token 5, 0 between
+    a0 = per_step[0]
+    assert got[0] != dense(r, ids, scores)[0]  # c and the bucket matter
+    assert dense(r, ids, scores)[0] == [a0[0], a0[0], 0.0, 0.0, 0.0, a0[1]]
+    assert [len(a) for a in dense(r, ids, scores)] == lengths
     assert torch.equal(sparse_group(r, ids), sparse_group_advantages(r.values, ids))
     assert sparse_group(r, ids).tolist() == [0.5, -0.5, 0.0]  # a: mean 1/2; b: alone
     with pytest.raises(ValueError, match="needs step_scores"):
         dense(r, ids)
-    with pytest.raises(ValueError, match="step_kinds"):
-        dense(Rewards(r.values), ids, scores)
+    with pytest.raises(ValueError, match="step_layout"):
+        dense(Rewards(r.values, extras={"step_kinds": kinds}), ids, scores)
     with pytest.raises(ValueError, match="2 score lists for 3 trajectories"):
         dense(r, ids, scores[:2])

@@ -31,7 +31,7 @@ endif
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-cer-selfverify \
-	cer-selfverify-assets compare-arco-long compare-arco-paths rehearse \
+	cer-selfverify-assets compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
 	rehearse-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
@@ -125,6 +125,9 @@ compare-grpo: warmstart  ## the reference GRPO loop against its warm start, 3 se
 
 compare-grpo-cer: warmstart  ## the search agent's reward: exact match vs F1 vs CER (cer.agent_reward), 3 seeds, vs exact match
 	$(PY) -m experiments.compare --spec common/configs/compare_grpo_cer_tiny.yaml
+
+compare-grpo-dense: warmstart  ## the reference loop with ARCO's dense advantages from EviBack's teacher's step verdicts vs its GRPO, 3 seeds
+	$(PY) -m experiments.compare --spec common/configs/compare_grpo_dense_tiny.yaml
 
 compare-eviback: warmstart  ## EviBack vs the Search-R1 baseline, 3 seeds, one warm start
 	$(PY) -m experiments.compare --spec eviback/configs/compare_tiny.yaml

@@ -85,6 +85,7 @@ EXPERIMENTS = [
     ("compare-cer-selfverify", "experiments.compare --spec cer/configs/compare_selfverify"),
     ("compare-arco-long", "experiments.compare --spec arco/configs/compare_long"),
     ("compare-arco-paths", "experiments.compare --spec arco/configs/compare_paths"),
+    ("compare-grpo-dense", "experiments.compare --spec common/configs/compare_grpo_dense_tiny"),
     ("demo", "experiments.demo --world runs/tinyworld/seed0"),
     ("demo", "experiments.demo_report --out runs/demo"),
 ]

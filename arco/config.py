@@ -89,6 +89,10 @@ class AssetsConfig:
         default_factory=dict,
         metadata={"help": "the same filter for the dev questions (RL's evaluations, diagnose)"},
     )
+    eval_where: dict[str, list[str]] = field(
+        default_factory=dict,
+        metadata={"help": "the same filter for every benchmark of `arco eval` (eval_files)"},
+    )
 
     def __post_init__(self) -> None:
         for name in ("train_where", "dev_where"):
@@ -102,6 +106,16 @@ class AssetsConfig:
                         f"assets.{name}.{key} must list at least one non-empty value, "
                         f"got {values!r}"
                     )
+
+    def benchmarks(self) -> dict[str, list[QAExample]]:
+        """``arco eval``'s question sets: each of ``eval_files`` kept by ``eval_where``, or the
+        dev questions (kept by ``dev_where``) when there are none."""
+        if not self.eval_files:
+            return {"dev": self.questions("dev")}
+        return {
+            name: load_qa_where(path, self.eval_where, "assets.eval_where")
+            for name, path in self.eval_files.items()
+        }
 
     def questions(self, split: str) -> list[QAExample]:
         """The ``train`` or ``dev`` questions, kept by ``assets.<split>_where``."""

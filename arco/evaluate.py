@@ -17,7 +17,6 @@ import torch
 
 from arco.config import ArcoConfig
 from arco.environment import build_environment
-from common.data import load_qa
 from common.rl_loop import build_engine, evaluate
 from common.train import find_latest_checkpoint
 from common.train.distributed import init_distributed
@@ -33,10 +32,7 @@ def run_eval(
     ckpt = Path(checkpoint) if checkpoint else find_latest_checkpoint(run_dir)
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir}: no complete checkpoint; train first (`arco train`)")
-    if cfg.assets.eval_files:
-        data = {name: load_qa(path) for name, path in cfg.assets.eval_files.items()}
-    else:  # the dev questions of training, kept by assets.dev_where
-        data = {"dev": cfg.assets.questions("dev")}
+    data = cfg.assets.benchmarks()  # kept by assets.eval_where (dev: dev_where)
     rank, world, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     model = None

@@ -34,6 +34,10 @@ def test_questions_keeps_the_rows_whose_metadata_matches_as_text(tmp_path):
     assert [q.id for q in assets.questions("train")] == ["train:q1", "train:q3", "train:q4"]
     assert [q.id for q in assets.questions("dev")] == ["dev:q0"]
     assert len(AssetsConfig(train_file=str(train)).questions("train")) == 5  # no filter: all
+    # arco eval: each benchmark kept by eval_where; without eval_files, the dev set (dev_where)
+    assert {k: [q.id for q in v] for k, v in assets.benchmarks().items()} == {"dev": ["dev:q0"]}
+    both = AssetsConfig(eval_files={"a": str(train), "b": str(dev)}, eval_where={"hops": ["3"]})
+    assert {k: len(v) for k, v in both.benchmarks().items()} == {"a": 3, "b": 1}
 
 
 def test_a_value_no_row_has_or_an_empty_selection_is_a_clear_error(tmp_path):
@@ -50,7 +54,9 @@ def test_a_value_no_row_has_or_an_empty_selection_is_a_clear_error(tmp_path):
 
 def test_the_long_setting_loads_with_its_filters_and_budget():
     cfg = load_config(ArcoConfig, ROOT / "arco" / "configs" / "tiny_long.yaml", [])
-    assert cfg.assets.train_where == {"hops": ["3"]} and cfg.assets.dev_where == {"hops": ["3"]}
+    assert (
+        cfg.assets.train_where == cfg.assets.dev_where == cfg.assets.eval_where == {"hops": ["3"]}
+    )
     assert cfg.env.max_searches == 6 and "6 searches" in cfg.rubric.task
     assert cfg.warmup_dir != load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml", []).warmup_dir
     with pytest.raises(ConfigError, match="train_where"):

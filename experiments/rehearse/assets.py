@@ -301,7 +301,7 @@ def _paper_subset(row: Row) -> bool:
 ARCO_DATA = ("train_file", "dev_file", "eval_files", "corpus")
 ARCO_OTHER = (
     "model", "retrieval_url", "teacher_endpoint", "teacher_model", "annotator_endpoint",
-    "annotator_model", "api_key_env",
+    "annotator_model", "api_key_env", "train_where", "dev_where", "eval_where",
 )  # fmt: skip
 _ARCO_NAMES = (("hotpot", "hotpotqa"), ("2wiki", "2wiki"), ("musique", "musique"))
 

@@ -20,7 +20,7 @@ from arco.rubric_prompt import (
     SYSTEM_TEMPLATE,
     read_criteria_file,
 )
-from common.data import QAExample, load_qa_where
+from common.data import QAExample, check_where, load_qa_where
 from common.model_id import model_problem
 from common.rewards import StepScorer, load_part
 from common.rl_loop import EngineConfig
@@ -95,17 +95,8 @@ class AssetsConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("train_where", "dev_where"):
-            for key, values in getattr(self, name).items():
-                if (
-                    not isinstance(values, list)
-                    or not values
-                    or not all(str(v).strip() for v in values)
-                ):
-                    raise ValueError(
-                        f"assets.{name}.{key} must list at least one non-empty value, "
-                        f"got {values!r}"
-                    )
+        for name in ("train_where", "dev_where", "eval_where"):
+            check_where(getattr(self, name), f"assets.{name}")
 
     def benchmarks(self) -> dict[str, list[QAExample]]:
         """``arco eval``'s question sets: each of ``eval_files`` kept by ``eval_where``, or the

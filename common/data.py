@@ -82,6 +82,14 @@ def keep_where(
     return kept
 
 
+def check_where(where: Mapping[str, Sequence[str]], name: str) -> None:
+    """A question filter (``keep_where``) is usable: every key lists at least one non-empty
+    value; a ``ValueError`` naming ``name.key`` (the config key) otherwise."""
+    for key, values in where.items():
+        if not values or not all(str(v).strip() for v in values):
+            raise ValueError(f"{name}.{key} must list at least one non-empty value, got {values!r}")
+
+
 def load_qa_where(
     path: str | Path, where: Mapping[str, Sequence[str]], name: str = "where"
 ) -> list[QAExample]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from common.data import check_where
 from common.model_id import model_problem
 from common.retrieval.index_folder import is_index_folder
 from common.rewards import ESTIMATORS, REWARDS, OutcomeReward, RewardConfig, load_part
@@ -104,12 +105,7 @@ class AssetsConfig:
 
     def __post_init__(self) -> None:
         for name in ("train_where", "dev_where"):
-            for key, values in getattr(self, name).items():
-                if not values or not all(str(v).strip() for v in values):
-                    raise ValueError(
-                        f"assets.{name}.{key} must list at least one non-empty value, "
-                        f"got {values!r}"
-                    )
+            check_where(getattr(self, name), f"assets.{name}")
 
 
 @dataclass

@@ -293,22 +293,29 @@ def test_the_defaults_are_today_s_rewards():
     assert evi.reward.estimator() is backoff_advantages
 
 
+def one_grpo_step(world: Path, run_dir: Path, *reward: str) -> tuple[dict, dict]:
+    """One step of the search GRPO loop on the tiny world (HF engine, 2 questions x 4) with
+    ``reward`` overrides: the loop's result and the step's metrics row."""
+    from common.search_grpo import train_grpo
+    from common.train import read_metrics
+
+    over = [
+        f"world={world}", f"model={world / 'model'}", f"run_dir={run_dir}", "steps=1",
+        "questions_per_step=2", "n=4", "eval_every=0", "loss.micro_batch_size=4",
+        "engine.backend=hf", *reward,
+    ]  # fmt: skip
+    out = train_grpo(load_config(GRPOConfig, ROOT / "common/configs/grpo_tiny.yaml", over))
+    (row,) = read_metrics(run_dir / "metrics.jsonl")
+    return out, row
+
+
 @pytest.mark.slow
 def test_a_user_reward_by_import_path_trains_the_search_grpo_loop(
     tiny_world, tmp_path, user_module
 ):
-    from common.search_grpo import train_grpo
-    from common.train import read_metrics
-
     run_dir = tmp_path / "run"
-    over = [
-        f"world={tiny_world}", f"model={tiny_world / 'model'}", f"run_dir={run_dir}",
-        "steps=1", "questions_per_step=2", "n=4", "eval_every=0", "loss.micro_batch_size=4",
-        "engine.backend=hf", "reward.fn=my_rewards:answered",
-        "reward.advantage=my_rewards:flat_advantages",
-    ]  # fmt: skip
-    out = train_grpo(load_config(GRPOConfig, ROOT / "common/configs/grpo_tiny.yaml", over))
-    (row,) = read_metrics(run_dir / "metrics.jsonl")
+    out, row = one_grpo_step(tiny_world, run_dir, "reward.fn=my_rewards:answered",
+                             "reward.advantage=my_rewards:flat_advantages")  # fmt: skip
     samples = json.loads((run_dir / "samples" / "step_00001.json").read_text())
     # the reward is the share of rollouts with an answer, its own metric logged beside it
     assert row["reward"] == pytest.approx(row["valid_answer_rate"])
@@ -352,18 +359,9 @@ def test_arco_s_dense_advantages_from_a_step_scorer_train_the_search_grpo_loop(
     import my_rewards
 
     from arco.advantages import dense_advantages
-    from common.search_grpo import train_grpo
-    from common.train import read_metrics
 
-    run_dir = tmp_path / "run"
-    over = [
-        f"world={tiny_world}", f"model={tiny_world / 'model'}", f"run_dir={run_dir}",
-        "steps=1", "questions_per_step=2", "n=4", "eval_every=0", "loss.micro_batch_size=4",
-        "engine.backend=hf", "reward.step_scorer=my_rewards:SearchesPay",
-        "reward.advantage=my_rewards:Recorded",
-    ]  # fmt: skip
-    train_grpo(load_config(GRPOConfig, ROOT / "common/configs/grpo_tiny.yaml", over))
-    (row,) = read_metrics(run_dir / "metrics.jsonl")
+    _, row = one_grpo_step(tiny_world, tmp_path / "run", "reward.step_scorer=my_rewards:SearchesPay",
+                           "reward.advantage=my_rewards:Recorded")  # fmt: skip
     assert row["time/step_scorer"] >= 0 and my_rewards.SEEN  # the questions reached the scorer
     ((extras, scores, adv),) = my_rewards.Recorded.CALLS
     assert len(scores) == len(adv) == 8 and extras["response_tokens"] == [len(a) for a in adv]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from arco.environment import EnvironmentConfig
 from arco.rubric_prompt import (
@@ -383,6 +383,10 @@ class RLConfig:
             "id), e.g. experiments.step_scorers:TeacherEvidenceSteps; μ is then not used in RL"
         },
     )
+    step_scorer_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"help": "keyword arguments for a step_scorer that is a class"},
+    )
     mu_single_forward: bool = field(
         default=True,
         metadata={
@@ -412,10 +416,14 @@ class RLConfig:
                 raise ValueError(f"rl.{name}={getattr(self, name)}; must be >= 0")
         if self.step_scorer != "rubric":
             self.scorer()  # imports and has the step scorer's signature
+        elif self.step_scorer_args:
+            raise ValueError("rl.step_scorer_args is set but rl.step_scorer is rubric (μ's own)")
 
     def scorer(self) -> StepScorer:
         """The external step scorer ``step_scorer`` names (not ``rubric``)."""
-        return load_part(self.step_scorer, "rl.step_scorer", "step scorer", {})
+        return load_part(
+            self.step_scorer, "rl.step_scorer", "step scorer", {}, self.step_scorer_args
+        )
 
 
 @dataclass

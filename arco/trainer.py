@@ -53,7 +53,13 @@ from arco.steps import Episode, episode_from_trajectory
 from arco.token_counts import arco_token_metrics
 from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_slice
 from common.config import ConfigError
-from common.rewards import RewardContext, StepScorer, check_step_scores, groups_of
+from common.rewards import (
+    RewardContext,
+    StepScorer,
+    check_step_scores,
+    groups_of,
+    step_scorer_metrics,
+)
 from common.rl import logprobs_from_logits
 from common.rl_loop import (
     all_ranks_mean,
@@ -699,6 +705,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
                 t0 = time.perf_counter()
                 ctx = RewardContext(train.model, tokenizer, engine, step, {"examples": by_id})
                 scores = external_step_scores(step_scorer, trajs, ctx, rl.step_scorer)
+                mu_stats.update(step_scorer_metrics(step_scorer))
                 timings["step_scorer"] = time.perf_counter() - t0
             step_adv = global_dense_advantages(scores, kinds, rl.c, rl.invalid_bucket, train.rank)
         else:

@@ -17,8 +17,9 @@ engine, and a method's own inputs in ``extra`` (EviBack's teacher verdicts, CER'
 Built-ins here: the rewards ``exact_match`` and ``f1`` (the search agent's), the estimators
 ``grpo`` and ``rloo`` (``common.rl``'s). A method package keeps its own instances (CER's family
 in ``cer.group_reward``, EviBack's backoff in ``eviback.backoff``). A config names one by a
-built-in name or an import path, ``reward.fn=package.module:Name`` (a class is instantiated
-without arguments); ``load_part`` resolves and checks it when the config is built. A user's
+built-in name or an import path, ``reward.fn=package.module:Name`` (a class is instantiated,
+with the keyword arguments of a ``*_args`` mapping where the config has one, e.g.
+``reward.step_scorer_args``); ``load_part`` resolves and checks it when the config is built. A user's
 reward, in ``my_rewards.py`` on the path::
 
     import torch
@@ -91,6 +92,9 @@ class OutcomeReward(Protocol):
 
 
 class StepScorer(Protocol):
+    """One score per agent step. A scorer may also keep ``last_metrics`` (a mapping of floats:
+    what its last call counted), which the trainers log as ``step_scorer/<name>``."""
+
     def __call__(self, groups: Sequence[Group], ctx: RewardContext) -> list[list[float]]: ...
 
 
@@ -203,17 +207,30 @@ def check_step_scores(
     return [[float(x) for x in s] for s in scores]
 
 
+def step_scorer_metrics(scorer: Any) -> dict[str, float]:
+    """``scorer.last_metrics`` (optional, see ``StepScorer``) as ``step_scorer/<name>``."""
+    got = getattr(scorer, "last_metrics", None) or {}
+    return {f"step_scorer/{k}": float(v) for k, v in got.items()}
+
+
 REWARDS = {"exact_match": "common.rewards:exact_match", "f1": "common.rewards:f1"}
 ESTIMATORS = {"grpo": "common.rewards:grpo", "rloo": "common.rewards:rloo"}
 PROTOCOLS = {"reward": OutcomeReward, "step scorer": StepScorer, "estimator": AdvantageEstimator}
 
 
-def load_part(spec: str, key: str, kind: str, builtins: Mapping[str, str]) -> Any:
+def load_part(
+    spec: str,
+    key: str,
+    kind: str,
+    builtins: Mapping[str, str],
+    args: Mapping[str, Any] | None = None,
+) -> Any:
     """The callable ``spec`` names: a built-in name (``builtins``: name -> import path) or
-    ``package.module:Name`` (a class is instantiated without arguments). ``kind`` is a key of
+    ``package.module:Name`` (a class is instantiated with ``args`` as keyword arguments, none
+    when empty; ``args`` for anything but a class is an error). ``kind`` is a key of
     ``PROTOCOLS``; the callable must accept the protocol's positional parameters. Raises
-    ``ValueError`` naming config key ``key`` when it does not import, is not callable, or does
-    not take them."""
+    ``ValueError`` naming config key ``key`` when it does not import, cannot be built from
+    ``args``, is not callable, or does not take them."""
     path = builtins.get(spec, spec)
     module, sep, name = path.partition(":")
     if not (sep and module and name):
@@ -228,8 +245,21 @@ def load_part(spec: str, key: str, kind: str, builtins: Mapping[str, str]) -> An
         raise ValueError(
             f"{key}={spec!r} does not import: {type(e).__name__}: {e}".splitlines()[0]
         ) from None
+    args = dict(args or {})
     if inspect.isclass(obj):
-        obj = obj()
+        try:
+            inspect.signature(obj).bind(**args)
+        except TypeError as e:
+            raise ValueError(f"{key}={spec!r} does not take the arguments {sorted(args)}: {e} "
+                             f"(it takes {_signature_text(obj)})") from None  # fmt: skip
+        try:
+            obj = obj(**args)
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            raise ValueError(f"{key}={spec!r}: {e}") from None
+    elif args:
+        raise ValueError(
+            f"{key}={spec!r} is not a class, so it takes no arguments (given {sorted(args)})"
+        )
     if not callable(obj):
         raise ValueError(f"{key}={spec!r} is not callable ({type(obj).__name__})")
     wanted = [

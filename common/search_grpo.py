@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,6 +32,7 @@ from common.rewards import (
     groups_of,
     load_part,
     step_layout,
+    step_scorer_metrics,
 )
 from common.rl_loop import (
     EngineConfig,
@@ -72,12 +74,22 @@ class GRPORewardConfig(RewardConfig):
         default="",
         metadata={
             "help": "one score per agent step, package.module:Name (e.g. "
-            "experiments.step_scorers:TeacherEvidenceSteps); empty: none"
+            "experiments.step_scorers:TeacherEvidenceSteps, arco.step_scorer:RubricSteps); "
+            "empty: none"
+        },
+    )
+    step_scorer_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "keyword arguments for a step scorer that is a class, e.g. "
+            "reward.step_scorer_args.folder=runs/arco/tiny/warmup"
         },
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.step_scorer_args and not self.step_scorer:
+            raise ValueError("reward.step_scorer_args is set but reward.step_scorer is empty")
         needs = getattr(self.estimator(), "needs_step_scores", False)
         if needs and not self.step_scorer:
             raise ValueError(f"reward.advantage={self.advantage!r} needs step scores: set "
@@ -87,7 +99,9 @@ class GRPORewardConfig(RewardConfig):
     def scorer(self) -> StepScorer | None:
         if not self.step_scorer:
             return None
-        return load_part(self.step_scorer, "reward.step_scorer", "step scorer", {})
+        return load_part(
+            self.step_scorer, "reward.step_scorer", "step scorer", {}, self.step_scorer_args
+        )
 
 
 @dataclass
@@ -249,6 +263,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
                 raw, trajs, f"reward.step_scorer={cfg.reward.step_scorer!r}"
             )
             out.extras.update(step_layout(trajs))
+            out.metrics.update(step_scorer_metrics(step_scorer))
             timings["step_scorer"] = time.perf_counter() - t0
         adv = estimator(out, [t.group_id for t in trajs], step_scores)
         upd = update_and_push(train, engine, trajs, adv, cfg.loss, cfg.engine, pad_id, timings)

@@ -231,6 +231,14 @@ USER_REWARDS = '''
             return out
 
         needs_step_scores = True
+
+    class Picky:
+        def __init__(self, level=0):
+            if level < 0:
+                raise ValueError("picky says no")
+
+        def __call__(self, groups, ctx):
+            return []
 '''
 
 
@@ -372,3 +380,35 @@ def test_arco_s_dense_advantages_from_a_step_scorer_train_the_search_grpo_loop(
         assert all(a[i] == 0.0 for i in range(len(a)) if i not in inside)
         for (s, e), v in zip(steps, values, strict=True):
             assert a[s:e] == [v] * (e - s)
+
+
+def test_a_step_scorer_class_takes_its_keyword_arguments_from_the_config(user_module):
+    from arco.config import ArcoConfig
+    from experiments.step_scorers import TeacherEvidenceSteps
+
+    spec = "reward.step_scorer=experiments.step_scorers:TeacherEvidenceSteps"
+    cfg = load_config(GRPOConfig, None, [spec, "reward.step_scorer_args={beta: 0.3, top_m: 2}"])
+    got = cfg.reward.scorer()
+    assert isinstance(got, TeacherEvidenceSteps) and (got.beta, got.top_m) == (0.3, 2)
+    arco = load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml",
+                       [spec.replace("reward.", "rl."), "rl.step_scorer_args.beta=0.5"])  # fmt: skip
+    assert arco.rl.scorer().beta == 0.5
+    bad = [
+        ([spec, "reward.step_scorer_args.btea=1"], r"reward.step_scorer='experiments.step_scorers:"
+         r"TeacherEvidenceSteps' does not take the arguments \['btea'\].*\(it takes \(beta"),
+        (["reward.step_scorer_args.beta=1"], "reward.step_scorer_args is set but "
+         "reward.step_scorer is empty"),
+        (["reward.step_scorer=my_rewards:two_args", "reward.step_scorer_args.x=1"],
+         r"'my_rewards:two_args' is not a class, so it takes no arguments \(given \['x'\]\)"),
+    ]  # fmt: skip
+    for over, message in bad:
+        with pytest.raises(ConfigError, match=message) as e:
+            load_config(GRPOConfig, None, over)
+        assert "\n" not in str(e.value)
+    with pytest.raises(
+        ConfigError, match="rl.step_scorer_args is set but rl.step_scorer is rubric"
+    ):
+        load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml", ["rl.step_scorer_args.beta=1"])
+    # the constructor's own check, as one line naming the key
+    with pytest.raises(ValueError, match=r"^reward.step_scorer='my_rewards:Picky': picky says no$"):
+        load_part("my_rewards:Picky", "reward.step_scorer", "step scorer", {}, {"level": -1})

@@ -65,6 +65,7 @@ from common.train import (
     TrainEngine,
     iter_named_weights,
     load_checkpoint,
+    load_for_training,
     progress,
     read_metrics,
 )
@@ -128,7 +129,7 @@ def make_score_fn(
 
 def train_cer(cfg: CERConfig) -> dict:
     """Run the loop; returns the dev evaluations and the run folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     train_cfg = cfg.train
     # the batch is global (B prompts over all ranks): each rank's share, checked before any load
@@ -151,7 +152,7 @@ def train_cer(cfg: CERConfig) -> dict:
     dev_set, dev_prompts = dev_set[: cfg.eval_questions], dev_prompts[: cfg.eval_questions]
     # resume: continue after run_dir's latest complete checkpoint (none: start at step 0)
     folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # recorded at begin()
-    model = AutoModelForCausalLM.from_pretrained(cfg.assets.model, dtype=torch.float32)
+    model = load_for_training(cfg.assets.model, train_cfg)
     # Before the engine wraps the model (and before ZeRO-3 could partition it); a resumed run's
     # checkpoint loads into the training model only: the frozen scorer stays the initial policy.
     frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.reward.frozen_scorer else None

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from common.batches import BatchLog, group_grad_accum, rank_questions
 from common.config import ConfigError, load_config
 from common.data import DataError, load_qa
@@ -59,6 +57,7 @@ from common.train import (
     TrainEngine,
     iter_named_weights,
     load_checkpoint,
+    load_for_training,
     progress,
 )
 from common.train.logging import LogConfig
@@ -168,7 +167,7 @@ class GRPOConfig(RunLoopConfig):
 
 def train_grpo(cfg: GRPOConfig) -> dict:
     """Run the loop; returns the first and last evaluation."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     # the batch is global: each rank's share, checked before any load
     cfg.train.grad_accum = group_grad_accum(
@@ -183,7 +182,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     run_dir = Path(cfg.run_dir)
     folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.path("model"))
-    model = AutoModelForCausalLM.from_pretrained(cfg.path("model"), dtype=torch.float32)
+    model = load_for_training(cfg.path("model"), cfg.train)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
     if train.is_main:
         (run_dir / "samples").mkdir(exist_ok=True)

@@ -47,6 +47,7 @@ from common.train import (
     TrainEngine,
     iter_named_weights,
     load_checkpoint,
+    load_for_training,
     progress,
 )
 from common.train.run_folder import RunFolder, open_run_folder
@@ -164,7 +165,7 @@ class TeacherOverlap:
 
 def train_eviback(cfg: EviBackConfig) -> dict:
     """Run the loop; returns the dev evaluations (first = before training, last = after)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     # the batch is global: each rank's share, checked before any load
     cfg.train.grad_accum = group_grad_accum(
@@ -187,7 +188,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         folder.close()
         raise
     tokenizer = AutoTokenizer.from_pretrained(a.model)
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    model = load_for_training(a.model, cfg.train)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
     if train.is_main:
         (run_dir / "samples").mkdir(parents=True, exist_ok=True)

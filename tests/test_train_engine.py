@@ -21,6 +21,7 @@ from common.train import (
     build_lora_model,
     export_hf_state_dict,
     iter_named_weights,
+    load_for_training,
 )
 
 SCRIPT = Path(__file__).parent / "scripts" / "ds_two_ranks.py"
@@ -91,6 +92,29 @@ def test_config_takes_betas_as_a_yaml_list():
 def test_bf16_auto_is_fp32_on_cpu():
     assert TrainConfig().use_bf16(torch.device("cpu")) is False
     assert TrainConfig(bf16=True).use_bf16(torch.device("cpu")) is True
+    assert TrainConfig().weights_dtype() is torch.float32  # auto, and no GPU (cpu_only)
+    assert TrainConfig(bf16=True).weights_dtype() is torch.bfloat16
+
+
+def test_a_model_loads_straight_in_the_dtype_training_holds_it_in(tmp_path):
+    """bf16 training loads bf16 weights (no fp32 copy first), equal to an fp32 load cast by the
+    engine; fp32 training loads fp32, equal to the saved weights."""
+    model = tiny_qwen3()
+    model.save_pretrained(tmp_path)
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    bf16 = load_for_training(tmp_path, TrainConfig(bf16=True))
+    assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
+    engine = TrainEngine(tiny_qwen3_from(tmp_path), TrainConfig(bf16=True))  # fp32, then cast
+    cast = dict(engine.model.named_parameters())
+    for name, p in bf16.named_parameters():
+        assert torch.equal(p, cast[name]), name
+    fp32 = load_for_training(tmp_path, TrainConfig(bf16=False))
+    for name, p in fp32.named_parameters():
+        assert p.dtype is torch.float32 and torch.equal(p, saved[name]), name
+
+
+def tiny_qwen3_from(folder: Path) -> torch.nn.Module:
+    return transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
 
 
 # --- stepping ----------------------------------------------------------------------------------

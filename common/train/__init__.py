@@ -1,7 +1,7 @@
 """The training engine: DeepSpeed or plain torch, LoRA adapters, reference model, checkpoints, logs."""
 
 from common.train.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
-from common.train.config import TrainConfig
+from common.train.config import TrainConfig, load_for_training
 from common.train.engine import TrainEngine
 from common.train.export import export_hf_state_dict, iter_named_weights
 from common.train.logging import MetricsLogger, progress, read_metrics, write_env_json
@@ -17,6 +17,7 @@ __all__ = [
     "export_hf_state_dict",
     "find_latest_checkpoint",
     "iter_named_weights",
+    "load_for_training",
     "load_checkpoint",
     "progress",
     "read_metrics",

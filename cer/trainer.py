@@ -152,7 +152,8 @@ def train_cer(cfg: CERConfig) -> dict:
     dev_set, dev_prompts = dev_set[: cfg.eval_questions], dev_prompts[: cfg.eval_questions]
     # resume: continue after run_dir's latest complete checkpoint (none: start at step 0)
     folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # recorded at begin()
-    model = load_for_training(cfg.assets.model, train_cfg)
+    whole = cfg.reward.frozen_scorer or cfg.loss.kl_coef > 0  # copied whole below
+    model = load_for_training(cfg.assets.model, train_cfg, partition=not whole)
     # Before the engine wraps the model (and before ZeRO-3 could partition it); a resumed run's
     # checkpoint loads into the training model only: the frozen scorer stays the initial policy.
     frozen = copy.deepcopy(model).eval().requires_grad_(False) if cfg.reward.frozen_scorer else None

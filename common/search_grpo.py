@@ -182,7 +182,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     run_dir = Path(cfg.run_dir)
     folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.path("model"))
-    model = load_for_training(cfg.path("model"), cfg.train)
+    model = load_for_training(cfg.path("model"), cfg.train, partition=cfg.loss.kl_coef == 0)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
     if train.is_main:
         (run_dir / "samples").mkdir(exist_ok=True)

@@ -188,7 +188,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         folder.close()
         raise
     tokenizer = AutoTokenizer.from_pretrained(a.model)
-    model = load_for_training(a.model, cfg.train)
+    model = load_for_training(a.model, cfg.train, partition=cfg.loss.kl_coef == 0)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
     if train.is_main:
         (run_dir / "samples").mkdir(parents=True, exist_ok=True)

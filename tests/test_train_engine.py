@@ -365,14 +365,21 @@ def replay_single_process(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("zero_stage", "lora", "clip_sets"), [(2, False, False), (3, True, False), (2, True, True)]
-)
+    ("zero_stage", "lora", "clip_sets", "load"),
+    [(2, False, False, False), (3, True, False, False), (2, True, True, False),
+     (3, False, False, True)],
+)  # fmt: skip
 def test_two_deepspeed_ranks_match_the_single_process_path(
-    tmp_path, zero_stage, lora, clip_sets, launch_two_ranks
+    tmp_path, zero_stage, lora, clip_sets, load, launch_two_ranks
 ):
-    """Clip sets: ARCO's parameter groups, π's and μ's adapters clipped apart, under ZeRO-2."""
+    """Clip sets: ARCO's parameter groups, π's and μ's adapters clipped apart, under ZeRO-2.
+    Load: the full model saved and loaded by ``load_for_training``, partitioned by ZeRO-3 as it
+    loads (each rank checks its share), then trained as the in-memory model is."""
     args = [str(SCRIPT), "--zero-stage", str(zero_stage), "--out", str(tmp_path)]
     args += (["--lora"] if lora else []) + (["--clip-sets"] if clip_sets else [])
+    if load:
+        tiny_qwen3().save_pretrained(tmp_path / "model")
+        args += ["--load", str(tmp_path / "model")]
     run = launch_two_ranks(args, one_thread=False)
     output = run.stdout[-20000:] + run.stderr[-20000:]
     assert run.returncode == 0, output

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -88,12 +87,3 @@ class TrainConfig:
         device (CUDA where there is one): bf16 under ``use_bf16``, else fp32."""
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.bfloat16 if self.use_bf16(device) else torch.float32
-
-
-def load_for_training(path: str | Path, config: TrainConfig) -> torch.nn.Module:
-    """The causal LM at ``path`` loaded straight in the dtype training holds it in
-    (``config.weights_dtype()``), so no rank holds an fp32 copy before the cast: for an 8B model
-    16 GB of host memory a rank in bf16, not 32 (the values equal an fp32 load cast to bf16)."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=config.weights_dtype())

@@ -14,6 +14,7 @@ them directly, no master copies, and DeepSpeed runs its fp32 path (its bf16 path
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,51 @@ def _scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> Any:
         num_warmup_steps=config.warmup_steps,
         num_training_steps=config.total_steps,
     )
+
+
+def deepspeed_config(config: TrainConfig, bf16: bool, global_clip: bool = True) -> dict[str, Any]:
+    """DeepSpeed's config for ``config``: ZeRO stage, bf16, accumulation and (``global_clip``)
+    its own gradient clipping; also what a ZeRO-3 load partitions under (``load_for_training``)."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,  # DeepSpeed's batch bookkeeping only
+        "gradient_accumulation_steps": config.grad_accum,
+        "gradient_clipping": config.max_grad_norm if global_clip else 0.0,
+        "zero_optimization": {"stage": config.zero_stage},
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 2**31 - 1,
+    }
+
+
+def is_partitioned(model: nn.Module) -> bool:
+    """Whether ZeRO-3 holds ``model``'s parameters in partitions (``ds_id`` on them)."""
+    return any(hasattr(p, "ds_id") for p in model.parameters())
+
+
+def load_for_training(path: str | Path, config: TrainConfig, partition: bool = True) -> nn.Module:
+    """The causal LM at ``path`` loaded straight in the dtype training holds it in
+    (``config.weights_dtype()``), so no rank holds an fp32 copy before the cast (an 8B model: 16
+    GB of host memory in bf16, not 32; the values equal an fp32 load cast to bf16).
+
+    Under ZeRO-3 on more than one rank (``config.zero_stage`` 3, a launcher's ``WORLD_SIZE``
+    > 1) and with ``partition``, the weights are partitioned as they load (DeepSpeed's
+    ``zero.Init`` through transformers' ``HfDeepSpeedConfig``): each rank holds its 1/world share
+    from the start and never the whole model. Give ``partition=False`` where the caller copies
+    the whole model before training (a full reference model for the KL, CER's frozen scorer)."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = config.weights_dtype()
+    world = int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
+    if not (partition and config.zero_stage == 3 and world > 1):
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    init_distributed()
+    held = HfDeepSpeedConfig(deepspeed_config(config, dtype == torch.bfloat16))
+    try:  # transformers partitions while HfDeepSpeedConfig lives; only this load, not later ones
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    finally:
+        del held
+        unset_hf_deepspeed_config()
 
 
 class _PlainBackend:
@@ -162,15 +208,8 @@ class _DeepSpeedBackend:
         self.set_norms: dict[str, float] = {}
         if self.clip_sets and config.zero_stage not in (1, 2):
             raise ValueError("TrainEngine: per-set gradient clipping needs ZeRO stage 1 or 2")
-        ds_config = {
-            "train_micro_batch_size_per_gpu": 1,  # DeepSpeed's batch bookkeeping only
-            "gradient_accumulation_steps": config.grad_accum,
-            # per clip set: DeepSpeed's global clip off, each set clipped before AdamW's step
-            "gradient_clipping": 0.0 if self.clip_sets else config.max_grad_norm,
-            "zero_optimization": {"stage": config.zero_stage},
-            "bf16": {"enabled": bf16},
-            "steps_per_print": 2**31 - 1,
-        }
+        # per clip set: DeepSpeed's global clip off, each set clipped before AdamW's step
+        ds_config = deepspeed_config(config, bf16, global_clip=not self.clip_sets)
         self.config = config
         self.engine, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=model,
@@ -277,12 +316,20 @@ class TrainEngine:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
-        keep_fp32 = getattr(model, "fp32_parameter", None) if self.bf16 else None
-        kept = {n: p.data for n, p in model.named_parameters() if keep_fp32 and keep_fp32(n)}
-        model.to(self.device, dtype=torch.bfloat16 if self.bf16 else torch.float32)
-        for name, p in model.named_parameters():
-            if name in kept:  # from the weights as given: a bf16 round trip would round them
-                p.data = kept[name].to(self.device, torch.float32)
+        if is_partitioned(model):  # loaded under ZeRO-3 (load_for_training): placed and cast
+            if self.world_size == 1 or config.zero_stage != 3:
+                raise ValueError(
+                    "TrainEngine: the model was partitioned by ZeRO-3 at load; train it under "
+                    f"ZeRO-3 on the same ranks (zero_stage={config.zero_stage}, "
+                    f"world size {self.world_size})"
+                )
+        else:
+            keep_fp32 = getattr(model, "fp32_parameter", None) if self.bf16 else None
+            kept = {n: p.data for n, p in model.named_parameters() if keep_fp32 and keep_fp32(n)}
+            model.to(self.device, dtype=torch.bfloat16 if self.bf16 else torch.float32)
+            for name, p in model.named_parameters():
+                if name in kept:  # from the weights as given: a bf16 round trip would round them
+                    p.data = kept[name].to(self.device, torch.float32)
         # Before DeepSpeed: a ZeRO-3 model can no longer be copied whole.
         self.reference = ReferenceModel(model) if reference else None
         params = [p for p in model.parameters() if p.requires_grad]

@@ -1,8 +1,10 @@
 """Two DeepSpeed ranks train the tiny Qwen3 for 3 optimizer steps on rank-dependent data.
 
 Launched by tests/test_train_engine.py as `deepspeed --num_gpus 2 ds_two_ranks.py --zero-stage S
---out DIR [--lora] [--clip-sets]` (``--clip-sets``: the LoRA model with ARCO's parameter groups,
-the policy and rubric adapters each in its own clip set) (on a CPU machine DeepSpeed's CPU accelerator runs the ranks over gloo). Each rank
+--out DIR [--lora] [--clip-sets] [--load MODEL]` (``--clip-sets``: the LoRA model with ARCO's
+parameter groups, the policy and rubric adapters each in its own clip set; ``--load``: the tiny
+Qwen3 saved in MODEL, loaded by ``load_for_training``, which under ZeRO-3 partitions it as it
+loads: each rank checks that it never held more than its share) (on a CPU machine DeepSpeed's CPU accelerator runs the ranks over gloo). Each rank
 checks that all ranks hold the same, changed weights, that a checkpoint round trip restores
 weights and optimizer, and rank 0 writes DIR/result.pt with the batches it saw, for the test to
 replay on the single-process path.
@@ -24,6 +26,7 @@ from common.train import (
     build_lora_model,
     export_hf_state_dict,
     load_checkpoint,
+    load_for_training,
     save_checkpoint,
 )
 
@@ -69,10 +72,27 @@ def param_groups(model: torch.nn.Module, clip_sets: bool) -> list[dict] | None:
     ]
 
 
-def build_engine(lora: bool, zero_stage: int, clip_sets: bool, grad_accum: int = GRAD_ACCUM):
+def loaded_partitioned(folder: Path, config: TrainConfig) -> torch.nn.Module:
+    """The saved tiny Qwen3 through ``load_for_training``; under ZeRO-3 every parameter is
+    already a partition of at most ceil(n / 2) values on this rank, its full tensor empty."""
+    model = load_for_training(folder, config)
+    if config.zero_stage == 3:
+        for name, p in model.named_parameters():
+            assert hasattr(p, "ds_id") and p.numel() == 0, name
+            assert p.ds_tensor.numel() <= -(-p.ds_numel // 2), (name, p.ds_tensor.numel())
+    return model
+
+
+def build_engine(
+    lora: bool,
+    zero_stage: int,
+    clip_sets: bool,
+    grad_accum: int = GRAD_ACCUM,
+    load: Path | None = None,
+):
     """The engine the script trains (and the test replays on one process)."""
-    model = build_model(lora or clip_sets)
     config = train_config(zero_stage, grad_accum)
+    model = loaded_partitioned(load, config) if load else build_model(lora or clip_sets)
     if clip_sets:  # a clip the adapters' gradients (norms 0.1-0.15) do reach
         config = dataclasses.replace(config, max_grad_norm=CLIP_SETS_NORM)
     return TrainEngine(model, config, param_groups=param_groups(model, clip_sets))
@@ -137,12 +157,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--clip-sets", action="store_true")
+    parser.add_argument("--load", type=Path, default=None)
     parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
     args = parser.parse_args()
 
     args.lora = args.lora or args.clip_sets
     adapters = ["policy", "rubric"] if args.lora else [None]
-    engine = build_engine(args.lora, args.zero_stage, args.clip_sets)
+    engine = build_engine(args.lora, args.zero_stage, args.clip_sets, load=args.load)
     assert engine.world_size == 2, engine.world_size
     initial = flat_weights(engine, adapters)
     assert_same_on_all_ranks(initial, "initial weights")
@@ -161,7 +182,7 @@ def main() -> None:
     train_step(engine, STEPS, args.lora)
     continued = flat_weights(engine, adapters)
 
-    resumed_engine = build_engine(args.lora, args.zero_stage, args.clip_sets)
+    resumed_engine = build_engine(args.lora, args.zero_stage, args.clip_sets, load=args.load)
     data_state = load_checkpoint(resumed_engine, run_dir / "checkpoints" / f"step_{STEPS}")
     assert data_state == {"position": STEPS}, data_state
     assert resumed_engine.global_step == STEPS

@@ -109,7 +109,9 @@ def load_for_training(path: str | Path, config: TrainConfig, partition: bool = T
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
 
-    init_distributed()
+    rank, _, _ = init_distributed()
+    if rank == 0:
+        print(f"[train] ZeRO-3: {path} partitioned over {world} ranks as it loads", flush=True)
     held = HfDeepSpeedConfig(deepspeed_config(config, dtype == torch.bfloat16))
     try:  # transformers partitions while HfDeepSpeedConfig lives; only this load, not later ones
         return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)

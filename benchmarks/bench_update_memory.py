@@ -7,6 +7,13 @@ process on CPU in fp32 with a k3 KL to the reference (kl_coef > 0); the reported
 process's peak RSS during the update minus its peak before it (model, engine and batch built).
 
     python benchmarks/bench_update_memory.py [--cases 2x256,2x1024,4x512] [--chunk 1024]
+    python benchmarks/bench_update_memory.py --paper
+
+``--paper``: each paper config's own update shape (EviBack's and CER's, read with their config
+loaders: ``loss.micro_batch_size`` sequences of the longest length the config allows,
+``agent.max_context`` or ``max_prompt_tokens + max_response_tokens``, at its ``kl_coef`` and
+``logprob_chunk``), the chunked head only: the whole-logits path would need about four times
+the whole fp32 logits (measured below at 2 x 1,024: 4,775 MiB for 1,187 MiB), tens of GB.
 
 Prints a markdown table.
 """
@@ -45,7 +52,7 @@ def old_reference_logprobs(self, input_ids, attention_mask=None, chunk_size=1024
         return logp.gather(-1, input_ids[:, 1:, None])[..., 0]
 
 
-def one(batch: int, length: int, path: str, chunk: int) -> dict[str, float]:
+def one(batch: int, length: int, path: str, chunk: int, kl_coef: float = 0.1) -> dict[str, float]:
     """One update in this process: {"peak_mib": growth of peak RSS, "seconds": wall time}."""
     import torch
     import transformers
@@ -66,7 +73,7 @@ def one(batch: int, length: int, path: str, chunk: int) -> dict[str, float]:
         tie_word_embeddings=True,
     )
     engine = TrainEngine(
-        transformers.Qwen3ForCausalLM(config), TrainConfig(lr=1e-5), reference=True
+        transformers.Qwen3ForCausalLM(config), TrainConfig(lr=1e-5), reference=kl_coef > 0
     )
     if path == "old":
         rl_loop.forward_logprobs = old_forward_logprobs
@@ -80,7 +87,7 @@ def one(batch: int, length: int, path: str, chunk: int) -> dict[str, float]:
         n = length - 32
         t.append(torch.randint(0, VOCAB, (n,), generator=g).tolist(), True, [0.0] * n)
         trajs.append(t)
-    cfg = rl_loop.LossConfig(micro_batch_size=batch, kl_coef=0.1, logprob_chunk=chunk)
+    cfg = rl_loop.LossConfig(micro_batch_size=batch, kl_coef=kl_coef, logprob_chunk=chunk)
     advantages = torch.randn(batch, generator=g)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
@@ -90,6 +97,58 @@ def one(batch: int, length: int, path: str, chunk: int) -> dict[str, float]:
     return {"peak_mib": (after - before) / 1024, "seconds": seconds}
 
 
+def paper_shapes() -> list[dict]:
+    """One row per distinct update shape of the EviBack and CER paper configs."""
+    from cer.config import CERConfig
+    from common.config import load_config
+    from eviback.config import EviBackConfig
+
+    shapes: dict[tuple, dict] = {}
+    for path in sorted((ROOT / "eviback" / "configs").glob("qwen3_*.yaml")):
+        cfg = load_config(EviBackConfig, path)
+        key = (cfg.loss.micro_batch_size, cfg.agent.max_context, cfg.loss.kl_coef,
+               cfg.loss.logprob_chunk)  # fmt: skip
+        shapes.setdefault(key, {"configs": []})["configs"].append(f"eviback/{path.stem}")
+    for path in sorted((ROOT / "cer" / "configs").glob("qwen3_*.yaml")):
+        cfg = load_config(CERConfig, path)
+        length = cfg.max_prompt_tokens + cfg.max_response_tokens
+        key = (cfg.loss.micro_batch_size, length, cfg.loss.kl_coef, cfg.loss.logprob_chunk)
+        shapes.setdefault(key, {"configs": []})["configs"].append(f"cer/{path.stem}")
+    return [
+        {"batch": b, "length": t, "kl_coef": kl, "chunk": c, **v}
+        for (b, t, kl, c), v in shapes.items()
+    ]
+
+
+def run_one(batch: int, length: int, path: str, chunk: int, kl_coef: float) -> dict:
+    """``one`` in a fresh process (its peak RSS is this update's alone)."""
+    command = [sys.executable, __file__, "--one", str(batch), str(length), path]
+    command += ["--chunk", str(chunk), "--kl-coef", str(kl_coef)]
+    run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if run.returncode:
+        raise SystemExit(f"{batch}x{length} {path}: {run.stderr[-3000:]}")
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def paper_table() -> list[str]:
+    rows = [
+        "| configs | B x T | kl_coef | chunk | whole logits fp32 | old path (est. 4x) "
+        "| new: peak MiB | new s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for shape in paper_shapes():
+        b, t = shape["batch"], shape["length"]
+        out = run_one(b, t, "new", shape["chunk"], shape["kl_coef"])
+        whole = b * t * VOCAB * 4 / 2**30
+        rows.append(
+            f"| {', '.join(shape['configs'])} | {b} x {t:,} | {shape['kl_coef']} "
+            f"| {shape['chunk']} | {whole:,.1f} GiB | ~{4 * whole:,.0f} GiB "
+            f"| {out['peak_mib']:,.0f} | {out['seconds']:.1f} |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -97,11 +156,20 @@ def main() -> None:
     )
     parser.add_argument("--chunk", type=int, default=1024, help="loss.logprob_chunk")
     parser.add_argument("--paths", default="old,new")
+    parser.add_argument("--kl-coef", type=float, default=0.1)
+    parser.add_argument(
+        "--paper", action="store_true", help="each paper config's update shape (new path)"
+    )
     parser.add_argument("--one", nargs=3, metavar=("B", "T", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         b, t, path = args.one
-        print(json.dumps(one(int(b), int(t), path, args.chunk)))
+        print(json.dumps(one(int(b), int(t), path, args.chunk, args.kl_coef)))
+        return
+    if args.paper:
+        rows = paper_table()
+        print(f"\nV = {VOCAB:,}, fp32, CPU, one update in a fresh process each\n")
+        print("\n".join(rows))
         return
     rows = ["| B | T | logits [B, T, V] fp32 | old: peak MiB | new: peak MiB | old s | new s |"]
     rows.append("|---|---|---|---|---|---|---|")
@@ -109,12 +177,7 @@ def main() -> None:
         b, t = (int(x) for x in case.split("x"))
         out = {}
         for path in args.paths.split(","):
-            command = [sys.executable, __file__, "--one", str(b), str(t), path]
-            command += ["--chunk", str(args.chunk)]
-            run = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-            if run.returncode:
-                raise SystemExit(f"{case} {path}: {run.stderr[-3000:]}")
-            out[path] = json.loads(run.stdout.strip().splitlines()[-1])
+            out[path] = run_one(b, t, path, args.chunk, args.kl_coef)
         whole = b * t * VOCAB * 4 / 2**20
         old, new = out.get("old", {}), out.get("new", {})
         cells = [f"{x.get(k, float('nan')):,.0f}" for x in (old, new) for k in ["peak_mib"]]

@@ -232,6 +232,18 @@ USER_REWARDS = '''
 
         needs_step_scores = True
 
+    def old_em(groups, ctx):
+        """The reference loop's reward before the parts (common.rl_loop.em_rewards)."""
+        from common.rl_loop import em_rewards
+
+        return Rewards(em_rewards([t for g in groups for t in g.trajectories]))
+
+    def old_grpo(rewards, group_ids, step_scores):
+        """The reference loop's advantages before the parts."""
+        from common.rl import group_normalized_advantages
+
+        return group_normalized_advantages(rewards.values, group_ids)
+
     class Picky:
         def __init__(self, level=0):
             if level < 0:
@@ -330,6 +342,27 @@ def test_a_user_reward_by_import_path_trains_the_search_grpo_loop(
     assert row["answered_count"] == 8
     assert all(s["reward"] == float(s["answer"] is not None) for s in samples)
     assert out["before"] is None
+
+
+@pytest.mark.slow
+def test_the_parts_train_the_reference_loop_as_its_code_before_them_did(
+    tiny_world, tmp_path, user_module
+):
+    """The default parts (exact_match, grpo) against the functions the loop called before
+    them (``em_rewards``, ``group_normalized_advantages``, as a user's parts), on the same
+    seed: the same metrics (times aside) and the same samples. The fixture's random model never
+    answers, so EM is 0 throughout and this checks the loop around the parts (rollouts, the
+    update, the logs); their values on groups with right and wrong answers are compared with the
+    old functions above (``test_exact_match_and_f1_by_hand_and_equal_to_the_loop_s_old_reward``)."""
+    _, parts = one_grpo_step(tiny_world, tmp_path / "parts")
+    _, old = one_grpo_step(tiny_world, tmp_path / "old", "reward.fn=my_rewards:old_em",
+                           "reward.advantage=my_rewards:old_grpo")  # fmt: skip
+    untimed = [k for k in parts if not k.startswith("time/")]
+    assert sorted(untimed) == sorted(k for k in old if not k.startswith("time/"))
+    assert {k: parts[k] for k in untimed} == {k: old[k] for k in untimed}
+    assert parts["reward"] == 0.0 and "loss" in parts  # the random model: no answer, no signal
+    same = [(tmp_path / r / "samples" / "step_00001.json").read_text() for r in ("parts", "old")]
+    assert same[0] == same[1]
 
 
 def test_step_layout_and_spread_to_tokens_by_hand():

@@ -42,6 +42,9 @@ def test_cer_paper_config_on_two_ranks(tmp_path):
     assert train["reward/cer"] > 0 and train["mixed_group_share"] > 0
     assert train["nonzero_grad_steps"] == 2
     assert "--num_gpus 2" in stages["train"]["command"]
+    # ZeRO-3 and no copy of the whole model (no KL, no frozen scorer): partitioned as it loads
+    for stage in ("train", "resume"):
+        assert "partitioned over 2 ranks as it loads" in Path(stages[stage]["log"]).read_text()
     # both ranks' tokens summed: the update's equal the cost model's for the same shapes
     tokens = {e["category"]: e for e in train["tokens"]}
     for category in ("generation", "update"):

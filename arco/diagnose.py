@@ -242,13 +242,11 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     write μ's rubrics for every step, and report action identification and score distributions.
     A checkpoint of ``run_dir`` also gets the accuracy logged into the run's metrics.jsonl at its
     step (``diag/action_id_accuracy``, ``diag/action_id_chance``), where comparisons read it."""
-    from transformers import AutoTokenizer
-
     from arco.environment import build_environment
-    from arco.rubric_model import build_arco_model, read_meta
+    from arco.rubric_model import read_meta
     from arco.rubrics import score_items, write_criteria
     from arco.steps import episode_from_trajectory
-    from arco.trainer import build_engine, check_rubric_matches, make_rubric_items, push_adapters
+    from arco.trainer import build_engine, load_arco_folder, make_rubric_items, push_adapters
     from common.rollout import run_agent
     from common.train import MetricsLogger
 
@@ -256,14 +254,8 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     cfg.check_assets(("model", "dev_file", "retrieval"))
     folder = Path(checkpoint) if checkpoint else default_checkpoint(cfg)
     read_meta(folder)  # a clear error when it is not an ARCO folder
-    tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
+    model, tokenizer = load_arco_folder(cfg, folder)
     pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if cfg.train.use_bf16(device) else torch.float32  # as in training
-    model = build_arco_model(
-        cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, folder, dtype=dtype
-    ).to(device)
-    check_rubric_matches(cfg, model, str(folder))
     retriever, agent_cfg = build_environment(
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
     )

@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from arco.config import ArcoConfig
 from common.rewards import Group, RewardContext
 
@@ -78,20 +76,10 @@ class RubricSteps:
         self._mu: Any = None
 
     def _load(self) -> None:
-        from transformers import AutoTokenizer
-
-        from arco.rubric_model import build_arco_model
-        from arco.trainer import check_rubric_matches
+        from arco.trainer import load_arco_folder
         from common.rollout import HFEngine
 
-        cfg = self.cfg
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.bfloat16 if cfg.train.use_bf16(device) else torch.float32
-        tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
-        model = build_arco_model(
-            cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, self.path, dtype=dtype
-        ).to(device)
-        check_rubric_matches(cfg, model, str(self.path))
+        model, tokenizer = load_arco_folder(self.cfg, self.path)
         model.eval()  # every use below is under no_grad (HF generate, score_items)
         self._mu = (model, tokenizer, HFEngine(model.lm, tokenizer))
 

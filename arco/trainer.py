@@ -136,6 +136,20 @@ def check_rubric_matches(cfg: ArcoConfig, model: ArcoModel, where: str) -> None:
         )
 
 
+def load_arco_folder(cfg: ArcoConfig, folder: Path) -> tuple[ArcoModel, object]:
+    """An ARCO folder's model (base, adapters, head) for use outside training, on CUDA where
+    there is one, in the dtype training used, checked against ``cfg``'s rubric; and the tokenizer."""
+    from transformers import AutoTokenizer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if cfg.train.use_bf16(device) else torch.float32  # as in training
+    model = build_arco_model(
+        cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, folder, dtype=dtype
+    ).to(device)
+    check_rubric_matches(cfg, model, str(folder))
+    return model, AutoTokenizer.from_pretrained(cfg.assets.model)
+
+
 def make_rubric_items(cfg: ArcoConfig, episodes: Sequence[Episode], tokenizer) -> list[RubricItem]:
     """μ's items for every step of ``episodes`` under the config's rubric (mode, prefix, K)."""
     r = cfg.rubric

@@ -181,9 +181,22 @@ class RubricConfig:
         default=REQUEST_TEMPLATE,
         metadata={"help": "the request closing μ's user prompt, with {k} and {example}"},
     )
+    request_in: Literal["user", "system"] = field(
+        default="user",
+        metadata={
+            "help": "where the request goes: user (the spec's layout: after the action) or "
+            "system (after the system text, the same in every prompt: vLLM's prefix cache and "
+            "the shared-prefix trunk share it; fewer μ tokens, a different prompt)"
+        },
+    )
 
     def templates(self) -> dict[str, str]:
-        return {"task": self.task, "system": self.system, "request": self.request}
+        return {
+            "task": self.task,
+            "system": self.system,
+            "request": self.request,
+            "request_in": self.request_in,
+        }
 
     @property
     def head_k(self) -> int:

@@ -27,6 +27,7 @@ DEFAULT_TASK = (
     "one up; once none remain, the agent must finish with an answer."
 )
 PREFIX_MODES = ("before", "after", "none")
+REQUEST_PLACES = ("user", "system")
 RUBRIC_MODES = ("adaptive", "fixed", "none")
 
 SYSTEM_TEMPLATE = (
@@ -85,6 +86,7 @@ def rubric_messages(
     task: str = DEFAULT_TASK,
     system: str = SYSTEM_TEMPLATE,
     request: str = REQUEST_TEMPLATE,
+    request_in: str = "user",
 ) -> list[dict[str, str]]:
     """The [system, user] chat messages asking μ for the K criteria of step ``t``.
 
@@ -95,6 +97,11 @@ def rubric_messages(
     ``prefix``: "before" shows steps < t and the budget before a_t; "after" (the release's RL
     bug) also shows step t's own action and observation and the release's budget after the step
     (``release_budget_after``); "none" shows neither trajectory nor budget.
+
+    ``request_in``: "user" closes the user text with the request (the spec's layout); "system"
+    ends the system text with it instead, so every rubric prompt starts with the same system
+    text, request included, and a step's own part is the question, trajectory, budget and action
+    (vLLM's prefix cache and the shared-prefix trunk then share the request too).
     """
     if prefix not in PREFIX_MODES:
         raise ValueError(f"prefix must be one of {PREFIX_MODES}, got {prefix!r}")
@@ -102,6 +109,8 @@ def rubric_messages(
         raise ValueError(f"t must index one of the {len(steps)} steps, got {t}")
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
+    if request_in not in REQUEST_PLACES:
+        raise ValueError(f"request_in must be one of {REQUEST_PLACES}, got {request_in!r}")
     step = steps[t]
     parts = [f"Question: {question.strip()}"]
     if prefix != "none":
@@ -110,10 +119,15 @@ def rubric_messages(
         parts.append(f"Trajectory so far:\n{_history(shown)}")
         parts.append(f"Searches remaining before this action: {budget}")
     parts.append(f"Action being evaluated: {step.action}")
+    system_text = system.format(task=task)
     if request:
-        parts.append(request.format(k=k, example=format_criteria(["..."] * k)))
+        asked = request.format(k=k, example=format_criteria(["..."] * k))
+        if request_in == "system":
+            system_text += "\n\n" + asked
+        else:
+            parts.append(asked)
     return [
-        {"role": "system", "content": system.format(task=task)},
+        {"role": "system", "content": system_text},
         {"role": "user", "content": "\n\n".join(parts)},
     ]
 

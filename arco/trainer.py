@@ -111,7 +111,8 @@ def push_adapters(engine, model: ArcoModel) -> None:
 
 def rubric_settings(cfg: ArcoConfig) -> dict:
     """What μ's training depends on, written into ``arco.json`` and checked when loading it."""
-    return {"mode": cfg.rubric.mode, "prefix": cfg.rubric.prefix, "k": cfg.rubric.k}
+    r = cfg.rubric
+    return {"mode": r.mode, "prefix": r.prefix, "k": r.k, "request_in": r.request_in}
 
 
 def check_rubric_matches(cfg: ArcoConfig, model: ArcoModel, where: str) -> None:
@@ -127,6 +128,12 @@ def check_rubric_matches(cfg: ArcoConfig, model: ArcoModel, where: str) -> None:
         raise ValueError(
             f"{where}: μ was trained with rubric.mode={meta['mode']}, this run has "
             f"{cfg.rubric.mode} (run the warmup with the same rubric settings)"
+        )
+    trained_in = meta.get("request_in", "user")  # folders written before the option: user
+    if cfg.rubric.mode != "none" and trained_in != cfg.rubric.request_in:
+        raise ValueError(
+            f"{where}: μ was trained with rubric.request_in={trained_in}, this run has "
+            f"{cfg.rubric.request_in} (run the warmup with the same rubric settings)"
         )
     prefixes = {meta.get("prefix", cfg.rubric.prefix), cfg.rubric.prefix}
     if len(prefixes) > 1 and "none" in prefixes:

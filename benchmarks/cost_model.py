@@ -371,6 +371,7 @@ def arco_rows(
     question_tokens: int = 25,
     criteria_tokens: int | None = None,
     config: str = ARCO_CONFIG,
+    request_in: str | None = None,
 ) -> tuple[list[Row], str]:
     """ARCO per step, sparse and dense phase, and the outcome-only baseline in the same trainer
     (``method=outcome_only``: every step a sparse-shaped batch, π_ref's forward after ARCO's
@@ -382,7 +383,8 @@ def arco_rows(
     forward of the same rows came first) plus μ_ref's forward (``mu_kl_coef`` > 0), both over
     one trunk a trajectory (``rubric.shared_prefix``, ``trunk_batch``: the history once, each
     step's tail after it; false: every row whole), π's update over the trajectories plus
-    π_ref's (dense phase)."""
+    π_ref's (dense phase). ``request_in``: where μ's request goes (default: the config's
+    ``rubric.request_in``, else user); the note also gives the other layout's μ tokens."""
     from arco.rubrics import rubric_batch, rubric_items, trunk_batch
     from arco.steps import AgentStep, Episode
     from common.rollout.agent import build_prompt_ids
@@ -398,18 +400,31 @@ def arco_rows(
             for t in range(steps - 1)]  # fmt: skip
     acts.append(AgentStep("answer", words(action_tokens), "", budget - steps + 1))
     episode = Episode("q", words(question_tokens), ["a"], acts, "a", 1.0)
-    items = rubric_items([episode], tok, k, rubric["prefix"])
-    prompt_tokens = sum(len(it.prompt_ids) for it in items)
-    # another question: what a batch's trajectories share is the system text alone
-    other = Episode("q2", " ".join(["a"] * question_tokens), ["a"], acts, "a", 1.0)
-    first = cached_prefill([it.prompt_ids for it in items])
-    both = cached_prefill(
-        [it.prompt_ids for it in items + rubric_items([other], tok, k, rubric["prefix"])]
-    )
-    for it in items:
-        it.criteria_ids = [0] * crit
+    place = request_in or rubric.get("request_in", "user")
+    if place not in ("user", "system"):
+        raise ValueError(f"arco request_in must be user or system, got {place!r}")
+
+    def layout(place: str) -> tuple[list, int, int, int, int]:
+        """A layout's rubric items, their prompt tokens, the prefill of one trajectory's
+        prompts and of two trajectories' (another question), and one trajectory's packed
+        tokens."""
+
+        def make(ep: Episode) -> list:
+            return rubric_items([ep], tok, k, rubric["prefix"], request_in=place)
+
+        items = make(episode)
+        # another question: what a batch's trajectories share is the system text alone
+        other = Episode("q2", " ".join(["a"] * question_tokens), ["a"], acts, "a", 1.0)
+        first = cached_prefill([it.prompt_ids for it in items])
+        both = cached_prefill([it.prompt_ids for it in items + make(other)])
+        for it in items:
+            it.criteria_ids = [0] * crit
+        prompts = sum(len(it.prompt_ids) for it in items)
+        return items, prompts, first, both, trunk_batch(items, 0, "cpu").tokens
+
+    items, prompt_tokens, first, both, trunk = layout(place)
     ids, _, _ = rubric_batch(items, 0, "cpu")
-    trunk = trunk_batch(items, 0, "cpu").tokens  # one trajectory's packed tokens
+    _, _, alt_first, alt_both, alt_trunk = layout("system" if place == "user" else "user")
     shared = rubric.get("shared_prefix", True)
     agent = cfg["agent"]
     protocol = get_protocol(agent["protocol"])
@@ -433,6 +448,9 @@ def arco_rows(
         mu_single = (2 + mu_ref) * scored  # the single forward alone, no cache counted
         mu_rows = prefill + written + (1 + mu_ref) * scored  # shared_prefix=false
         mu_after = prefill + written + (1 + mu_ref) * forwarded
+        alt_forwarded = trajs * alt_trunk if shared else scored
+        alt_prefill = alt_first + (trajs - 1) * (alt_both - alt_first)
+        mu_alt = alt_prefill + written + (1 + mu_ref) * alt_forwarded
         g = rl.get("sparse_n", 4)
         outcome = (trajs // g) * pi_prompt + trajs * response + pi_upd  # sparse-shaped batches
         arco_total = pi_gen + pi_upd + mu_after
@@ -466,12 +484,16 @@ def arco_rows(
             f"of it; before issue 23, two forwards and no cache counted, "
             f"{mu_before / policy:.2f}x, μ {mu_before:,}: {mu_after / mu_before:.2f}x of it, the "
             f"single forward alone {mu_single / mu_before:.2f}x; μ's forwards alone, trunk / per "
-            f"row {forwarded / scored:.2f}x), ARCO / outcome-only {arco_total / outcome:.2f}x"
+            f"row {forwarded / scored:.2f}x; with rubric.request_in="
+            f"{'system' if place == 'user' else 'user'}: μ {mu_alt:,}, {mu_alt / policy:.2f}x the "
+            f"policy's tokens, {mu_alt / mu_before:.2f}x of before issue 23), ARCO / outcome-only "
+            f"{arco_total / outcome:.2f}x"
         )
     note = (
         f"ARCO: `{config}`: sparse {rl['sparse_questions']} questions x {rl.get('sparse_n', 4)}, "
         f"dense {rl['dense_questions']} x 1, K = {k}, rubric.max_new_tokens {rubric['max_new_tokens']}, "
-        f"prefix {rubric['prefix']}, shared_prefix {str(shared).lower()}, pi_kl_coef "
+        f"prefix {rubric['prefix']}, shared_prefix {str(shared).lower()}, request_in {place}, "
+        f"pi_kl_coef "
         f"{rl['pi_kl_coef']} (dense), mu_kl_coef "
         f"{rl['mu_kl_coef']}. Assumed: {steps} actions a trajectory ({steps - 1} searches, "
         f"max_searches {budget}), observations of {obs_tokens} tokens (a HotpotQA paragraph), "
@@ -519,8 +541,12 @@ def main(argv: list[str] | None = None) -> None:
     add("--arco-steps", type=int, default=3, help="actions a trajectory (searches + answer)")
     add("--arco-obs-tokens", type=int, default=150, help="tokens an observation")
     add("--arco-criteria-tokens", type=int, default=None, help="default: rubric.max_new_tokens")
+    add("--arco-request-in", choices=("user", "system"), default=None,
+        help="where μ's request goes (default: the config's rubric.request_in)")  # fmt: skip
     args = parser.parse_args(argv)
     for name, value in vars(args).items():
+        if isinstance(value, str):
+            continue
         if value is not None and value < 0 or name.endswith("share") and value > 1:
             parser.error(f"--{name.replace('_', '-')}: {value} is out of range")
     try:
@@ -542,6 +568,7 @@ def main(argv: list[str] | None = None) -> None:
                 steps=args.arco_steps,
                 obs_tokens=args.arco_obs_tokens,
                 criteria_tokens=args.arco_criteria_tokens,
+                request_in=args.arco_request_in,
             ),
         )  # fmt: skip
     except ValueError as e:

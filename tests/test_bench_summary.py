@@ -218,6 +218,33 @@ def test_arco_rubric_prompts_one_a_step():
         cost_model.arco_rows(tok, steps=5)
 
 
+def test_arco_request_in_system_shares_the_request():
+    """μ's request in the system text: the same scored rows (per row unchanged), fewer tokens
+    through μ (trunk and prefill share the request), and each note names the other layout."""
+    import zlib
+
+    tok = cost_model.ChatTokenizer(lambda text: [zlib.crc32(w.encode()) for w in text.split()])
+    mu = "update: μ (forward + backward, the advantages' scores) + μ_ref forward"
+    gen = "reward: rubric generation (μ), prefix caching"
+    by, how, notes = {}, {}, {}
+    for place in ("user", "system"):
+        rows, notes[place] = cost_model.arco_rows(tok, steps=3, request_in=place)
+        by[place] = {(r.method, r.phase): r.tokens for r in rows}
+        how[place] = {(r.method, r.phase): r.how for r in rows}
+    for phase in ("ARCO sparse", "ARCO dense"):
+        assert by["system"][(phase, mu)] < by["user"][(phase, mu)]
+        assert by["system"][(phase, gen)] < by["user"][(phase, gen)]
+        per_row = [h[(phase, mu)].partition("per row: ")[2] for h in how.values()]
+        assert per_row[0] == per_row[1] != ""
+        assert by["system"][(phase, "generation (π)")] == by["user"][(phase, "generation (π)")]
+    assert "request_in user" in notes["user"] and "with rubric.request_in=system" in notes["user"]
+    assert (
+        "request_in system" in notes["system"] and "with rubric.request_in=user" in notes["system"]
+    )
+    with pytest.raises(ValueError, match="request_in"):
+        cost_model.arco_rows(tok, request_in="assistant")
+
+
 def test_cached_prefill_counts_blocks_an_earlier_prompt_computed():
     a = list(range(1, 41))  # 40 tokens: 2 full blocks of 16 + 8
     b = list(range(1, 33)) + [99] * 8  # shares a's 2 full blocks: 8 computed

@@ -199,6 +199,11 @@ def test_a_warmup_for_another_rubric_is_refused(tiny_world):
     fixed = cfg_for(tiny_world, "rubric.mode=fixed", f"rubric.criteria_file={CRITERIA}")
     with pytest.raises(ValueError, match="rubric.mode=adaptive"):
         check_rubric_matches(fixed, model, "w")
+    # the request's place (a folder written before the option was the user layout)
+    with pytest.raises(ValueError, match="rubric.request_in=user, this run has system"):
+        check_rubric_matches(cfg_for(tiny_world, "rubric.request_in=system"), model, "w")
+    model.rubric_meta = {**model.rubric_meta, "request_in": "system"}
+    check_rubric_matches(cfg_for(tiny_world, "rubric.request_in=system"), model, "w")
 
 
 def _changed_after_one_update(tiny_world, tokenizer, *extra: str) -> dict:

@@ -285,3 +285,22 @@ def test_rubric_prompt_ids_turn_thinking_off(tokenizer):
     messages = rubric_messages(QUESTION, STEPS, 0, 3)
     text = qwen3_like.decode(rubric_prompt_ids(qwen3_like, messages))
     assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_request_in_system_moves_the_request_and_nothing_else():
+    user_layout = rubric_messages(QUESTION, STEPS, 1, 3)
+    system_layout = rubric_messages(QUESTION, STEPS, 1, 3, request_in="system")
+    request = user_layout[1]["content"].rpartition("\n\n")[2]
+    assert request.startswith("Write exactly 3 short criterion phrases")
+    assert system_layout[0]["content"] == user_layout[0]["content"] + "\n\n" + request
+    assert system_layout[1]["content"] + "\n\n" + request == user_layout[1]["content"]
+    assert system_layout[1]["content"].endswith(f"Action being evaluated: {STEPS[1].action}")
+    # every step's prompt then opens with the same system text, request included
+    assert {rubric_messages(QUESTION, STEPS, t, 3, request_in="system")[0]["content"]
+            for t in range(3)} == {system_layout[0]["content"]}  # fmt: skip
+    # no request (rubric mode none): the two layouts are one prompt
+    assert rubric_messages(QUESTION, STEPS, 1, 3, request="", request_in="system") == (
+        rubric_messages(QUESTION, STEPS, 1, 3, request="")
+    )
+    with pytest.raises(ValueError, match="request_in"):
+        rubric_messages(QUESTION, STEPS, 1, 3, request_in="assistant")

@@ -172,16 +172,17 @@ def _trunk(model, items, pad_id):
 
 
 CASES = [
-    (prefix, mode, k)
+    (prefix, mode, k, "user")
     for prefix in ("before", "after", "none")
     for mode in ("adaptive", "fixed", "none")
     for k in ((1, 3) if mode == "adaptive" else (3,))
-]
+] + [("before", "adaptive", 3, "system"), ("none", "fixed", 3, "system")]
 
 
-@pytest.mark.parametrize(("prefix", "mode", "k"), CASES)
-def test_trunk_equals_per_row(tiny_world, tokenizer, prefix, mode, k):
+@pytest.mark.parametrize(("prefix", "mode", "k", "request_in"), CASES)
+def test_trunk_equals_per_row(tiny_world, tokenizer, prefix, mode, k, request_in):
     extra = [f"rubric.prefix={prefix}", f"rubric.mode={mode}", f"rubric.k={k}"]
+    extra.append(f"rubric.request_in={request_in}")
     if mode == "fixed":
         extra.append(f"rubric.criteria_file={CRITERIA}")
     cfg = cfg_for(tiny_world, *extra)
@@ -233,6 +234,28 @@ def test_what_each_prefix_shares(tiny_world, tokenizer):
         tb = trunk_batch(items, tokenizer.pad_token_id, "cpu")
         branches = [common_length(it.input_ids, items[2].input_ids) for it in items[:2]]
         assert tb.tokens == tb.row_tokens - sum(branches)
+
+
+def test_request_in_system_is_shared(tiny_world, tokenizer):
+    """rubric.request_in=system: the request is in the shared part of every row, the tails are
+    the budget, the action and the criteria, and the packed trajectory has exactly the request's
+    tokens fewer per non-trunk row than with the request in the user text."""
+    ep = MORE[0]
+    packed = {}
+    for place in ("user", "system"):
+        cfg = cfg_for(tiny_world, f"rubric.request_in={place}")
+        items = _items(cfg, tokenizer, [ep])
+        request = cfg.rubric.request.format(k=3, example=format_criteria(["..."] * 3))
+        for it in items[:2]:
+            branch = common_length(it.input_ids, items[2].input_ids)
+            shared = tokenizer.decode(it.input_ids[:branch])
+            tail = tokenizer.decode(it.input_ids[branch:])
+            assert (request in shared) == (place == "system")
+            assert (request in tail) == (place == "user")
+            assert "Searches remaining before this action" in tail
+        packed[place] = trunk_batch(items, tokenizer.pad_token_id, "cpu")
+    assert packed["system"].row_tokens == packed["user"].row_tokens  # the same tokens, moved
+    assert packed["system"].tokens < packed["user"].tokens
 
 
 @pytest.mark.parametrize("single", ["true", "false"])

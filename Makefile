@@ -31,7 +31,7 @@ endif
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-cer-selfverify \
-	cer-selfverify-assets compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
+	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
 	rehearse-all
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
@@ -187,10 +187,16 @@ compare-arco-paths: $(ARCO_WARM)/arco.json  ## issue 23: ARCO's shared-trunk sin
 	test -f runs/compare/arco_paths/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco_paths/warmup/arco
 	$(PY) -m experiments.compare --spec arco/configs/compare_paths.yaml
 
-# Issue 26: long trajectories (arco/configs/tiny_long.yaml: the 3-hop bridges, 6 free searches).
+# Issue 26: long chains, rare outcomes (arco/configs/tiny_long.yaml): the tiny world of seed 0
+# with its names permuted (nothing recallable), the two 3-search kinds, 6 free searches.
 # ARCO's warmup trains μ on them; PRM's (rubric.mode=none) takes its π. Warmups already there are kept.
 ARCO_LONG := runs/compare/arco_long
-compare-arco-long: warmstart  ## issue 26: ARCO vs PRM and outcome-only on 3-hop questions with 6 searches, 3 seeds
+LONG_WORLD := runs/tinyworld/renamed1
+arco-long-world: $(LONG_WORLD)/manifest.json  ## issue 26: the renamed tiny world tiny_long.yaml plays
+$(LONG_WORLD)/manifest.json:
+	$(PY) -m common.tinyworld build --out $(LONG_WORLD) --seed 0 --rename-seed 1 --holdout 0.2 \
+		--train 4400 --dev 1200 --test 1200
+compare-arco-long: warmstart arco-long-world  ## issue 26: ARCO vs PRM and outcome-only where the chain is long and the outcome rare, 3 seeds
 	test -f $(ARCO_LONG)/warmup/arco/arco.json || $(PY) -m arco warmup \
 		--config arco/configs/tiny_long.yaml warmup_dir=$(ARCO_LONG)/warmup/arco
 	test -f $(ARCO_LONG)/warmup/none/arco.json || $(PY) -m arco warmup \

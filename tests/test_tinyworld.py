@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -31,6 +32,7 @@ from common.tinyworld import (
     generate_world,
     load_world,
     make_questions,
+    permute_names,
 )
 from common.tinyworld.model import build_model, padded_vocab_size, save_model_folder
 from common.tinyworld.model_sizes import DEFAULT_MODEL_SIZES
@@ -147,6 +149,30 @@ def test_same_seed_same_world_other_seed_other_world() -> None:
     w = generate_world(3, SMALL)
     assert make_questions(w, 3, SMALL_SPLITS) == make_questions(w, 3, SMALL_SPLITS)
     assert make_questions(w, 3, SMALL_SPLITS) != make_questions(w, 4, SMALL_SPLITS)
+
+
+def test_permuted_names_keep_the_structure_and_change_every_named_fact() -> None:
+    w = generate_world(0)
+    r = permute_names(w, 1)
+    assert r == permute_names(w, 1) and r != permute_names(w, 2)
+    for kind in ("people", "cities", "countries", "films", "organisations"):
+        old, new = getattr(w, kind), getattr(r, kind)
+        assert sorted(e.name for e in old) == sorted(e.name for e in new)  # the same names
+        moved = sum(a.name != b.name for a, b in zip(old, new, strict=True))
+        assert moved >= 0.9 * len(old), kind  # nearly every entity has another's name
+        for a, b in zip(old, new, strict=True):  # ids, relations, years and sizes kept
+            assert dataclasses.replace(b, **{"title" if kind == "films" else "name": a.name}) == a
+    for a, b in zip(w.organisations, r.organisations, strict=True):  # a university's suffix
+        assert b.name in {o.name for o in w.organisations if o.kind == a.kind}
+    # a named fact: where a person, by name, was born
+    born = {p.name: w.name(p.birth_city) for p in w.people}
+    reborn = {p.name: r.name(p.birth_city) for p in r.people}
+    assert sum(born[n] == reborn[n] for n in born) < 0.05 * len(born)
+    # the questions follow: the same structure, other names in them and in their answers
+    qs, rq = make_questions(w, 0, SMALL_SPLITS), make_questions(r, 0, SMALL_SPLITS)
+    assert [q.supporting_ids for q in qs["dev"]] == [q.supporting_ids for q in rq["dev"]]
+    changed = [a.golden_answers != b.golden_answers for a, b in zip(qs["dev"], rq["dev"])]
+    assert sum(changed) > len(changed) / 2
 
 
 def test_generator_leaves_global_random_alone() -> None:
@@ -509,6 +535,15 @@ def test_other_seed_other_bytes_and_rebuild_in_place(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".w.tmp-*"))
 
 
+def test_renamed_build_writes_the_permuted_world(tmp_path: Path) -> None:
+    out = build_world(tmp_path / "w", seed=0, sizes=SMALL, splits=SMALL_SPLITS, rename_seed=1)
+    assert json.loads((out / "manifest.json").read_text())["rename_seed"] == 1
+    want = documents(permute_names(generate_world(0, SMALL), 1))
+    rows = [json.loads(line) for line in (out / "corpus.jsonl").read_text().splitlines()]
+    assert rows == [{"id": d.id, "contents": d.contents} for d in want]
+    assert load_world(out / "world.json") == permute_names(generate_world(0, SMALL), 1)
+
+
 def test_model_sizes_are_built_and_recorded(tmp_path: Path) -> None:
     sizes = {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128}
     out = build_world(tmp_path / "w", seed=0, sizes=SMALL, splits=SMALL_SPLITS, model_sizes=sizes)
@@ -539,6 +574,7 @@ def test_build_refuses_a_foreign_folder(tmp_path: Path) -> None:
         ),
         ({"model_sizes": {"width": 8}}, "unknown model size"),
         ({"seed": -1}, "seed must be >= 0"),
+        ({"rename_seed": -1}, "rename_seed must be >= 0"),
         ({"splits": SplitSizes(train=0)}, "SplitSizes.train must be at least 1"),
     ],
 )

@@ -15,6 +15,7 @@ from common.tinyworld.world import (
     documents,
     generate_world,
     load_world,
+    permute_names,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "generate_world",
     "load_world",
     "make_questions",
+    "permute_names",
 ]

@@ -27,6 +27,13 @@ def main(argv: list[str] | None = None) -> int:
         default=False,
         help="every digit a token of its own, as in Qwen's tokenizer (measured: no better here)",
     )
+    build.add_argument(
+        "--rename-seed",
+        type=int,
+        default=None,
+        help="permute the names within each kind (seed N): the same names and structure, every "
+        "named fact new (a model trained on --seed's world must search instead of recall)",
+    )
     for sizes in (WorldSizes(), SplitSizes()):
         for field in dataclasses.fields(sizes):
             default = getattr(sizes, field.name)
@@ -51,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                 vocab_size=args.vocab_size,
                 model_sizes={k: getattr(args, k) for k in DEFAULT_MODEL_SIZES},
                 split_digits=args.split_digits,
+                rename_seed=args.rename_seed,
             )
         else:
             print(describe(args.dir))

@@ -18,7 +18,13 @@ from typing import Any
 
 from common.tinyworld.model_sizes import DEFAULT_MODEL_SIZES, check_model_sizes
 from common.tinyworld.questions import SPLITS, SplitSizes, make_questions
-from common.tinyworld.world import WorldSizes, documents, generate_world, load_world
+from common.tinyworld.world import (
+    WorldSizes,
+    documents,
+    generate_world,
+    load_world,
+    permute_names,
+)
 
 WORLD_FILE = "world.json"
 CORPUS_FILE = "corpus.jsonl"
@@ -48,13 +54,17 @@ def build_world(
     vocab_size: int = 2048,
     model_sizes: dict[str, int] | None = None,
     split_digits: bool = False,
+    rename_seed: int | None = None,
 ) -> Path:
     """Write world.json, corpus.jsonl, {train,dev,test}.jsonl, model/ and manifest.json into `out`.
 
     The folder is assembled beside `out` and renamed into place, so an interrupted build never
     leaves a half world; an earlier build in `out` is replaced, any other existing folder is
     refused. `sizes` and `splits` default to `WorldSizes()` and `SplitSizes()`; `model_sizes`
-    overrides `DEFAULT_MODEL_SIZES` (layers, width).
+    overrides `DEFAULT_MODEL_SIZES` (layers, width). `rename_seed`: the world of `seed` with its
+    names permuted within each kind (`permute_names`): the same names and structure, every
+    named fact new, for a model trained on the world of `seed` (its own tokenizer and model
+    are built as usual; such a model uses its own).
     """
     start = time.perf_counter()
     sizes = sizes or WorldSizes()
@@ -65,11 +75,15 @@ def build_world(
     check_model_sizes({**DEFAULT_MODEL_SIZES, **(model_sizes or {})})
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
+    if rename_seed is not None and rename_seed < 0:
+        raise ValueError(f"rename_seed must be >= 0, got {rename_seed}")
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
         raise FileExistsError(f"{out} exists and is not a tiny-world build (no {MANIFEST_FILE})")
 
     world = generate_world(seed, sizes)
+    if rename_seed is not None:
+        world = permute_names(world, rename_seed)
     docs = documents(world)
     questions = make_questions(world, seed, splits)
     _log(
@@ -106,6 +120,7 @@ def build_world(
             "vocab_size": vocab_size,
             "model_sizes": {**DEFAULT_MODEL_SIZES, **(model_sizes or {})},
             "split_digits": split_digits,
+            "rename_seed": rename_seed,
             "files": {p.relative_to(tmp).as_posix(): _sha256(p) for p in files},
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")

@@ -264,6 +264,34 @@ def generate_world(seed: int = 0, sizes: WorldSizes = WorldSizes()) -> World:
     return World(seed, people, cities, countries, tuple(films), tuple(organisations))
 
 
+def permute_names(world: World, seed: int) -> World:
+    """``world`` with every name moved to another entity of its kind (a permutation drawn from
+    ``seed``; organisations within their kind, so a university keeps a university's suffix):
+    the same names, ids, relations, years and populations, so every fact stated with names is
+    new. A model trained on ``world`` reads and tokenizes the result as before but recalls
+    wrong facts about it; only searching finds the right ones."""
+    rng = random.Random(f"{seed}:names")
+
+    def moved(entities: tuple, key=lambda e: "") -> tuple:
+        names = {}
+        for group in sorted({key(e) for e in entities}):
+            members = [e for e in entities if key(e) == group]
+            shuffled = [e.name for e in members]
+            rng.shuffle(shuffled)
+            names.update(zip((e.id for e in members), shuffled, strict=True))
+        field = "title" if entities and isinstance(entities[0], Film) else "name"
+        return tuple(dataclasses.replace(e, **{field: names[e.id]}) for e in entities)
+
+    return dataclasses.replace(
+        world,
+        people=moved(world.people),
+        cities=moved(world.cities),
+        countries=moved(world.countries),
+        films=moved(world.films),
+        organisations=moved(world.organisations, key=lambda o: o.kind),
+    )
+
+
 def documents(world: World) -> list[Document]:
     """One short document per entity, in id order within each kind."""
     name = world.name

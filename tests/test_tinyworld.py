@@ -171,7 +171,8 @@ def test_permuted_names_keep_the_structure_and_change_every_named_fact() -> None
     # the questions follow: the same structure, other names in them and in their answers
     qs, rq = make_questions(w, 0, SMALL_SPLITS), make_questions(r, 0, SMALL_SPLITS)
     assert [q.supporting_ids for q in qs["dev"]] == [q.supporting_ids for q in rq["dev"]]
-    changed = [a.golden_answers != b.golden_answers for a, b in zip(qs["dev"], rq["dev"])]
+    pairs = zip(qs["dev"], rq["dev"], strict=True)
+    changed = [a.golden_answers != b.golden_answers for a, b in pairs]
     assert sum(changed) > len(changed) / 2
 
 

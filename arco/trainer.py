@@ -67,6 +67,7 @@ from common.rl_loop import (
     em_rewards,
     end_of_step,
     evaluate,
+    group_shares,
     logged_evals,
     plot_curve,
     rollout_metrics,
@@ -747,6 +748,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
             **rollout_metrics(trajs),
             **(rubric_metrics(items, kinds, rewards, rl.invalid_bucket) if uses_mu else {}),
             "reward": rewards.mean().item(),
+            **(group_shares(rewards, n) if n > 1 else {}),  # sparse-shaped steps: groups
             **upd,
             **arco_token_metrics(
                 trajs, items, late and rl.pi_kl_coef > 0, cfg.rubric.shared_prefix

@@ -226,6 +226,18 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     }
 
 
+def group_shares(rewards: torch.Tensor, n: int) -> dict[str, float]:
+    """The share of groups (``n`` consecutive rollouts of one question) with no rollout
+    rewarded (``all_zero_share``: no outcome signal for GRPO) and with rewards that differ
+    (``mixed_group_share``: a nonzero group-normalized advantage)."""
+    groups = rewards.float().view(-1, n)
+    best, worst = groups.max(1).values, groups.min(1).values
+    return {
+        "all_zero_share": (best <= 0).float().mean().item(),
+        "mixed_group_share": (best > worst).float().mean().item(),
+    }
+
+
 def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
     """Each metric averaged over ranks, rank r weighted by its ``weight`` (e.g. its sample count);
     counts (``tokens/*``, ``shape/*``: ``common.token_counts``) summed over ranks."""

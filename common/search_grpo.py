@@ -41,6 +41,7 @@ from common.rl_loop import (
     dev_results_path,
     end_of_step,
     evaluate,
+    group_shares,
     logged_evals,
     plot_curve,
     result_line,
@@ -268,13 +269,10 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         upd = update_and_push(train, engine, trajs, adv, cfg.loss, cfg.engine, pad_id, timings)
         timings["step"] = time.perf_counter() - t_step
         batch_log.write(step, [q.id for q in qs], len(trajs))
-        groups = rewards.view(-1, cfg.n)
         metrics = {
             **rollout_metrics(trajs),
             "reward": rewards.mean().item(),
-            "mixed_group_share": (
-                (groups.max(1).values > groups.min(1).values).float().mean().item()
-            ),
+            **group_shares(rewards, cfg.n),
             **out.metrics,
             **upd,
             **rollout_token_metrics(trajs),  # tokens/generation, shape/*: summed over ranks

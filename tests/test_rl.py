@@ -426,3 +426,14 @@ def test_forward_logprobs_equals_naive_and_chunked():
     chunked, _ = sequence_logprobs(model, ids, mask)
     torch.testing.assert_close(got, naive, atol=1e-5, rtol=0)
     torch.testing.assert_close(got, chunked, atol=1e-5, rtol=0)
+
+
+def test_group_shares_counts_all_zero_and_mixed_groups():
+    from common.rl_loop import group_shares
+
+    # groups of 3: all zero, mixed, all one, mixed (partial credit counts as a reward)
+    rewards = torch.tensor([0, 0, 0, 0, 1, 0, 1, 1, 1, 0.5, 0, 0])
+    assert group_shares(rewards, 3) == {"all_zero_share": 0.25, "mixed_group_share": 0.5}
+    assert group_shares(torch.zeros(4), 2) == {"all_zero_share": 1.0, "mixed_group_share": 0.0}
+    with pytest.raises(RuntimeError):  # not whole groups
+        group_shares(torch.zeros(5), 2)

@@ -54,14 +54,21 @@ def test_a_value_no_row_has_or_an_empty_selection_is_a_clear_error(tmp_path):
 
 def test_the_long_setting_loads_with_its_filters_and_budget():
     cfg = load_config(ArcoConfig, ROOT / "arco" / "configs" / "tiny_long.yaml", [])
+    kinds = {"relation": ["director_birth_country", "founder_birth_country"]}
+    assert cfg.assets.train_where == cfg.assets.dev_where == cfg.assets.eval_where == kinds
+    assert "renamed1" in cfg.assets.train_file and "renamed1" in cfg.assets.corpus  # the world
     assert (
-        cfg.assets.train_where == cfg.assets.dev_where == cfg.assets.eval_where == {"hops": ["3"]}
+        cfg.assets.model
+        == load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml", []).assets.model
     )
     assert cfg.env.max_searches == 6 and "6 searches" in cfg.rubric.task
+    assert (
+        cfg.warmup.questions + cfg.warmup.select_questions <= 240
+    )  # the kinds' training questions
     assert cfg.warmup_dir != load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml", []).warmup_dir
     with pytest.raises(ConfigError, match="train_where"):
         load_config(
             ArcoConfig,
             ROOT / "arco" / "configs" / "tiny_long.yaml",
-            ["assets.train_where={hops: []}"],
+            ["assets.train_where={relation: []}"],
         )

@@ -1,5 +1,4 @@
-import sys
-
 from arco.cli import main
+from common.train.distributed import exit_process
 
-sys.exit(main())
+exit_process(main())

@@ -330,4 +330,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common.train.distributed import exit_process
+
+    exit_process(main())

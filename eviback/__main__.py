@@ -1,5 +1,4 @@
-import sys
-
+from common.train.distributed import exit_process
 from eviback.cli import main
 
-sys.exit(main())
+exit_process(main())

@@ -939,4 +939,6 @@ def _worker_main(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common.train.distributed import exit_process
+
+    exit_process(main())

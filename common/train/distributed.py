@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import atexit
 import os
-from typing import Any
+import sys
+import threading
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
+
+_joined = False  # set once this process is a rank of a launcher's group (init_distributed)
 
 
 def init_distributed() -> tuple[int, int, int]:
@@ -19,6 +23,7 @@ def init_distributed() -> tuple[int, int, int]:
     """
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return 0, 1, 0
+    global _joined
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
         import deepspeed
@@ -31,12 +36,35 @@ def init_distributed() -> tuple[int, int, int]:
         # A group left to the interpreter's teardown can abort the process after its work is
         # done ("terminate called without an active exception", seen with gloo on CPU)
         atexit.register(_destroy_group)
+    _joined = True
     return dist.get_rank(), dist.get_world_size(), local_rank
 
 
 def _destroy_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code: int | None = 0) -> NoReturn:
+    """Leave the process with ``code``, as ``sys.exit(code)`` would; a command's last call.
+
+    A rank of a multi-rank run first does Python's exit work itself (waits for its non-daemon
+    threads, runs the atexit handlers, the group's destruction among them, flushes its streams)
+    and then leaves through ``os._exit``, skipping C++'s static destructors. DeepSpeed keeps its
+    process groups alive past ``destroy_process_group`` (ZeRO-3's module stack and its cloned
+    world group are module globals), so gloo's threads still run while those destructors do,
+    and that race now and then aborted a rank whose work was done ("terminate called without an
+    active exception", SIGABRT; three times in CI, in two-rank tests that had printed their
+    results). A single process exits the usual way.
+    """
+    if not _joined:
+        sys.exit(code)
+    threading._shutdown()  # what the interpreter's own exit does first
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    os._exit(code or 0)
 
 
 def current_rank() -> int:

@@ -391,7 +391,10 @@ def test_two_trl_processes_score_the_group_cut_between_them(warm_task, tmp_path,
 
 
 if __name__ == "__main__":  # the two-rank tests launch this file
+    from common.train.distributed import exit_process
+
     if "--trl" in sys.argv:  # test_two_trl_processes_score_the_group_cut_between_them
         trl_two_ranks_main(*sys.argv[sys.argv.index("--trl") + 1 :][:3])
     else:  # test_two_zero3_ranks_score_whole_groups_in_lockstep (--local_rank=N follows)
         two_ranks_main()
+    exit_process(0)

@@ -20,6 +20,7 @@ from arco.config import ArcoConfig
 from arco.rubric_model import build_arco_model
 from arco.trainer import train_arco
 from common.config import load_config
+from common.train.distributed import exit_process
 
 
 def trainable(model: torch.nn.Module) -> torch.Tensor:
@@ -58,4 +59,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
-import sys
 
 import torch
 import torch.distributed as dist
@@ -30,6 +29,7 @@ import cer.trainer
 from cer.cli import main as cer_main
 from cer.scorer import hf_prefix_scorer
 from common.train import TrainConfig, TrainEngine
+from common.train.distributed import exit_process
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -114,4 +114,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

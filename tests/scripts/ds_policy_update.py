@@ -19,6 +19,7 @@ import transformers
 from common.rl_loop import LossConfig, policy_update
 from common.rollout.trajectory import Trajectory
 from common.train import TrainConfig, TrainEngine, build_lora_model, export_hf_state_dict
+from common.train.distributed import exit_process
 
 VOCAB, STEPS, PER_RANK, MICRO = 97, 2, 4, 2
 CONFIGS = {"zero2": (2, False), "zero3": (3, False), "zero3_lora": (3, True)}
@@ -91,4 +92,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

@@ -29,6 +29,7 @@ from common.train import (
     load_for_training,
     save_checkpoint,
 )
+from common.train.distributed import exit_process
 
 STEPS, GRAD_ACCUM, BATCH, SEQ = 3, 2, 2, 8
 CLIP_SETS_NORM = 0.1
@@ -204,4 +205,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

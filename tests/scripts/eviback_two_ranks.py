@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from common.train.distributed import exit_process
 from eviback.cli import main
 
 
@@ -20,4 +21,4 @@ def run(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    exit_process(run(sys.argv[1:]))

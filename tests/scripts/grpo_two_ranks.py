@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 from common.config import load_config
 from common.search_grpo import GRPOConfig, train_grpo
+from common.train.distributed import exit_process
 
 
 def flat_weights(model: torch.nn.Module) -> torch.Tensor:
@@ -41,4 +42,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_process(main())

@@ -34,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from arco.rubric_prompt import REQUEST_PLACES  # noqa: E402
 from cer.scorer import _chunks, _packed_continuations, shared_trunks  # noqa: E402
 
 CER_CONFIG = "cer/configs/qwen3_4b_base_math.yaml"
@@ -400,9 +401,8 @@ def arco_rows(
             for t in range(steps - 1)]  # fmt: skip
     acts.append(AgentStep("answer", words(action_tokens), "", budget - steps + 1))
     episode = Episode("q", words(question_tokens), ["a"], acts, "a", 1.0)
-    place = request_in or rubric.get("request_in", "user")
-    if place not in ("user", "system"):
-        raise ValueError(f"arco request_in must be user or system, got {place!r}")
+    place = request_in or rubric.get("request_in", "user")  # rubric_items refuses a bad one
+    other_place = next(p for p in REQUEST_PLACES if p != place)
 
     def layout(place: str) -> tuple[list, int, int, int, int]:
         """A layout's rubric items, their prompt tokens, the prefill of one trajectory's
@@ -424,7 +424,7 @@ def arco_rows(
 
     items, prompt_tokens, first, both, trunk = layout(place)
     ids, _, _ = rubric_batch(items, 0, "cpu")
-    _, _, alt_first, alt_both, alt_trunk = layout("system" if place == "user" else "user")
+    _, _, alt_first, alt_both, alt_trunk = layout(other_place)
     shared = rubric.get("shared_prefix", True)
     agent = cfg["agent"]
     protocol = get_protocol(agent["protocol"])
@@ -485,7 +485,7 @@ def arco_rows(
             f"{mu_before / policy:.2f}x, μ {mu_before:,}: {mu_after / mu_before:.2f}x of it, the "
             f"single forward alone {mu_single / mu_before:.2f}x; μ's forwards alone, trunk / per "
             f"row {forwarded / scored:.2f}x; with rubric.request_in="
-            f"{'system' if place == 'user' else 'user'}: μ {mu_alt:,}, {mu_alt / policy:.2f}x the "
+            f"{other_place}: μ {mu_alt:,}, {mu_alt / policy:.2f}x the "
             f"policy's tokens, {mu_alt / mu_before:.2f}x of before issue 23), ARCO / outcome-only "
             f"{arco_total / outcome:.2f}x"
         )
@@ -541,7 +541,7 @@ def main(argv: list[str] | None = None) -> None:
     add("--arco-steps", type=int, default=3, help="actions a trajectory (searches + answer)")
     add("--arco-obs-tokens", type=int, default=150, help="tokens an observation")
     add("--arco-criteria-tokens", type=int, default=None, help="default: rubric.max_new_tokens")
-    add("--arco-request-in", choices=("user", "system"), default=None,
+    add("--arco-request-in", choices=REQUEST_PLACES, default=None,
         help="where μ's request goes (default: the config's rubric.request_in)")  # fmt: skip
     args = parser.parse_args(argv)
     for name, value in vars(args).items():

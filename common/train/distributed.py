@@ -6,6 +6,7 @@ import atexit
 import os
 import sys
 import threading
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -32,12 +33,36 @@ def init_distributed() -> tuple[int, int, int]:
             torch.cuda.set_device(local_rank)
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+        if backend == "gloo":
+            _unlink_shm_buffer(dist.get_rank())
         # handlers run last-in first-out: engines made later shut down first, then the group.
         # A group left to the interpreter's teardown can abort the process after its work is
         # done ("terminate called without an active exception", seen with gloo on CPU)
         atexit.register(_destroy_group)
     _joined = True
     return dist.get_rank(), dist.get_world_size(), local_rank
+
+
+def _unlink_shm_buffer(rank: int) -> None:
+    """Remove the name of this rank's DeepSpeed CPU allreduce buffer once every rank has mapped it.
+
+    On CPU, when every rank is on one host (the launcher sets LOCAL_SIZE), DeepSpeed's shm
+    allreduce gives each rank a 69 MB segment in /dev/shm and never unlinks it: each two-rank CPU
+    run left 138 MB of RAM behind (18 GB on this machine after a day of tests). The segments stay
+    mapped, so the collectives keep working; the memory goes when the last rank exits, however it
+    exits. The barrier waits for every rank to have opened its peers' segments.
+    """
+    name = "_".join(
+        [
+            "deepspeed_allreduce_buffer",
+            str(os.getuid()),
+            os.environ.get("MASTER_ADDR", ""),
+            os.environ.get("MASTER_PORT", ""),
+            str(rank),
+        ]
+    )
+    dist.barrier()
+    Path("/dev/shm", name).unlink(missing_ok=True)
 
 
 def _destroy_group() -> None:

@@ -35,9 +35,8 @@ def init_distributed() -> tuple[int, int, int]:
         deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
         if backend == "gloo":
             _unlink_shm_buffer(dist.get_rank())
-        # handlers run last-in first-out: engines made later shut down first, then the group.
-        # A group left to the interpreter's teardown can abort the process after its work is
-        # done ("terminate called without an active exception", seen with gloo on CPU)
+        # handlers run last-in first-out: engines made later shut down first, then the group
+        # (DeepSpeed still holds its groups after that: a command ends with exit_process)
         atexit.register(_destroy_group)
     _joined = True
     return dist.get_rank(), dist.get_world_size(), local_rank
@@ -52,15 +51,8 @@ def _unlink_shm_buffer(rank: int) -> None:
     mapped, so the collectives keep working; the memory goes when the last rank exits, however it
     exits. The barrier waits for every rank to have opened its peers' segments.
     """
-    name = "_".join(
-        [
-            "deepspeed_allreduce_buffer",
-            str(os.getuid()),
-            os.environ.get("MASTER_ADDR", ""),
-            os.environ.get("MASTER_PORT", ""),
-            str(rank),
-        ]
-    )
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    name = f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"  # as shm.cpp names it
     dist.barrier()
     Path("/dev/shm", name).unlink(missing_ok=True)
 

@@ -49,12 +49,14 @@ def _unlink_shm_buffer(rank: int) -> None:
     allreduce gives each rank a 69 MB segment in /dev/shm and never unlinks it: each two-rank CPU
     run left 138 MB of RAM behind (18 GB on this machine after a day of tests). The segments stay
     mapped, so the collectives keep working; the memory goes when the last rank exits, however it
-    exits. The barrier waits for every rank to have opened its peers' segments.
+    exits. The first barrier waits for every rank to have opened its peers' segments, the second
+    for every rank to have unlinked its own: on return no rank's name is left.
     """
     addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
     name = f"deepspeed_allreduce_buffer_{os.getuid()}_{addr}_{port}_{rank}"  # as shm.cpp names it
     dist.barrier()
     Path("/dev/shm", name).unlink(missing_ok=True)
+    dist.barrier()
 
 
 def _destroy_group() -> None:

@@ -30,7 +30,7 @@ endif
 .PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
-	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-cer-selfverify \
+	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
 	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
 	rehearse-all
 
@@ -143,6 +143,10 @@ compare-eviback-allzero-smoke: warmstart  ## compare-eviback-allzero's wiring en
 
 compare-eviback-cer: warmstart  ## EviBack's backoff over a CER base reward vs CER alone, EM and EviBack, 3 seeds (tiny_allzero)
 	$(PY) -m experiments.compare --spec eviback/configs/compare_cer_backoff.yaml
+
+# paper scale only (GPUs, FlashRAG data, retrieval and teacher servers; `eviback ape` first)
+compare-eviback-teacher:  ## EviBack's teacher: E2E-APE vs hand-written single prompt vs gated, Qwen3-0.6B, 3 seeds
+	$(PY) -m experiments.compare --spec eviback/configs/compare_teacher.yaml
 
 compare-cer: cer-tiny-assets  ## CER rewards (exact, rule = alias oracle, cer, rule+cer), 3 seeds, vs exact
 	$(PY) -m experiments.compare --spec cer/configs/compare_tiny.yaml

@@ -164,11 +164,14 @@ def llm_client(
 
 
 def teacher_policy(teacher: TeacherConfig) -> TeacherPolicy:
-    """The frozen E2E-APE policy, or the hand-written gated two-stage default."""
+    """The frozen E2E-APE policy, else the hand-written gated two-stage or its stage-A prompt
+    alone (``teacher.prompts``)."""
     if teacher.policy_file:
         from eviback.ape import read_policy_file
 
         return read_policy_file(teacher.policy_file)[0]
+    if teacher.prompts == "single":
+        return TeacherPolicy(STAGE_A_DEFAULT.id)
     return TeacherPolicy(STAGE_A_DEFAULT.id, STAGE_B_DEFAULT.id)
 
 

@@ -124,7 +124,16 @@ class TeacherConfig:
     )
     policy_file: str = field(
         default="",
-        metadata={"help": "frozen E2E-APE policy; empty = the hand-written gated two-stage"},
+        metadata={
+            "help": "frozen E2E-APE policy; empty = the hand-written prompts (teacher.prompts)"
+        },
+    )
+    prompts: Literal["gated", "single"] = field(
+        default="gated",
+        metadata={
+            "help": "without policy_file: gated (the hand-written two-stage) | single (its "
+            "stage-A prompt alone: the paper's hand-written single-prompt teacher)"
+        },
     )
     beta: float = field(default=0.1, metadata={"help": "β: reward for supported evidence", "ge": 0})
     gamma: float = field(
@@ -154,6 +163,18 @@ class TeacherConfig:
     )
     top_p: float = field(default=1.0, metadata={"help": "teacher nucleus mass", "gt": 0, "le": 1})
     max_tokens: int = field(default=512, metadata={"help": "teacher completion tokens", "ge": 1})
+
+    def __post_init__(self) -> None:
+        if self.prompts == "single" and self.policy_file:
+            raise ValueError(
+                "teacher.prompts=single picks the hand-written prompt; teacher.policy_file "
+                f"({self.policy_file}) already names the prompts: set one of them"
+            )
+        if self.prompts == "single" and self.enabled and self.backend == "oracle":
+            raise ValueError(
+                "teacher.prompts=single needs teacher.backend=llm: the evidence oracle reads no "
+                "prompt, so a single-prompt run would be the gated run again"
+            )
 
 
 @dataclass

@@ -82,6 +82,7 @@ EXPERIMENTS = [
     ("compare-arco-smoke", "experiments.compare --spec arco/configs/compare_tiny.yaml --out"),
     ("compare-arco-teacher-steps", "experiments.compare --spec arco/configs/compare_step_scorer"),
     ("compare-eviback-cer", "experiments.compare --spec eviback/configs/compare_cer_backoff"),
+    ("compare-eviback-teacher", "experiments.compare --spec eviback/configs/compare_teacher"),
     ("compare-cer-selfverify", "experiments.compare --spec cer/configs/compare_selfverify"),
     ("compare-arco-long", "experiments.compare --spec arco/configs/compare_long"),
     ("compare-arco-paths", "experiments.compare --spec arco/configs/compare_paths"),

@@ -83,3 +83,31 @@ def test_missing_assets_are_named_with_how_to_get_them(tiny_world, tmp_path, cap
 
     with pytest.raises(ValueError, match="quota t=1000000 exceeds"):
         load_questions(cfg.assets.train_files, cfg.assets.train_quotas, 0)
+
+
+def test_teacher_prompts_pick_the_hand_written_policy():
+    """teacher.prompts: the gated two-stage (default) or its stage-A prompt alone (the paper's
+    single-prompt teacher); a policy file wins and may not be set beside `single`; the oracle
+    reads no prompt, so `single` with it is refused rather than silently the gated run."""
+    from eviback.assets import build_teacher, teacher_policy
+    from eviback.prompts import STAGE_A_DEFAULT, STAGE_B_DEFAULT
+    from eviback.teacher import TwoStageTeacher
+
+    paper = CONFIGS / "qwen3_0.6b.yaml"
+    gated = load_config(EviBackConfig, paper).teacher
+    assert teacher_policy(gated).strategy_id.startswith(
+        f"gated:{STAGE_A_DEFAULT.id}+{STAGE_B_DEFAULT.id}:"
+    )
+    single = load_config(EviBackConfig, paper, ["teacher.prompts=single"])
+    assert teacher_policy(single.teacher).strategy_id == f"single:{STAGE_A_DEFAULT.id}"
+    teacher = build_teacher(single.assets, single.teacher, None)
+    assert isinstance(teacher, TwoStageTeacher) and teacher.policy.stage_b is None
+    with pytest.raises(ValueError, match="policy_file .*set one of them"):
+        load_config(EviBackConfig, paper, ["teacher.prompts=single", "teacher.policy_file=p.yaml"])
+    with pytest.raises(ValueError, match="needs teacher.backend=llm: the evidence oracle"):
+        load_config(EviBackConfig, CONFIGS / "tiny.yaml", ["teacher.prompts=single"])
+    # the teacher off (Search-R1), no prompt is read either way
+    off = ["teacher.prompts=single", "teacher.enabled=false"]
+    assert load_config(EviBackConfig, CONFIGS / "tiny.yaml", off).teacher.prompts == "single"
+    with pytest.raises(ValueError, match="teacher.prompts"):
+        load_config(EviBackConfig, paper, ["teacher.prompts=both"])

@@ -1,4 +1,3 @@
-from arco.cli import main
-from common.train.distributed import exit_process
+from arco.cli import run
 
-exit_process(main())
+run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from arco.config import ArcoConfig
 from arco.variants import load_variant
@@ -82,3 +83,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"arco {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def run() -> NoReturn:
+    """The console script ``arco`` and ``python -m arco``: ``main``, then ``exit_process``
+    (a launcher's rank leaves without C++'s static teardown, common.train.distributed)."""
+    code = main()
+    from common.train.distributed import exit_process  # torch: not loaded for --help
+
+    exit_process(code)

@@ -1,4 +1,3 @@
-from cer.cli import main
-from common.train.distributed import exit_process
+from cer.cli import run
 
-exit_process(main())
+run()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from cer.aliastask import (
     CANONICAL_SHARE_HELP,
@@ -155,3 +156,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def run() -> NoReturn:
+    """The console script ``cer`` and ``python -m cer``: ``main``, then ``exit_process``
+    (a launcher's rank leaves without C++'s static teardown, common.train.distributed)."""
+    code = main()
+    from common.train.distributed import exit_process  # torch: not loaded for --help
+
+    exit_process(code)

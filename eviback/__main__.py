@@ -1,4 +1,3 @@
-from common.train.distributed import exit_process
-from eviback.cli import main
+from eviback.cli import run
 
-exit_process(main())
+run()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from common.config import ConfigError, describe_config, load_config
 from common.launcher import without_local_rank
@@ -87,3 +88,12 @@ def _run(args: argparse.Namespace) -> int:
         out = run_ape(cfg)
         print(f"policy: {out['policy_file']}; report: {out['out']}/report.md")
     return 0
+
+
+def run() -> NoReturn:
+    """The console script ``eviback`` and ``python -m eviback``: ``main``, then ``exit_process``
+    (a launcher's rank leaves without C++'s static teardown, common.train.distributed)."""
+    code = main()
+    from common.train.distributed import exit_process  # torch: not loaded for --help
+
+    exit_process(code)

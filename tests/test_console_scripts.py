@@ -1,5 +1,6 @@
-"""The console scripts `arco`, `cer` and `eviback`: declared in pyproject.toml, each a `main`
-that prints a usage line naming the command as the user typed it; `python -m` keeps working."""
+"""The console scripts `arco`, `cer` and `eviback`: declared in pyproject.toml, each the `run` of
+its package's cli (`main` through `exit_process`, as `python -m` runs it); `main` prints a usage
+line naming the command as the user typed it."""
 
 from __future__ import annotations
 
@@ -21,13 +22,14 @@ def _scripts() -> dict[str, str]:
 
 def test_every_package_has_a_console_script():
     scripts = _scripts()
-    assert {n: scripts.get(n) for n in NAMES} == {n: f"{n}.cli:main" for n in NAMES}
+    assert {n: scripts.get(n) for n in NAMES} == {n: f"{n}.cli:run" for n in NAMES}
+    for n in NAMES:
+        assert (ROOT / n / "__main__.py").read_text() == f"from {n}.cli import run\n\nrun()\n"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_usage_names_the_command(name, capsys):
-    module, _, func = _scripts()[name].partition(":")
-    main = getattr(importlib.import_module(module), func)
+    main = importlib.import_module(f"{name}.cli").main
     with pytest.raises(SystemExit) as exit_:
         main(["--help"])
     assert exit_.value.code == 0

@@ -10,7 +10,7 @@ from typing import NoReturn
 from arco.config import ArcoConfig
 from arco.variants import load_variant
 from common.config import ConfigError, describe_config
-from common.launcher import without_local_rank
+from common.launcher import run_command, without_local_rank
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "tiny.yaml")
 HELPS = {
@@ -86,9 +86,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """The console script ``arco`` and ``python -m arco``: ``main``, then ``exit_process``
-    (a launcher's rank leaves without C++'s static teardown, common.train.distributed)."""
-    code = main()
-    from common.train.distributed import exit_process  # torch: not loaded for --help
-
-    exit_process(code)
+    """The console script ``arco`` and ``python -m arco``."""
+    run_command(main)

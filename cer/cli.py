@@ -27,7 +27,7 @@ from cer.aliastask import (
 from cer.config import CERConfig, MissingAssetError
 from common.config import ConfigError, describe_config, load_config
 from common.data import DataError
-from common.launcher import without_local_rank
+from common.launcher import run_command, without_local_rank
 
 DEFAULT_CONFIG = "cer/configs/tiny.yaml"
 
@@ -159,9 +159,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> NoReturn:
-    """The console script ``cer`` and ``python -m cer``: ``main``, then ``exit_process``
-    (a launcher's rank leaves without C++'s static teardown, common.train.distributed)."""
-    code = main()
-    from common.train.distributed import exit_process  # torch: not loaded for --help
-
-    exit_process(code)
+    """The console script ``cer`` and ``python -m cer``."""
+    run_command(main)

@@ -1,15 +1,17 @@
-"""The argument the DeepSpeed launcher adds to every rank's command line.
+"""How a package command starts and ends as a rank of the DeepSpeed launcher.
 
 ``deepspeed --num_gpus N --module eviback train ...`` starts each rank as
 ``python -m eviback --local_rank=I train ...`` (and sets ``LOCAL_RANK``). The project's commands
-read the rank from the environment, so they drop the argument before parsing their own.
+read the rank from the environment, so they drop the argument before parsing their own
+(``without_local_rank``), and end through ``exit_process`` (``run_command``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 
 def without_local_rank(argv: Sequence[str] | None = None) -> list[str]:
@@ -29,3 +31,12 @@ def without_local_rank(argv: Sequence[str] | None = None) -> list[str]:
             out.append(arg)
         i += 1
     return out
+
+
+def run_command(main: Callable[[], int]) -> NoReturn:
+    """A package's console script and ``python -m``: ``main()``, then ``exit_process`` with its
+    code (a launcher's rank leaves without C++'s static teardown, common.train.distributed)."""
+    code = main()
+    from common.train.distributed import exit_process  # torch: not loaded for --help
+
+    exit_process(code)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from common.config import ConfigError, describe_config, load_config
-from common.launcher import without_local_rank
+from common.launcher import run_command, without_local_rank
 from eviback.config import EviBackConfig
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "tiny.yaml")
@@ -91,9 +91,5 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def run() -> NoReturn:
-    """The console script ``eviback`` and ``python -m eviback``: ``main``, then ``exit_process``
-    (a launcher's rank leaves without C++'s static teardown, common.train.distributed)."""
-    code = main()
-    from common.train.distributed import exit_process  # torch: not loaded for --help
-
-    exit_process(code)
+    """The console script ``eviback`` and ``python -m eviback``."""
+    run_command(main)

@@ -89,7 +89,7 @@ words = st.sampled_from(["paris", "The", "of", "capital", "cafÃ©", "x", "ab", "Ã
 texts = st.lists(st.one_of(words, st.text(max_size=6)), max_size=12).map(" ".join)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(corpus=st.lists(texts, min_size=1, max_size=6), queries=st.lists(texts, max_size=5))
 def test_any_corpus_and_queries_rank_as_raw_bm25s(corpus, queries):
     docs = [Doc(str(i), "", text, 0.0) for i, text in enumerate(corpus)]
@@ -121,7 +121,7 @@ def bm25s_words(texts: list[str], stemmer=None) -> list[list[str]]:
     )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(queries=st.lists(st.one_of(texts, st.text()), min_size=1, max_size=4))
 def test_query_tokenizer_splits_as_bm25s_tokenize(queries):
     tokenizer = QueryTokenizer({})

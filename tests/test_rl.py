@@ -28,7 +28,7 @@ from common.rl import (
 )
 
 MODES = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-fast = settings(max_examples=40, deadline=None)
+fast = settings(max_examples=40)
 
 
 def tiny_qwen3(seed: int = 0) -> transformers.Qwen3ForCausalLM:

@@ -373,7 +373,7 @@ def test_chat_template(tokenizer) -> None:
     assert plain == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ?<|im_end|>\n"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(st.lists(st.one_of(st.text(max_size=12), st.sampled_from(TAGS)), max_size=6))
 def test_any_text_round_trips(tokenizer, pieces: list[str]) -> None:
     text = "".join(pieces)

@@ -120,7 +120,7 @@ def tiny_qwen3_from(folder: Path) -> torch.nn.Module:
 # --- stepping ----------------------------------------------------------------------------------
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15)
 @given(grad_accum=st.integers(1, 4), calls=st.integers(1, 9))
 def test_optimizer_steps_only_at_accumulation_boundaries(grad_accum, calls):
     engine = TrainEngine(linear([1.0, 2.0]), TrainConfig(lr=0.1, grad_accum=grad_accum))

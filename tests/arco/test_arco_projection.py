@@ -108,7 +108,7 @@ def test_decomposition_error_by_hand():
         decomposition_error([0.1, 0.2], 0.0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(annotations())
 def test_projection_meets_constraint_and_bounds(case):
     v, r = case
@@ -120,7 +120,7 @@ def test_projection_meets_constraint_and_bounds(case):
     assert (x >= -1.0).all() and (x <= 1.0).all()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(annotations())
 def test_projection_is_idempotent(case):
     v, r = case
@@ -128,7 +128,7 @@ def test_projection_is_idempotent(case):
     np.testing.assert_allclose(project_scores(x, r), x, atol=1e-9)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(annotations(max_size=9))
 def test_projection_is_the_nearest_point(case):
     v, r = case

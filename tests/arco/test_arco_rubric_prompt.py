@@ -237,7 +237,7 @@ FRAGMENTS = st.sampled_from(
 JSONISH = st.lists(st.one_of(FRAGMENTS, st.text(max_size=4)), max_size=30).map("".join)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(text=st.one_of(st.text(), JSONISH), k=st.integers(1, 4))
 def test_parse_criteria_never_raises(text, k):
     result = parse_criteria(text, k)
@@ -250,7 +250,7 @@ def test_parse_criteria_never_raises(text, k):
 PHRASE = st.text(min_size=1).map(str.strip).filter(lambda s: s and "think>" not in s)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(criteria=st.lists(PHRASE, min_size=1, max_size=5))
 def test_format_parse_round_trip(criteria):
     assert parse_criteria(format_criteria(criteria), len(criteria)) == criteria

@@ -121,7 +121,7 @@ _step_obj = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(
     text=st.text(max_size=200)
     | st.lists(_step_obj, max_size=4).map(json.dumps)

@@ -106,7 +106,7 @@ def test_multibyte_characters_share_one_group(byte_tokenizer):
 _PLAIN = st.text(alphabet="ab 12.,+=é’😀\n", max_size=20)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(
     pre=_PLAIN,
     answer=st.text(alphabet="a1 2.é’😀/-", max_size=6),

@@ -49,7 +49,7 @@ def _tensors(ref, ans, of_sample):
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(groups())
 def test_matches_the_direct_ratio(group):
     ref, ans, of_sample, m = group
@@ -59,7 +59,7 @@ def test_matches_the_direct_ratio(group):
     assert rewards.tolist() == pytest.approx(direct_cer(ref, ans, of_sample, m), abs=1e-9)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(groups(), st.floats(-2000.0, 0.0))
 def test_invariant_to_a_common_shift_of_an_answers_logprobs(group, shift):
     """The ratio is homogeneous in p(a_k|.): scaling by exp(shift) changes nothing, even where
@@ -69,7 +69,7 @@ def test_invariant_to_a_common_shift_of_an_answers_logprobs(group, shift):
     assert torch.allclose(cer_from_logprobs(r, a + shift, k, m), cer_from_logprobs(r, a, k, m))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.lists(st.floats(-10.0, 0.0), min_size=1, max_size=16))
 def test_reference_answer_beats_the_mean_reference_probability(ref):
     """a_k = a*: R_k = sum p^2 / sum p >= mean p."""
@@ -78,7 +78,7 @@ def test_reference_answer_beats_the_mean_reference_probability(ref):
     assert reward.item() >= r.exp().mean().item() - 1e-12
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.integers(1, 8), st.integers(1, 5), st.integers(0, 2**31))
 def test_expected_cer_equals_expected_exact_match(n_solutions, n_answers, seed):
     """Over the empirical policy of the group (s_j uniform, a ~ p(a|s_j), answers exhaustive,

@@ -1,5 +1,6 @@
 """The retrieval server (a real subprocess on loopback) and the HTTP client against it."""
 
+import http.client
 import json
 import re
 import socket
@@ -326,3 +327,25 @@ def test_serve_without_index_or_corpus_is_a_clear_error(tmp_path):
     assert (
         result.stderr.strip() == f"error: {missing}: no index there, and no --corpus to build one"
     )
+
+
+def test_a_failed_search_is_a_500_on_a_connection_that_stays_open(threaded_server):
+    """A client that reuses its connection after a 500 gets the next answer on it. (A backend
+    exception that left the app made uvicorn close the connection after the 500, and the
+    client's next request on it became a transport error now and then: a lost retry.)"""
+    url = threaded_server(FlakyRetriever(failures=1))
+    conn = http.client.HTTPConnection(url.removeprefix("http://"), timeout=10)
+    body, headers = json.dumps({"queries": ["x"], "topk": 1}), {"Content-Type": "application/json"}
+    statuses, sockets = [], []
+    try:
+        for _ in range(2):
+            conn.request("POST", "/retrieve", body, headers)
+            response = conn.getresponse()
+            response.read()
+            statuses.append(response.status)
+            sockets.append(conn.sock)
+            assert response.getheader("connection") != "close"
+    finally:
+        conn.close()
+    assert statuses == [500, 200]
+    assert sockets[0] is sockets[1] is not None

@@ -19,15 +19,41 @@ def assert_exit_work_done(out: Path, ranks: range) -> None:
         assert (out / f"early-{rank}").read_text() == "group up: False"
 
 
+# a global's finalizer runs at interpreter finalization, which a rank's exit skips
+FINALIZED = (
+    "import atexit\n"
+    "class Finalized:\n"
+    "    def __del__(self):\n"
+    "        print('finalized', flush=True)\n"
+    "kept = Finalized()\n"
+    "atexit.register(print, 'handler ran')\n"
+)
+
+
 def test_single_process_exits_as_sys_exit_does():
-    code = (
-        "import atexit\n"
-        "from common.train.distributed import exit_process\n"
-        "atexit.register(print, 'handler ran')\n"
-        "exit_process(3)\n"
-    )
+    code = FINALIZED + "from common.train.distributed import exit_process\nexit_process(3)\n"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert run.returncode == 3, run.stderr
+    assert run.stdout == "handler ran\nfinalized\n"
+
+
+def test_a_rank_whose_group_another_library_made_skips_finalization(free_port):
+    """A launcher's rank is one by its environment, whoever made its group (TRL's is
+    accelerate's, not init_distributed's): it runs its handlers and leaves before
+    finalization."""
+    env = os.environ | {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(free_port())}  # fmt: skip
+    code = FINALIZED + (
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "from common.train.distributed import exit_process\n"
+        "exit_process(4)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+        timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 4, run.stderr
     assert run.stdout == "handler ran\n"
 
 

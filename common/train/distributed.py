@@ -94,6 +94,38 @@ def current_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def collective_device() -> torch.device:
+    """The device a collective's tensors must live on: this rank's CUDA device under NCCL (which
+    takes CUDA tensors only), the CPU under gloo or outside a group.
+
+    vLLM's worker makes an NCCL world group even on one GPU, so "a group exists" says nothing
+    about the device; the backend does.
+    """
+    if dist.is_available() and dist.is_initialized() and "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def is_multi_rank() -> bool:
+    """Whether this process is one of several ranks of a process group (a colocated vLLM engine's
+    own one-rank group does not count)."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_values(values: list[float], op: str = "sum", dtype=torch.float64) -> list[float]:
+    """``values`` reduced elementwise over the ranks (``op``: sum | max | min), through a tensor on
+    ``collective_device()``; ``values`` unchanged in a single process. Every tensor collective of
+    the project goes through here, so none sends a CPU tensor to NCCL."""
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    if op not in ops:
+        raise ValueError(f"all_reduce_values: op must be one of {sorted(ops)}, not {op!r}")
+    if not is_multi_rank():
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=dtype, device=collective_device())
+    dist.all_reduce(t, op=ops[op])
+    return t.cpu().tolist()
+
+
 def barrier() -> None:
     """Wait for all ranks; nothing to wait for in a single process."""
     if dist.is_available() and dist.is_initialized():

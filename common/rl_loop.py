@@ -30,6 +30,8 @@ from common.rollout import AgentConfig, HFEngine, Trajectory, run_agent
 from common.rollout.batch import collate
 from common.token_counts import SUMMED_PREFIXES
 from common.train import TrainEngine, iter_named_weights, read_metrics, save_checkpoint
+from common.train.distributed import all_reduce_values, is_multi_rank
+from common.train.gpu_memory import phase_memory
 
 
 @dataclass
@@ -44,6 +46,18 @@ class EngineConfig:
     )
     sleep_during_update: bool = field(
         default=False, metadata={"help": "free vLLM's GPU memory during the update (GPU only)"}
+    )
+    max_num_seqs: int = field(
+        default=0,
+        metadata={
+            "help": "vLLM's most sequences in one batch; 0: vLLM's default (set it to the "
+            "rollouts a rank holds: its defaults profile for more, and leave less KV cache)",
+            "ge": 0,
+        },
+    )
+    max_num_batched_tokens: int = field(
+        default=0,
+        metadata={"help": "vLLM's most tokens in one forward; 0: vLLM's default", "ge": 0},
     )
 
 
@@ -130,6 +144,8 @@ def build_engine(
         gpu_memory_utilization=cfg.gpu_memory_utilization,
         enable_sleep_mode=cfg.sleep_during_update,
         seed=seed,
+        max_num_seqs=cfg.max_num_seqs or None,
+        max_num_batched_tokens=cfg.max_num_batched_tokens or None,
     )
 
 
@@ -170,6 +186,7 @@ def policy_update(
     mbs = cfg.micro_batch_size
     stats: dict[str, float] = {}
     tokens = {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
+    gap = [0.0, 0.0]  # sum of |log pi_train - log pi_engine| over sampled tokens, their count
     for start in range(0, len(trajs), mbs):
         batch = collate(trajs[start : start + mbs], pad_id).to(train.device)
         tokens["tokens/update"] += int(batch.attention_mask.sum())
@@ -182,6 +199,8 @@ def policy_update(
             chunk = trajs[start : start + mbs]
             adv = token_advantages(chunk, advantages[start : start + mbs], batch.loss_mask)
         logp = forward_logprobs(train, batch.input_ids, batch.attention_mask, cfg.logprob_chunk)
+        gap[0] += float(((logp.detach() - batch.sampling_logprobs).abs() * batch.loss_mask).sum())
+        gap[1] += float(batch.loss_mask.sum())
         per_tok, clip = clipped_surrogate(
             logp, logp.detach(), adv, batch.loss_mask, cfg.eps_low, cfg.eps_high
         )
@@ -208,6 +227,8 @@ def policy_update(
     chunks = -(-len(trajs) // mbs)
     out = {k: v / chunks for k, v in stats.items()} | tokens
     out["grad_norm"] = float(info["grad_norm"]) if info["grad_norm"] is not None else float("nan")
+    out["logprob_gap"] = gap[0] / max(gap[1], 1.0)
+    out["train_mode"] = float(train.model.training)  # 0: dropout and checkpointing are off
     return out
 
 
@@ -226,6 +247,19 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     }
 
 
+def identical_group_share(trajs: list[Trajectory], n: int) -> dict[str, float]:
+    """The share of groups (``n`` consecutive rollouts of one question, ``n`` > 1) whose
+    rollouts are token for token the same (nothing for ``n`` = 1): 1.0 when every request of a group samples from one
+    seed (GPU vLLM honours request seeds), and then no group has an advantage to learn from."""
+    if n < 2:
+        return {}  # one rollout a question: no group to compare
+    if len(trajs) % n:
+        raise ValueError(f"identical_group_share: {len(trajs)} rollouts in groups of {n}")
+    groups = [trajs[g : g + n] for g in range(0, len(trajs), n)]
+    same = sum(all(t.response_ids == g[0].response_ids for t in g) for g in groups)
+    return {"identical_group_share": same / len(groups)}
+
+
 def group_shares(rewards: torch.Tensor, n: int) -> dict[str, float]:
     """The share of groups (``n`` consecutive rollouts of one question) with no rollout
     rewarded (``all_zero_share``: no outcome signal for GRPO) and with rewards that differ
@@ -241,16 +275,14 @@ def group_shares(rewards: torch.Tensor, n: int) -> dict[str, float]:
 def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
     """Each metric averaged over ranks, rank r weighted by its ``weight`` (e.g. its sample count);
     counts (``tokens/*``, ``shape/*``: ``common.token_counts``) summed over ranks."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+    if not is_multi_rank():
         return metrics
     keys = sorted(metrics)
     summed = [k.startswith(SUMMED_PREFIXES) for k in keys]
-    t = torch.tensor(
-        [metrics[k] * (1 if s else weight) for k, s in zip(keys, summed, strict=True)] + [weight],
-        dtype=torch.float64,
+    t = all_reduce_values(
+        [metrics[k] * (1 if s else weight) for k, s in zip(keys, summed, strict=True)] + [weight]
     )
-    torch.distributed.all_reduce(t)
-    return {k: (t[i] / (1 if summed[i] else t[-1])).item() for i, k in enumerate(keys)}
+    return {k: t[i] / (1 if summed[i] else t[-1]) for i, k in enumerate(keys)}
 
 
 def update_and_push(
@@ -265,20 +297,21 @@ def update_and_push(
 ) -> dict[str, float]:
     """``policy_update``, then the new weights into a vLLM engine (asleep during the update when
     ``engine_cfg.sleep_during_update``; an HF engine shares the model). Adds ``update`` and
-    ``push`` seconds to ``timings``; returns the update's statistics."""
+    ``push`` seconds to ``timings``; returns the update's statistics and, on a GPU, the memory of
+    each phase (``common.train.gpu_memory``)."""
     vllm = engine_cfg.backend == "vllm"
+    memory = phase_memory("rollout")  # generation and reward, since the last step's push
     if vllm and engine_cfg.sleep_during_update:
         engine.sleep()
     t0 = time.perf_counter()
     stats = policy_update(train, trajs, advantages, loss, pad_id)
     timings["update"] = time.perf_counter() - t0
+    memory |= phase_memory("update")
     t0 = time.perf_counter()
-    if vllm:
-        if engine_cfg.sleep_during_update:
-            engine.wake_up()
+    if vllm:  # an engine asleep is woken by the push, in TRL's order
         engine.push_weights(iter_named_weights(train))
     timings["push"] = time.perf_counter() - t0
-    return stats
+    return stats | memory | phase_memory("push")
 
 
 def end_of_step(

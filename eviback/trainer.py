@@ -34,6 +34,7 @@ from common.rl_loop import (
     dev_results_path,
     end_of_step,
     evaluate,
+    identical_group_share,
     logged_evals,
     plot_curve,
     rollout_metrics,
@@ -281,6 +282,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         batch_log.write(step, [q.id for q in qs], len(trajs))
         metrics = {
             **rollout_metrics(trajs),
+            **identical_group_share(trajs, cfg.n),
             **out.metrics,
             "reward": out.values.mean().item(),
             **upd,

@@ -112,9 +112,14 @@ def test_lora_adapters_and_merged_push(engine, lora_engine, model_and_ids):
     stale = lora_engine.score([ids[:split]], [ids[split:]], adapter="policy")[0]
     target = hf_logprobs(peft, ids, split)
     assert max_gap(stale, target) > 1e-3
+    pushed = sorted(p.name for p in lora_engine._lora_dir.iterdir())
     lora_engine.push_adapter("policy", peft, adapter_name="policy")
     fresh = lora_engine.score([ids[:split]], [ids[split:]], adapter="policy")[0]
     assert max_gap(fresh, target) < 1e-4
+    # the old version's folder is gone: one folder a name, however many pushes a run makes
+    now = sorted(p.name for p in lora_engine._lora_dir.iterdir())
+    assert len(now) == len(pushed) == 2 and now != pushed
+    assert sorted(n.rsplit("-", 1)[0] for n in now) == ["policy", "rubric"]
     with pytest.raises(RuntimeError, match="push_adapter"):
         lora_engine.push_weights(iter_named_weights(peft))
     # merged weights of one adapter pushed as full weights into a plain engine

@@ -9,6 +9,35 @@ import torch
 from common.rollout.engine import Completion, GeneratedKV, SamplingConfig, stop_length
 
 
+class _SampledLogprobs:
+    """A logits processor that keeps one step's raw log-probs and, at the next step, the log-prob
+    of the token that was sampled from them: [b] a step instead of [b, vocab].
+
+    Custom processors run before ``generate``'s temperature and top-p warpers, so these are the
+    untempered log-probs, as vLLM reports them."""
+
+    def __init__(self) -> None:
+        self.prev: torch.Tensor | None = None  # [b, V], the last step's log-probs
+        self.taken: list[torch.Tensor] = []  # [b] per finished step
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.prev is not None:
+            self.taken.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
+        self.prev = torch.log_softmax(scores.float(), -1)
+        return scores
+
+    def finish(self, new: torch.Tensor) -> torch.Tensor:
+        """[b, t] log-probs of ``new`` (the generated ids [b, t])."""
+        if self.prev is not None and len(self.taken) < new.shape[1]:
+            self.taken.append(
+                self.prev.gather(-1, new[:, len(self.taken) : len(self.taken) + 1]).squeeze(-1)
+            )
+        self.prev = None
+        if not self.taken:
+            return new.new_zeros(new.shape, dtype=torch.float)
+        return torch.stack(self.taken, dim=1)
+
+
 class HFEngine:
     """Generates with the training model itself; pushing weights is a no-op copy when it is shared."""
 
@@ -65,13 +94,20 @@ class HFEngine:
                 pad_token_id=self.pad_id,
                 stop_strings=list(params.stop) or None,
                 tokenizer=self.tokenizer if params.stop else None,
-                output_logits=True,
+                # the whole [b, t, V] logits only where a scorer continues from them (keep_kv);
+                # else each step's sampled log-prob is taken as it goes (at paper lengths the
+                # full logits of a batch are hundreds of GB)
+                output_logits=self.keep_kv,
+                logits_processor=None if self.keep_kv else [recorder := _SampledLogprobs()],
                 return_dict_in_generate=True,
             )
             new = out.sequences[:, ids.shape[1] :]  # [b, t]
             # logprobs of the sampled ids under the raw (untempered) distribution, as vLLM reports
-            logits = torch.stack(out.logits, dim=1).float()  # [b, t, V]
-            lps = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+            if self.keep_kv:
+                logits = torch.stack(out.logits, dim=1).float()  # [b, t, V]
+                lps = torch.log_softmax(logits, -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+            else:
+                logits, lps = None, recorder.finish(new)
             layers = (
                 [(layer.keys, layer.values) for layer in out.past_key_values.layers]
                 if self.keep_kv

@@ -7,10 +7,12 @@ an ``external_launcher`` group, so every engine call is collective: all ranks mu
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import warnings
@@ -146,6 +148,15 @@ def _repack_tied_lm_head(model: torch.nn.Module) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
+def threads_per_rank(threads: int, env: dict[str, str] | None = None) -> int:
+    """This rank's share of the host's ``threads`` when a launcher started several ranks on it
+    (``LOCAL_WORLD_SIZE`` from torchrun, ``LOCAL_SIZE`` from the DeepSpeed launcher), at least 1:
+    every rank taking all of them oversubscribes the cores k times."""
+    env = os.environ if env is None else env
+    local = int(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or 1)
+    return max(1, threads // max(local, 1))
+
+
 def _on_gpu() -> bool:
     return torch.cuda.is_available()
 
@@ -168,6 +179,8 @@ class VLLMEngine:
         enable_sleep_mode: bool = False,
         enforce_eager: bool | None = None,
         seed: int = 0,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         from vllm import LLM
 
@@ -185,6 +198,12 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
         else:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        # vLLM's defaults for these shrink the KV cache it plans for at long budgets; a config
+        # that knows its batch (n rollouts x questions) and lengths sets them
+        if max_num_seqs is not None:
+            kwargs["max_num_seqs"] = max_num_seqs
+        if max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = max_num_batched_tokens
         if enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -197,15 +216,19 @@ class VLLMEngine:
                 )
         # vLLM drops torch to one thread "for serving" unless OMP_NUM_THREADS is set; the trainer
         # shares this process and wants its threads.
-        os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(torch.get_num_threads())))
         with _without_llvmlite():
             self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self._adapters: dict[str, object] = {}
         self._next_lora_id = 1
+        # one folder per pushed adapter version, the last of each name kept; all of it removed
+        # when the process exits (a run pushes two adapters a step: ~100 GB a node otherwise)
         self._lora_dir = Path(tempfile.mkdtemp(prefix="vllm-lora-"))
+        atexit.register(shutil.rmtree, self._lora_dir, ignore_errors=True)
         self.enable_sleep_mode = enable_sleep_mode
         self.enable_lora = enable_lora
+        self.asleep = False
 
     # -- generation -------------------------------------------------------------------------
     def _sampling_params(self, p: SamplingConfig, logprobs: bool = True, seed: int | None = None):
@@ -290,18 +313,23 @@ class VLLMEngine:
             )
         # vLLM's in-place reload re-runs the post-load processing (the CPU kernels keep repacked
         # copies of linear weights, which a bare load_weights would leave stale).
+        if self.asleep:  # TRL's colocate order: weights first, the KV cache after the load
+            if _on_gpu():
+                torch.cuda.empty_cache()
+            self.llm.wake_up(tags=["weights"])
         model = self._local_model()
         tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
         with _expected_reload_warnings_hidden(tied):
+            # streamed, one tensor at a time: a list would hold a whole (ZeRO-3 gathered) copy
             self.llm.collective_rpc(
                 "reload_weights",
-                kwargs={
-                    "weights_iterator": iter(list(named_weights)),
-                    "is_checkpoint_format": True,
-                },
+                kwargs={"weights_iterator": iter(named_weights), "is_checkpoint_format": True},
             )
         _repack_tied_lm_head(model)
         self.llm.reset_prefix_cache()
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
 
     def _local_model(self) -> torch.nn.Module:
         """The engine's model object (the engine core runs in this process)."""
@@ -323,7 +351,13 @@ class VLLMEngine:
         # peft writes non-default adapters into a subfolder named after the adapter.
         sub = path / (adapter_name or name)
         folder = sub if sub.is_dir() else path
+        old = self._adapters.get(name)
         self._adapters[name] = LoRARequest(name, lora_id, str(folder))
+        if old is not None:  # served by id from now on; its folder is never read again
+            core = self.llm.llm_engine
+            if old.lora_int_id in core.list_loras():
+                core.remove_lora(old.lora_int_id)
+            shutil.rmtree(self._lora_dir / f"{name}-{old.lora_int_id}", ignore_errors=True)
 
     def _lora_request(self, adapter: str | None):
         if adapter is None:
@@ -333,13 +367,35 @@ class VLLMEngine:
         return self._adapters[adapter]
 
     # -- memory (GPU) -----------------------------------------------------------------------
+    @property
+    def sleep_level(self) -> int:
+        """2 (weights and KV cache discarded) when new full weights are pushed after every update;
+        1 (weights kept in host RAM) for a LoRA engine, whose base weights are never pushed again.
+        Level 1 for full weights would copy them to pinned host memory and back every step."""
+        return 1 if self.enable_lora else 2
+
     def sleep(self) -> None:
-        """Free the engine's GPU memory during the update (needs ``enable_sleep_mode``)."""
+        """Free the engine's GPU memory during the update (needs ``enable_sleep_mode``).
+
+        After ``sleep``, ``push_weights`` wakes it in TRL's order (weights, load, prefix cache
+        reset, KV cache); a LoRA engine is woken with ``wake_up`` before its adapters are pushed.
+        """
         if not self.enable_sleep_mode:
             raise RuntimeError("VLLMEngine was built without enable_sleep_mode=True")
-        self.llm.sleep(level=1)
+        self.llm.sleep(level=self.sleep_level)
+        self.asleep = True
 
     def wake_up(self) -> None:
+        """Wake all of the engine's memory (a level-2 sleep's weights come back uninitialised:
+        push weights with ``push_weights`` instead, which wakes the engine itself)."""
         if not self.enable_sleep_mode:
             raise RuntimeError("VLLMEngine was built without enable_sleep_mode=True")
+        if self.asleep and self.sleep_level == 2:
+            raise RuntimeError(
+                "VLLMEngine.wake_up after a level-2 sleep would serve discarded weights; "
+                "push_weights wakes it with the new ones"
+            )
+        if _on_gpu():
+            torch.cuda.empty_cache()
         self.llm.wake_up()
+        self.asleep = False

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -156,3 +158,13 @@ def test_expected_cpu_warnings_are_dropped_and_others_kept():
     assert not passes("libtcmalloc is not found in LD_PRELOAD. For best performance, ...")
     assert not passes("The global random seed is set to 0. Since ...")
     assert passes("KV cache is too small for max_model_len")
+
+
+@pytest.mark.slow
+def test_each_ranks_engine_is_its_own_replica(tiny_world, launch_two_ranks):
+    """TRL's colocate layout: no data-parallel group, so ranks may call their engines unequally."""
+    script = Path(__file__).parent / "scripts" / "vllm_replica_ranks.py"
+    run = launch_two_ranks([str(script), "--model", str(tiny_world / "model")], timeout=300)
+    output = run.stdout[-8000:] + run.stderr[-8000:]
+    assert run.returncode == 0, output
+    assert "rank 0: ok (of 2)" in output and "rank 1: ok (of 2)" in output, output

@@ -99,7 +99,8 @@ def encode_text(tokenizer, text: str) -> list[int]:
 
 
 def _any_alive_globally(alive: bool) -> bool:
-    """Every rank's engine call is collective under data-parallel vLLM: agree on turn count."""
+    """Whether any rank has a live trajectory: the ranks take their turns together, so an engine
+    whose calls are collective (a ZeRO-3 model's gathers) is called as often on every rank."""
     return bool(all_reduce_values([1 if alive else 0], op="max")[0])
 
 
@@ -261,7 +262,7 @@ def _generate_turns(
         ]
         if not _any_alive_globally(bool(todo)):
             return comps
-        # one call for all (collective under data-parallel vLLM); each row is cut to its room
+        # one call for all, on every rank while any rank resumes; each row is cut to its room
         room = max((params.max_tokens - len(comps[j].token_ids) for j in todo), default=1)
         more = engine.generate(
             [prompts[j] + comps[j].token_ids for j in todo],

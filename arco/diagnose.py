@@ -26,6 +26,7 @@ from arco.rubrics import RubricItem, compute_dtype, rubric_batch, trajectory_chu
 from arco.steps import Episode
 from common.rl import logprobs_from_logits
 from common.rollout.batch import padding_id
+from common.train.distributed import refuse_ranks
 
 
 @dataclass
@@ -242,6 +243,7 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     write μ's rubrics for every step, and report action identification and score distributions.
     A checkpoint of ``run_dir`` also gets the accuracy logged into the run's metrics.jsonl at its
     step (``diag/action_id_accuracy``, ``diag/action_id_chance``), where comparisons read it."""
+    refuse_ranks("arco diagnose", "its rollouts and μ's scoring are not split over ranks")
     from arco.environment import build_environment
     from arco.rubric_model import read_meta
     from arco.rubrics import score_items, write_criteria

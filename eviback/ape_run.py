@@ -20,7 +20,6 @@ The command is one process: under a launcher's several ranks it refuses before i
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from common.data import QAExample
 from common.llm_client import LLMClient
+from common.train.distributed import refuse_ranks
 from eviback.ape import (
     BenchmarkRow,
     CandidateResult,
@@ -227,16 +227,11 @@ def policy_runs(
 
 
 def check_one_process() -> None:
-    """Refuse a launcher's start of several ranks (``WORLD_SIZE`` > 1): E2E-APE has no process
-    group, so every rank would take the same GPU, run the whole pipeline and write the same
-    files."""
-    world = os.environ.get("WORLD_SIZE", "1").strip() or "1"
-    if world != "1":
-        raise ValueError(
-            f"runs in one process, not under a launcher's ranks (WORLD_SIZE={world}): start it "
-            "with `python -m eviback ape ...`, without the DeepSpeed launcher or torchrun "
-            "(E2E-APE's rollouts, controller and teacher calls are not split over ranks)"
-        )
+    """Refuse a launcher's start of several ranks (``WORLD_SIZE`` > 1)."""
+    refuse_ranks(
+        "eviback ape",
+        "E2E-APE's rollouts, controller and teacher calls are not split over ranks",
+    )
 
 
 def run_ape(cfg: EviBackConfig) -> dict:

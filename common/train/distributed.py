@@ -84,6 +84,18 @@ def exit_process(code: int | None = 0) -> NoReturn:
     os._exit(code or 0)
 
 
+def refuse_ranks(command: str, why: str) -> None:
+    """Stop a one-process command that a launcher started as several ranks (``WORLD_SIZE`` > 1),
+    before it loads anything: with no process group of its own, every rank would take the same
+    GPU (``cuda:0``), do the whole work and write the same files. ``why``: what is not split."""
+    world = os.environ.get("WORLD_SIZE", "1").strip() or "1"
+    if world != "1":
+        raise ValueError(
+            f"runs in one process, not under a launcher's ranks (WORLD_SIZE={world}): start it "
+            f"with `python -m {command} ...`, without the DeepSpeed launcher or torchrun ({why})"
+        )
+
+
 def current_rank() -> int:
     """This process's global rank; the launcher's RANK (or 0) outside a multi-rank group.
 

@@ -180,6 +180,11 @@ def train_cer(cfg: CERConfig) -> dict:
         and cfg.reward.scorer == "prefix"
         and not (train.world_size > 1 and cfg.train.zero_stage == 3)
     )
+    # A sleeping engine frees its memory (CER-8B's scoring forward needs it) from the end of
+    # generation to the weight push, unless the engine is the scorer.
+    sleep_for_reward = (
+        cfg.engine.backend == "vllm" and cfg.engine.sleep_during_update
+    ) and cfg.reward.scorer != "engine"
     # The rule the dev accuracy is by: math-verify, letter, or the alias oracle (alias task).
     dev_verifier = "+".join(sorted({verifier_name(ex, rules_of(cfg)) for ex in dev_set}))
     order = list(range(len(train_set)))
@@ -253,6 +258,8 @@ def train_cer(cfg: CERConfig) -> dict:
         if reuse_kv:
             engine.keep_kv = False
         timings["generate"] = time.perf_counter() - t0
+        if sleep_for_reward:  # the scorer forwards the training model beside no awake engine
+            engine.sleep()
         t0, scored[0] = time.perf_counter(), 0
         types = SIGNAL_TYPES if cfg.reward.signal else ()
         extra = {"score_fn": score_fn, "m": cfg.reward.m, "selection": reward_rules[0],

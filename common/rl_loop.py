@@ -301,8 +301,8 @@ def update_and_push(
     each phase (``common.train.gpu_memory``)."""
     vllm = engine_cfg.backend == "vllm"
     memory = phase_memory("rollout")  # generation and reward, since the last step's push
-    if vllm and engine_cfg.sleep_during_update:
-        engine.sleep()
+    if vllm and engine_cfg.sleep_during_update and not engine.asleep:
+        engine.sleep()  # (CER puts it to sleep before its reward already)
     t0 = time.perf_counter()
     stats = policy_update(train, trajs, advantages, loss, pad_id)
     timings["update"] = time.perf_counter() - t0

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from common.rollout.engine import Completion, SamplingConfig, request_seeds
+from common.train.distributed import is_multi_rank
 
 # Must be set before vllm is imported: the engine core runs in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -207,14 +208,11 @@ class VLLMEngine:
             kwargs["max_num_batched_tokens"] = max_num_batched_tokens
         if enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            if torch.distributed.get_world_size() > 1:
-                # TRL's colocate layout: each rank's engine is its own replica (tensor parallel 1,
-                # no data-parallel group), so no engine step waits on another rank's; a
-                # data-parallel group would add a collective to every decode step
-                kwargs.update(
-                    distributed_executor_backend="external_launcher", tensor_parallel_size=1
-                )
+        if is_multi_rank():
+            # TRL's colocate layout: each rank's engine is its own replica (tensor parallel 1,
+            # no data-parallel group), so no engine step waits on another rank's; a
+            # data-parallel group would add a collective to every decode step
+            kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
         # vLLM drops torch to one thread "for serving" unless OMP_NUM_THREADS is set; the trainer
         # shares this process and wants its threads.
         os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(torch.get_num_threads())))

@@ -71,6 +71,7 @@ from common.train import (
     read_metrics,
 )
 from common.train.distributed import init_distributed
+from common.train.memory_plan import announce_plan
 from common.train.run_folder import open_run_folder
 
 ALL_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
@@ -154,6 +155,7 @@ def train_cer(cfg: CERConfig) -> dict:
     # resume: continue after run_dir's latest complete checkpoint (none: start at step 0)
     folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # recorded at begin()
     whole = cfg.reward.frozen_scorer or cfg.loss.kl_coef > 0  # copied whole below
+    announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
     model = load_for_training(cfg.assets.model, train_cfg, partition=not whole)
     # Before the engine wraps the model (and before ZeRO-3 could partition it); a resumed run's
     # checkpoint loads into the training model only: the frozen scorer stays the initial policy.

@@ -51,6 +51,7 @@ from common.train import (
     load_for_training,
     progress,
 )
+from common.train.memory_plan import announce_plan
 from common.train.run_folder import RunFolder, open_run_folder
 from eviback.assets import build_retriever, build_teacher, load_questions, select_questions
 from eviback.backoff import Backoff, backoff_rewards, reward_of
@@ -189,6 +190,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         folder.close()
         raise
     tokenizer = AutoTokenizer.from_pretrained(a.model)
+    announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
     model = load_for_training(a.model, cfg.train, partition=cfg.loss.kl_coef == 0)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
     if train.is_main:

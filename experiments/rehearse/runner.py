@@ -52,6 +52,7 @@ PAPER_CONFIGS: tuple[str, ...] = (
     "arco/configs/llama3.2_3b_musique.yaml",
 )
 ARCO_VARIANT_CONFIG = "arco/configs/qwen3_4b_hotpotqa.yaml"  # the config the variants rehearse on
+PLAN_RANKS = 8  # the memory plan's GPUs: one node (the configs' batch sizes are global)
 DATA_ROWS = 16  # training rows per data file: the rehearsal's steps draw a few of them
 # The teacher and annotator clients' timeout in the rehearsal: the endpoint's "timeout" answers
 # wait longer than this, so the client's timeout path runs without minutes of waiting.
@@ -86,18 +87,37 @@ def family(config: str | Path) -> str:
 
 def loaded_config(config: Path, variant: str | None) -> dict[str, Any]:
     """The config as its trainer builds it (defaults filled in, the variant applied), as a dict."""
-    from common.config import config_to_dict, load_config
+    from common.config import config_to_dict
+
+    return config_to_dict(config_object(config, variant))
+
+
+def config_object(config: Path, variant: str | None) -> Any:
+    """The config dataclass as its trainer builds it (defaults filled in, the variant applied)."""
+    from common.config import load_config
 
     fam = family(config)
     if fam == "arco":
         from arco.variants import load_variant
 
-        return config_to_dict(load_variant(str(ROOT / config), [], variant))
+        return load_variant(str(ROOT / config), [], variant)
     if fam == "eviback":
         from eviback.config import EviBackConfig as cls
     else:
         from cer.config import CERConfig as cls
-    return config_to_dict(load_config(cls, ROOT / config))
+    return load_config(cls, ROOT / config)
+
+
+def memory_plan(config: Path, variant: str | None, ranks: int = PLAN_RANKS) -> str:
+    """The paper run's memory plan per rank on ``ranks`` GPUs (80 GB and 141 GB), as markdown;
+    a plan that cannot be made is one line saying why (the rehearsal goes on)."""
+    from common.train.memory_plan import MemoryPlanError, plan_for_run
+
+    label = str(config) + (f" --variant {variant}" if variant else "")
+    try:
+        return plan_for_run(config_object(config, variant), ranks, label=label).format()
+    except (MemoryPlanError, ValueError) as e:
+        return f"No memory plan: {e}"
 
 
 def rehearsal_name(config: str | Path, variant: str | None) -> str:
@@ -414,6 +434,7 @@ class Report:
     endpoint: dict[str, Any] = field(default_factory=dict)
     standin: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    memory_plan: str = ""  # the paper run's GPU memory per rank (common.train.memory_plan)
 
     @property
     def ok(self) -> bool:
@@ -463,6 +484,9 @@ class Report:
                 lines += markdown_rows(name, table)
         else:
             lines.append("No train stage logged `tokens/*` metrics (a run from before them).")
+        if self.memory_plan:
+            lines += ["", f"## GPU memory plan of the paper run ({PLAN_RANKS} ranks)", ""]
+            lines += [self.memory_plan]
         lines += ["", "## The stand-in", ""]
         lines += [f"- {k}: {_short(v)}" for k, v in self.standin.items()]
         lines += ["", "## Changed for this machine", ""] + [f"- {n}" for n in self.notes]
@@ -514,6 +538,9 @@ def rehearse(
         for sub in ("runs", "logs", "eval-all"):
             shutil.rmtree(out / sub, ignore_errors=True)
     report = Report(str(config), variant, ranks, device)
+    report.memory_plan = memory_plan(config, variant)
+    print(f"[rehearse] {name}: memory plan of the paper run on {PLAN_RANKS} GPUs:", flush=True)
+    print(report.memory_plan, flush=True)
     with _prepared(config, raw, variant, ranks, out, device, report) as setup:
         plan = PLANS[fam](setup) + [_eval_all_stage(setup)]
         if stages:

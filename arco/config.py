@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from arco.environment import EnvironmentConfig
 from arco.rubric_prompt import (
@@ -469,7 +469,20 @@ class DiagnoseConfig:
 
 @dataclass
 class ArcoConfig:
-    """One ARCO run: warmup writes ``warmup_dir``; RL trains from it into ``run_dir``."""
+    """One ARCO run: warmup writes ``warmup_dir``; RL trains from it into ``run_dir``.
+
+    ``train.weight_decay``, ``train.max_grad_norm`` and ``train.scheduler`` are RL's; the warmup
+    takes ``warmup.weight_decay``, ``warmup.max_grad_norm`` and its own ``warmup.warmup_ratio``
+    schedule."""
+
+    DERIVED: ClassVar[dict[str, str]] = {  # set by train_arco and run_warmup; refused in configs
+        "train.lr": "rl.pi_lr_sparse, rl.mu_lr, rl.head_lr (arco train); warmup.pi_lr, "
+        "warmup.mu_lr, warmup.head_lr (arco warmup)",
+        "train.grad_accum": "rl.dense_questions / ranks / rl.micro_batch_size, x2 with "
+        "rl.mu_single_forward (arco train); 1 (arco warmup, by warmup.micro_batch_size)",
+        "train.total_steps": "rl.sparse_steps + rl.dense_steps",
+        "train.seed": "seed",
+    }
 
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     warmup_dir: str = field(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from common.model_id import model_reason
 from common.rewards import REWARDS, OutcomeReward, load_part
@@ -235,6 +235,14 @@ class WarmupConfig:
 @dataclass
 class CERConfig:
     """A CER (or baseline reward) GRPO-family run on single-turn math / free-form questions."""
+
+    DERIVED: ClassVar[dict[str, str]] = {  # set by train_cer and run_warmup; refused in configs
+        "train.grad_accum": "prompts_per_step * group_size / ranks / loss.micro_batch_size",
+        "train.total_steps": "steps",
+        "train.seed": "seed",
+        "warmup.train.total_steps": "warmup.steps",
+        "warmup.train.seed": "seed",
+    }
 
     run_dir: str = field(default="runs/cer/tiny/cer", metadata={"help": "output folder"})
     resume: bool = field(

@@ -20,16 +20,24 @@ the bounds apply to every element. They are checked when the config is built, an
 ``describe_config`` shows them. Choices are ``Literal[...]`` types. Checks across fields belong in
 the dataclass's ``__post_init__``, raising ``ValueError``.
 
+Derived keys: a run config class may declare ``DERIVED``, a ``ClassVar`` mapping each dotted key
+its trainer sets itself (``train.seed``, ``train.grad_accum``...) to what it derives it from
+(``"seed"``). A derived key is not a setting: the command line and a config file that set one are
+refused, naming the keys to set instead, and ``describe_config`` shows it as the trainer's. A run's
+recorded settings (a file that writes the key's whole section, as ``dump_config`` and a run
+folder's ``config.yaml`` do) load as they are: there the value records what the trainer derived.
+
 Every mistake is a ``ConfigError`` naming the dotted key and where it came from (the file or the
 command line): an unknown key (with the closest valid key), a wrong type (with the expected type
 and the value), a value out of its range (with the range), a choice not among the choices, a
-missing required field, a failed ``__post_init__`` check.
+missing required field, a failed ``__post_init__`` check, a derived key.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -53,7 +61,8 @@ def load_config(
 ) -> T:
     """Build ``cls`` from the YAML file at ``path`` (and its ``defaults`` chain), then ``overrides``."""
     sources: dict[str, str] = {}
-    data = _read_yaml(Path(path), sources, ()) if path is not None else {}
+    files: dict[str, dict[str, Any]] = {}  # each file's own mapping, for _refuse_derived
+    data = _read_yaml(Path(path), sources, (), files) if path is not None else {}
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
@@ -67,7 +76,54 @@ def load_config(
                 f"override {item!r} on the {COMMAND_LINE}: bad YAML value: {e}"
             ) from None
         data = _override(data, key.strip().split("."), value, sources)
-    return _convert(cls, data, "", _Context(cls, sources))
+    ctx = _Context(cls, sources)
+    _refuse_derived(cls, data, ctx, files)
+    return _convert(cls, data, "", ctx)
+
+
+def derived_keys(cls: type) -> dict[str, str]:
+    """Dotted key -> what the trainer of ``cls`` derives it from (the class's ``DERIVED``)."""
+    return dict(getattr(cls, "DERIVED", {}))
+
+
+def _refuse_derived(
+    cls: type, data: dict[str, Any], ctx: _Context, files: dict[str, dict[str, Any]]
+) -> None:
+    """A ConfigError for a derived key set on the command line or in a config file that is not a
+    run's recorded settings (one writing the key's whole section)."""
+    valid = {k for k, *_ in _leaves(cls, "")}
+    for key, source in derived_keys(cls).items():
+        parts = key.split(".")
+        if not _holds(data, parts):
+            continue
+        origin = ctx.source(key)
+        if origin in files and _whole_section(cls, files[origin], parts[:-1]):
+            continue
+        instead = [k for k in re.findall(r"[A-Za-z_][\w.]*", source) if k in valid]
+        raise ConfigError(
+            f"config key {key!r} (from {ctx.where(key)}) is derived by the trainer "
+            f"({key} = {source}); set {', '.join(instead) or 'those keys'} instead"
+        )
+
+
+def _holds(data: Any, parts: list[str]) -> bool:
+    """Whether the nested mapping ``data`` has the dotted key ``parts``."""
+    for part in parts:
+        if not isinstance(data, dict) or part not in data:
+            return False
+        data = data[part]
+    return True
+
+
+def _whole_section(cls: type, data: dict[str, Any], parts: list[str]) -> bool:
+    """Whether ``data`` (one file's mapping) sets every field of the section ``parts`` of ``cls``."""
+    for part in parts:
+        hints = typing.get_type_hints(cls)
+        if part not in hints or not dataclasses.is_dataclass(hints[part]):
+            return False
+        cls, data = hints[part], data.get(part) if isinstance(data, dict) else None
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    return isinstance(data, dict) and names <= set(data)
 
 
 def _override(
@@ -113,8 +169,9 @@ def dump_config(cfg: Any, path: str | Path) -> None:
 
 def describe_config(cls: type) -> str:
     """One line per dotted key: ``key  type  range  default  help`` (for a CLI's --help)."""
+    derived = {k: f"set by the trainer: {k} = {v}" for k, v in derived_keys(cls).items()}
     rows = [
-        (k, _type_name(t), range_text(f), d, f.metadata.get("help", ""))
+        (k, _type_name(t), range_text(f), d, derived.get(k, f.metadata.get("help", "")))
         for k, t, f, d in _leaves(cls, "")
     ]
     # a long type (a Literal of many choices) overflows its own row instead of widening them all
@@ -163,8 +220,14 @@ def _check_range(f: dataclasses.Field, value: Any, key: str, ctx: _Context) -> N
         )
 
 
-def _read_yaml(path: Path, sources: dict[str, str], chain: tuple[Path, ...]) -> dict[str, Any]:
-    """Load one file over its ``defaults`` base, recording which file set each dotted key."""
+def _read_yaml(
+    path: Path,
+    sources: dict[str, str],
+    chain: tuple[Path, ...],
+    files: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Load one file over its ``defaults`` base, recording which file set each dotted key (and
+    in ``files`` each file's own mapping)."""
     if path.resolve() in chain:
         loop = " -> ".join(map(str, (*chain, path.resolve())))
         raise ConfigError(f"config {path}: the 'defaults' chain loops: {loop}")
@@ -181,7 +244,9 @@ def _read_yaml(path: Path, sources: dict[str, str], chain: tuple[Path, ...]) -> 
         parent = data.pop("defaults")
         if not isinstance(parent, str):
             raise ConfigError(f"config file {path}: 'defaults' must be a file name, got {parent!r}")
-        base = _read_yaml(path.parent / parent, sources, (*chain, path.resolve()))
+        base = _read_yaml(path.parent / parent, sources, (*chain, path.resolve()), files)
+    if files is not None:
+        files[str(path)] = data
     return _merge(base, data, str(path), sources)
 
 
@@ -210,14 +275,19 @@ class _Context:
 
     def where(self, key: str) -> str:
         """The file (or the command line) that set ``key`` or its closest enclosing section."""
+        source = self.source(key)
+        return self._name(source) if source else "defaults"
+
+    def source(self, key: str) -> str | None:
+        """``where`` as recorded: a file's path, ``COMMAND_LINE``, or None (the defaults)."""
         parts = key.split(".")
         for n in range(len(parts), 0, -1):
             source = self.sources.get(".".join(parts[:n]).split("[")[0])
             if source:
-                return self._name(source)
+                return source
         # a section that only its own keys set (``trian.lr=1`` sets ``trian.lr``, not ``trian``)
         below = [s for k, s in self.sources.items() if k.startswith(key.split("[")[0] + ".")]
-        return self._name(below[-1]) if below else "defaults"
+        return below[-1] if below else None
 
     def where_section(self, key: str) -> str:
         """Every source that set a key of section ``key`` ("" = all): a check across its keys

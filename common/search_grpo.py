@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from common.batches import BatchLog, group_grad_accum, rank_questions
 from common.config import ConfigError, load_config
@@ -42,6 +42,7 @@ from common.rl_loop import (
     end_of_step,
     evaluate,
     group_shares,
+    identical_group_share,
     logged_evals,
     plot_curve,
     result_line,
@@ -62,6 +63,7 @@ from common.train import (
     progress,
 )
 from common.train.logging import LogConfig
+from common.train.memory_plan import announce_plan
 from common.train.run_folder import open_run_folder
 
 
@@ -107,6 +109,11 @@ class GRPORewardConfig(RewardConfig):
 @dataclass
 class GRPOConfig(RunLoopConfig):
     """The reference GRPO run (the run loop's fields: ``RunLoopConfig``)."""
+
+    DERIVED: ClassVar[dict[str, str]] = {  # set by train_grpo; refused in configs and overrides
+        "train.grad_accum": "questions_per_step * n / ranks / loss.micro_batch_size",
+        "train.seed": "seed",
+    }
 
     world: str = field(default="runs/tinyworld/seed0", metadata={"help": "tiny world folder"})
     model: str = field(default="", metadata={"help": "HF model folder (default: <world>/model)"})
@@ -170,7 +177,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     """Run the loop; returns the first and last evaluation."""
     from transformers import AutoTokenizer
 
-    # the batch is global: each rank's share, checked before any load
+    # the batch is global: each rank's share, checked before any load (GRPOConfig.DERIVED)
     cfg.train.grad_accum = group_grad_accum(
         cfg.questions_per_step, "questions_per_step", cfg.n, "n",
         cfg.loss.micro_batch_size, "loss.micro_batch_size",
@@ -183,6 +190,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     run_dir = Path(cfg.run_dir)
     folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.path("model"))
+    announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
     model = load_for_training(cfg.path("model"), cfg.train, partition=cfg.loss.kl_coef == 0)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
     if train.is_main:
@@ -273,6 +281,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             **rollout_metrics(trajs),
             "reward": rewards.mean().item(),
             **group_shares(rewards, cfg.n),
+            **identical_group_share(trajs, cfg.n),
             **out.metrics,
             **upd,
             **rollout_token_metrics(trajs),  # tokens/generation, shape/*: summed over ranks

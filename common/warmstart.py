@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -160,6 +160,11 @@ def warm_start(
 class WarmStartConfig:
     """Supervised warm start of a tiny-world agent."""
 
+    DERIVED: ClassVar[dict[str, str]] = {  # set by run_warm_start; refused in configs and overrides
+        "train.total_steps": "steps",
+        "train.seed": "seed",
+    }
+
     world: str = field(default="runs/tinyworld/seed0", metadata={"help": "tiny world folder"})
     out: str = field(default="runs/warmstart/tiny", metadata={"help": "output folder"})
     seed: int = field(default=0, metadata={"help": "data order and init seed", "ge": 0})
@@ -205,7 +210,7 @@ def run_warm_start(cfg: WarmStartConfig) -> Path:
     trajs = gold_trajectories(
         load_qa(world / "train.jsonl"), tokenizer, retriever, cfg.agent, cfg.shortcut_rate, cfg.seed
     )
-    cfg.train.total_steps = cfg.steps
+    cfg.train.total_steps = cfg.steps  # WarmStartConfig.DERIVED
     cfg.train.seed = cfg.seed
     engine = TrainEngine(model, cfg.train)
     history = warm_start(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from common.data import check_where
 from common.model_id import model_problem
@@ -305,6 +305,12 @@ class ApeConfig:
 @dataclass
 class EviBackConfig(RunLoopConfig):
     """An EviBack (or, teacher off, Search-R1 GRPO) run (the loop's fields: ``RunLoopConfig``)."""
+
+    DERIVED: ClassVar[dict[str, str]] = {  # set by train_eviback; refused in configs and overrides
+        "train.grad_accum": "questions_per_step * n / ranks / loss.micro_batch_size",
+        "train.total_steps": "steps",
+        "train.seed": "seed",
+    }
 
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     run_dir: str = field(default="runs/eviback/tiny", metadata={"help": "output folder"})

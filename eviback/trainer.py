@@ -169,7 +169,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     """Run the loop; returns the dev evaluations (first = before training, last = after)."""
     from transformers import AutoTokenizer
 
-    # the batch is global: each rank's share, checked before any load
+    # the batch is global: each rank's share, checked before any load (EviBackConfig.DERIVED)
     cfg.train.grad_accum = group_grad_accum(
         cfg.questions_per_step, "questions_per_step", cfg.n, "n",
         cfg.loss.micro_batch_size, "loss.micro_batch_size",

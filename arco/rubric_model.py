@@ -14,13 +14,16 @@ the whole module).
 
 Precision: with bf16 on, the base runs in bf16 while the four adapters and the head stay fp32
 (``fp32_parameter``; peft's own default for adapters, and the release's head), so the trained
-weights are stepped in fp32 and the head computes in fp32 on the pooled hidden state.
+weights are stepped in fp32 and the head computes in fp32 on the pooled hidden state. The base is
+loaded in its dtype (no fp32 copy first), and the rotary frequencies (``ROTARY_BUFFERS``) stay
+fp32 whatever the module is cast to: in bf16 they would shift RoPE angles by radians at long
+positions, away from what vLLM computes.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ TRAINED = ("policy", "rubric")
 REFERENCE = {"policy": "policy_ref", "rubric": "rubric_ref"}
 META_FILE = "arco.json"
 HEAD_FILE = "rubric_head/head.safetensors"  # in a subfolder: vLLM loads every top-level one
+ROTARY_BUFFERS = ("inv_freq", "original_inv_freq")  # HF's rotary embeddings: fp32 always
 
 
 class ScoreHead(nn.Module):
@@ -91,6 +95,61 @@ class ArcoModel(nn.Module):
         """Weights kept in fp32 under bf16 (``TrainEngine``): every adapter's and the head's."""
         return name.startswith("head.") or "lora_" in name
 
+    def gradient_checkpointing_enable(
+        self, gradient_checkpointing_kwargs: dict[str, Any] | None = None
+    ) -> None:
+        """Recompute each decoder layer's activations in backward (``TrainEngine`` calls it under
+        ``train.gradient_checkpointing``): the HF backbone's own checkpointing (default
+        ``use_reentrant=False``; HF also makes the embeddings' output require grad, as a frozen
+        base under reentrant checkpointing needs), each layer recomputed under the adapter its
+        forward ran under. Active in train mode only (HF's rule)."""
+        kwargs = gradient_checkpointing_kwargs or {"use_reentrant": False}
+        hf = self.lm.get_base_model()
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        for module in hf.modules():  # the checkpoint function HF has just given each layer
+            if getattr(module, "gradient_checkpointing", False):
+                module._gradient_checkpointing_func = self._under_forward_adapter(
+                    module._gradient_checkpointing_func
+                )
+
+    def _under_forward_adapter(self, checkpoint: Callable[..., Any]) -> Callable[..., Any]:
+        """``checkpoint`` with the layer recomputed under the adapter active at its forward: π's
+        and μ's forwards share the layers and one backward takes a loss over both, when only the
+        last forward's adapter is active (recomputing π's layers under μ gives wrong gradients)."""
+
+        def run(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            adapter = self.lm.active_adapter
+
+            def under_adapter(*a: Any, **k: Any) -> Any:
+                current = self.lm.active_adapter
+                if current == adapter:  # the forward itself, or a backward of one adapter
+                    return function(*a, **k)
+                self.use(adapter)
+                try:
+                    return function(*a, **k)
+                finally:
+                    self.use(current)
+
+            return checkpoint(under_adapter, *args, **kwargs)
+
+        return run
+
+    def gradient_checkpointing_disable(self) -> None:
+        self.lm.get_base_model().gradient_checkpointing_disable()
+
+    def _apply(self, fn: Any, recurse: bool = True) -> ArcoModel:
+        """``nn.Module.to`` / ``.bfloat16()`` / ``.cuda()``, the rotary buffers moved but never
+        cast: they stay fp32 (a cast to bf16 and back would not restore them)."""
+        kept = {n: b for n, b in self.named_buffers() if n.rsplit(".", 1)[-1] in ROTARY_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, old in kept.items():
+            owner, _, leaf = name.rpartition(".")
+            module = self.get_submodule(owner)
+            new = module._buffers[leaf]
+            if new is not None and new.dtype != old.dtype:
+                module._buffers[leaf] = old.to(new.device)
+        return self
+
     def use(self, adapter: str) -> None:
         """Route forwards through ``adapter``; the trainable set never changes (peft would
         otherwise make the active adapter trainable and freeze the others)."""
@@ -129,6 +188,7 @@ class ArcoModel(nn.Module):
                     attention_mask=attention_mask,
                     position_ids=position_ids,
                     output_hidden_states=pool_mask is not None,
+                    use_cache=False,
                 )
                 logits, hidden = (
                     out.logits,
@@ -138,7 +198,10 @@ class ArcoModel(nn.Module):
                 hf = self.lm.get_base_model()
                 body = getattr(hf, hf.base_model_prefix)  # the decoder, under the LoRA layers
                 hidden = body(
-                    input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    use_cache=False,
                 ).last_hidden_state
                 logits = hf.get_output_embeddings()(hidden[logit_mask.bool()])  # [n, V]
         finally:
@@ -205,7 +268,8 @@ def build_arco_model(
 ) -> ArcoModel:
     """The base at ``base_path`` with the four adapters and a head for ``k`` scores.
 
-    ``dtype``: the base's (the adapters and the head are fp32 whatever it is).
+    ``dtype``: the base's, loaded straight in it (the adapters and the head are fp32 whatever it
+    is; the rotary buffers too).
     ``init_from``: a folder written by ``save_arco`` (warmup output, checkpoint); its policy and
     rubric adapters and head are loaded, its LoRA settings and K win over ``lora``/``k``, and the
     references become copies of the loaded adapters. Without it: fresh adapters (B = 0, so π = μ

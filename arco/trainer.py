@@ -68,6 +68,7 @@ from common.rl_loop import (
     end_of_step,
     evaluate,
     group_shares,
+    identical_group_share,
     logged_evals,
     plot_curve,
     rollout_metrics,
@@ -80,6 +81,8 @@ from common.train import (
     load_checkpoint,
     progress,
 )
+from common.train.gpu_memory import phase_memory
+from common.train.memory_plan import announce_plan
 from common.train.run_folder import open_run_folder
 
 
@@ -103,8 +106,32 @@ def build_engine(cfg: ArcoConfig, model: ArcoModel, tokenizer, seed: int):
     )
 
 
-def push_adapters(engine, model: ArcoModel) -> None:
-    """Both adapters' current weights into a vLLM engine (an HF engine shares the model)."""
+class EngineNap:
+    """A vLLM engine asleep while the training engine updates (``engine.sleep_during_update``,
+    as ``common.rl_loop.update_and_push``): ``sleep()`` before the update, and ``push_adapters``
+    wakes it before the new adapters go in. Idle on an HF engine (it is the training model)."""
+
+    def __init__(self, cfg: ArcoConfig, engine):
+        self.engine = engine
+        self.on = cfg.engine.backend == "vllm" and cfg.engine.sleep_during_update
+        self.asleep = False
+
+    def sleep(self) -> None:
+        if self.on and not self.asleep:
+            self.engine.sleep()
+            self.asleep = True
+
+    def wake_up(self) -> None:
+        if self.asleep:
+            self.engine.wake_up()
+            self.asleep = False
+
+
+def push_adapters(engine, model: ArcoModel, nap: EngineNap | None = None) -> None:
+    """Both adapters' current weights into a vLLM engine (an HF engine shares the model), woken
+    first when ``nap`` put it to sleep."""
+    if nap is not None:
+        nap.wake_up()
     if hasattr(engine, "push_adapter"):
         for name in ("policy", "rubric"):
             engine.push_adapter(name, model.lm, name)
@@ -150,7 +177,7 @@ def load_arco_folder(cfg: ArcoConfig, folder: Path) -> tuple[ArcoModel, object]:
     from transformers import AutoTokenizer
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if cfg.train.use_bf16(device) else torch.float32  # as in training
+    dtype = cfg.train.weights_dtype()  # as in training
     model = build_arco_model(
         cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, folder, dtype=dtype
     ).to(device)
@@ -249,7 +276,10 @@ def policy_loss(
     logits, _ = train("policy", batch.input_ids, batch.attention_mask, logit_mask=at)  # [n, V]
     logp = scatter_positions(logprobs_from_logits(logits, batch.input_ids[:, 1:][where]), where)
     loss = policy_step_loss(logp, adv.to(train.device), batch.loss_mask)
-    stats = {"pi_kl": 0.0}
+    # mean |log pi_train - log pi_engine| over the sampled tokens: another model or other
+    # positions in the engine than in training show here (the update averages it over chunks)
+    gap = (logp.detach() - batch.sampling_logprobs).abs() * batch.loss_mask
+    stats = {"pi_kl": 0.0, "logprob_gap": (gap.sum() / batch.loss_mask.sum().clamp(min=1)).item()}
     if kl_coef > 0:
         with torch.no_grad():
             ref_logits, _ = train.model(
@@ -463,6 +493,7 @@ def update(
         for k, v in mine.items():
             stats[k] = stats.get(k, 0.0) + v
     out = {k: v / len(chunks) for k, v in stats.items()}
+    out["train_mode"] = float(train.model.training)  # 0: dropout and checkpointing are off
     out["grad_norm"] = (
         float(info["grad_norm"]) if info.get("grad_norm") is not None else float("nan")
     )
@@ -621,6 +652,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
     step_scorer = rl.scorer() if rl.step_scorer != "rubric" else None
     by_id = {q.id: q for q in train_set}
     single = mu_single_forward(cfg)
+    # the keys ArcoConfig.DERIVED declares (a config or override setting them is refused)
     cfg.train.grad_accum = check_batches(rl, world, len(train_set)) * (2 if single else 1)
     cfg.train.total_steps = max(cfg.steps, 1)
     cfg.train.seed = cfg.seed
@@ -633,8 +665,13 @@ def train_arco(cfg: ArcoConfig) -> dict:
     folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
+    announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
     model = build_arco_model(
-        cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, cfg.warmup_dir
+        cfg.assets.model,
+        cfg.lora.as_peft(),
+        cfg.rubric.head_k,
+        cfg.warmup_dir,
+        dtype=cfg.train.weights_dtype(),
     )
     if uses_mu:
         check_rubric_matches(cfg, model, cfg.warmup_dir)
@@ -648,6 +685,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
+    nap = EngineNap(cfg, engine)
     push_adapters(engine, model)
     folder.begin()  # every load-time check passed: record the settings, trim the log
     logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
@@ -711,6 +749,8 @@ def train_arco(cfg: ArcoConfig) -> dict:
             t0 = time.perf_counter()
             write_criteria(engine, items, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
             timings["rubric_generation"] = time.perf_counter() - t0
+        if step_scorer is None:  # vLLM's last use before the push: μ scores on the training model
+            nap.sleep()
         mu_stats: dict[str, float] = {}
         if single:  # μ's update forward gives the scores: μ's micro-steps before π's
             mu_stats = rubric_update(train, items, rewards, cfg, pad_id, timings)
@@ -733,13 +773,16 @@ def train_arco(cfg: ArcoConfig) -> dict:
         else:
             a = sparse_group_advantages(rewards, [t.group_id for t in trajs]).tolist()
             step_adv = [[a[i]] * len(t.steps) for i, t in enumerate(trajs)]
+        memory = phase_memory("rollout")  # on a GPU: rollout, rubrics and scoring
+        nap.sleep()  # after a step scorer, which may use vLLM
         upd = update(
             train, trajs, items, step_adv, rewards, cfg, late, pad_id, timings, mu_done=single
         )
-        upd = {**mu_stats, **upd}
+        memory |= phase_memory("update")
         t0 = time.perf_counter()
-        push_adapters(engine, model)
+        push_adapters(engine, model, nap)
         timings["push"] = time.perf_counter() - t0
+        upd = {**mu_stats, **upd, **memory, **phase_memory("push")}
         timings["step"] = time.perf_counter() - t_step
         batch_log.write(step, [q.id for q in qs], len(trajs))
         metrics = {
@@ -748,6 +791,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
             **rollout_metrics(trajs),
             **(rubric_metrics(items, kinds, rewards, rl.invalid_bucket) if uses_mu else {}),
             "reward": rewards.mean().item(),
+            **identical_group_share(trajs, n),
             **(group_shares(rewards, n) if n > 1 else {}),  # sparse-shaped steps: groups
             **upd,
             **arco_token_metrics(

@@ -563,7 +563,13 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     """The whole warmup; returns ``warmup_dir``."""
     from transformers import AutoTokenizer
 
-    from arco.trainer import build_engine, make_rubric_items, push_adapters, rubric_settings
+    from arco.trainer import (
+        EngineNap,
+        build_engine,
+        make_rubric_items,
+        push_adapters,
+        rubric_settings,
+    )
 
     needs = ("model", "train_file", "retrieval", "teacher")
     cfg.check_assets(needs)
@@ -590,8 +596,12 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     folder = open_run_folder(out, None, resume=False)
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
-    model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k)
+    model = build_arco_model(
+        cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, dtype=cfg.train.weights_dtype()
+    )
     model.rubric_meta = rubric_settings(cfg)
+    # train.seed, lr and grad_accum: ArcoConfig.DERIVED; weight_decay, max_grad_norm and the
+    # schedule are RL's keys, the warmup's own are under warmup
     cfg.train.seed = cfg.seed
     cfg.train.lr = w.pi_lr
     cfg.train.weight_decay = w.weight_decay
@@ -605,6 +615,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
+    nap = EngineNap(cfg, engine)  # vLLM asleep through π's and μ's SFT epochs
     push_adapters(engine, model)
     t0 = time.perf_counter()
     if w.teacher == "oracle":
@@ -631,8 +642,10 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     _write_data(out / "data.jsonl", episodes, annotations)
 
     def select_em() -> float:
-        push_adapters(engine, model)
-        return evaluate(engine, tokenizer, retriever, select, agent_cfg, adapter="policy")["em"]
+        push_adapters(engine, model, nap)
+        em = evaluate(engine, tokenizer, retriever, select, agent_cfg, adapter="policy")["em"]
+        nap.sleep()  # back to SFT
+        return em
 
     report: dict = {"counts": counts, "filter": filter_counts, "collect_s": collect_s}
     if w.policy_from:  # one π for every arm of a comparison: the earlier warmup's
@@ -643,6 +656,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         report["pi_sft"] = {"skipped": "warmup.pi_epochs = 0", "select_em": select_em()}
         print("[arco warmup] π SFT skipped (warmup.pi_epochs = 0): π is the backbone", flush=True)
     elif pi_idx:
+        nap.sleep()
         report["pi_sft"] = sft_policy(train, [trajs[i] for i in pi_idx], cfg, select_em, logger)
     else:  # e.g. an untrained agent that never answers right: π stays as it is
         report["pi_sft"] = {"skipped": "no trajectory with R = 1 and more than one step"}
@@ -653,10 +667,11 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         if it.written:  # mode adaptive: μ learns to write the teacher's criteria
             it.criteria_ids = encode_text(tokenizer, format_criteria(ann.criteria)) + [eos_id]
         it.target_scores = sft_targets(ann.scores, cfg.rubric.head_k)
+    nap.sleep()
     report["mu_sft"] = sft_rubric(train, mu_items, cfg, pad_id, logger)
     model.sync_references()
     if cfg.rubric.mode == "adaptive":
-        push_adapters(engine, model)
+        push_adapters(engine, model, nap)
         report["mu_writes"] = check_written_criteria(engine, mu_items, cfg, eos_id, logger)
     if train.is_main:
         save_arco(model, out)

@@ -10,6 +10,7 @@ prompt logprobs (``SamplingParams.skip_reading_prefix_cache``), so each pair is 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -21,6 +22,7 @@ from cer.answer import AnswerSplit, closing_alternatives, continuation_ids
 from cer.reward import select_solutions
 from common.rollout.engine import GeneratedKV
 from common.train.distributed import all_reduce_values
+from common.train.engine import eval_mode
 
 T = TypeVar("T")
 Alternatives = Sequence[Sequence[int] | None]
@@ -213,6 +215,19 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def _in_eval_mode(model: torch.nn.Module, score: ScoreFn) -> ScoreFn:
+    """``score`` with ``model`` in eval mode while it runs: the training model is in training
+    mode, where gradient checkpointing drops the cache the scorer continues from (and dropout
+    would be on)."""
+
+    @functools.wraps(score)
+    def scored(*args: Any, **kwargs: Any) -> list[list[float]]:
+        with eval_mode(model):
+            return score(*args, **kwargs)
+
+    return scored
+
+
 def hf_prefix_scorer(
     model: torch.nn.Module, batch_size: int = 32, sync_ranks: bool = False
 ) -> ScoreFn:
@@ -372,7 +387,7 @@ def hf_prefix_scorer(
             head(forward(one, torch.ones_like(one), torch.zeros_like(one))[0][:, -1])
         return out
 
-    return score
+    return _in_eval_mode(model, score)
 
 
 def _sum_last_alternatives(
@@ -496,7 +511,7 @@ def naive_scorer(model: torch.nn.Module, batch_size: int = 32) -> ScoreFn:
                     _sum_last_alternatives(out, logp, {i: n_cont - 1}, last_alternatives)
         return out
 
-    return score
+    return _in_eval_mode(model, score)
 
 
 def _left_padded(

@@ -287,3 +287,23 @@ def test_threads_are_shared_among_the_ranks_of_a_host():
     assert threads_per_rank(16, {"LOCAL_WORLD_SIZE": "8"}) == 2
     assert threads_per_rank(16, {"LOCAL_SIZE": "3"}) == 5
     assert threads_per_rank(2, {"LOCAL_WORLD_SIZE": "8"}) == 1
+
+
+def test_cer_scores_the_training_model_in_eval_mode_under_checkpointing():
+    """The engine trains in training mode, where HF's checkpointing drops the KV cache a forward
+    is given: CER's prefix scorer, which continues from its trunk's cache, must score in eval
+    mode (it crashed on a shape mismatch in the rehearsal of a paper config) and equal the
+    untrained model's scores."""
+    from cer.scorer import hf_prefix_scorer, naive_scorer
+
+    reference = tiny_qwen3()
+    engine = TrainEngine(tiny_qwen3(), TrainConfig(gradient_checkpointing=True))
+    assert engine.model.training
+    prefixes = [[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 9]]
+    continuations = [[10, 11], [12], [13, 14, 15]]
+    expected = naive_scorer(reference)(prefixes, continuations)
+    for scorer in (hf_prefix_scorer, naive_scorer):
+        got = scorer(engine.model)(prefixes, continuations)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-4, atol=1e-5)
+    assert engine.model.training  # its mode is given back

@@ -138,6 +138,8 @@ class HFEngine:
         if adapter is not None:
             self.model.set_adapter(adapter)
         scores = []
+        was_training = self.model.training  # a training model: no dropout in its scores
+        self.model.eval()
         for p, c in zip(prefixes, continuations, strict=True):
             if not p:
                 raise ValueError("score: every prefix needs at least one token")
@@ -146,6 +148,7 @@ class HFEngine:
             targets = ids[0, 1:]
             tok_lp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
             scores.append(tok_lp[len(p) - 1 :].tolist())
+        self.model.train(was_training)
         return scores
 
     def push_weights(self, named_weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -13,8 +13,10 @@ them directly, no master copies, and DeepSpeed runs its fp32 path (its bf16 path
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +101,19 @@ def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
     for p in model.parameters():
         if p.is_floating_point() and p.dtype != dtype:
             p.data = p.data.to(dtype)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode inside the block, its mode restored after: for the training model's
+    forwards that are inference (scoring, rubric rows). The engine keeps it in training mode,
+    where HF's gradient checkpointing drops the KV cache a forward is given and dropout is on."""
+    was = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was)
 
 
 def is_partitioned(model: nn.Module) -> bool:

@@ -82,6 +82,8 @@ def test_warmup_rl_checkpoint_and_diagnose_with_bf16(tiny_world, tmp_path):
     out = train_arco(load_config(ArcoConfig, CONFIG, over))
     want = {"base": {torch.bfloat16}, "adapters": {torch.float32}, "head": {torch.float32}}
     assert dtypes(out["model"]) == want
+    rotary = {b.dtype for n, b in out["model"].named_buffers() if n.endswith("inv_freq")}
+    assert rotary == {torch.float32}
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     steps = [r for r in rows if "reward" in r]
     assert [r["phase_dense"] for r in steps] == [0.0, 1.0]

@@ -81,6 +81,7 @@ from common.train import (
     load_checkpoint,
     progress,
 )
+from common.train.engine import eval_mode
 from common.train.gpu_memory import phase_memory
 from common.train.memory_plan import announce_plan
 from common.train.run_folder import open_run_folder
@@ -281,7 +282,7 @@ def policy_loss(
     gap = (logp.detach() - batch.sampling_logprobs).abs() * batch.loss_mask
     stats = {"pi_kl": 0.0, "logprob_gap": (gap.sum() / batch.loss_mask.sum().clamp(min=1)).item()}
     if kl_coef > 0:
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(train.model):  # the reference without LoRA dropout
             ref_logits, _ = train.model(
                 "policy_ref", batch.input_ids, batch.attention_mask, logit_mask=at
             )
@@ -339,14 +340,14 @@ def rubric_loss(
     loss = decomp.sum()
     stats = {"mu_decomp_loss": decomp.mean().item(), "mu_kl": 0.0}
     if kl_on and shared:
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(train.model):
             ref_logits, _ = train.model("rubric_ref", tb.ids, tb.mask, logit_mask=at, **fwd)
         kl_pos = token_kl(logits, ref_logits, direction)  # [n]: each packed position once
         kl = tb.item_mean(kl_pos[tb.crit_at], len(items))  # [M] token means
         loss = loss + beta * kl.sum()
         stats["mu_kl"] = kl.sum().item() / n_trajs
     elif kl_on:
-        with torch.no_grad():
+        with torch.no_grad(), eval_mode(train.model):
             ref_logits, _ = train.model("rubric_ref", ids, attn, logit_mask=at)
         kl_tok = scatter_positions(token_kl(logits, ref_logits, direction), crit.bool())
         kl = masked_token_mean(kl_tok, crit)

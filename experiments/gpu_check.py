@@ -39,8 +39,10 @@ CHECKS: dict[str, tuple[str, ...]] = {
 # A train-vs-engine gap above this is another model or other positions, not bf16 rounding
 # (verl's rollout-vs-actor gap in bf16 is a few hundredths).
 GAP_LIMIT = 0.1
-# Short stand-in rollouts can tie by chance; one seed a group makes every group tie.
-IDENTICAL_LIMIT = 0.5
+# One seed for a group's requests makes every group tie at every step (share 1.0). The stand-in's
+# scripted chain is nearly deterministic, so some of its few groups tie by chance (measured on
+# CPU, where vLLM drops request seeds: ARCO's sparse step 0.5, EviBack's and CER's 0.0).
+IDENTICAL_LIMIT = 1.0
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,8 @@ def step_checks(rows: list[dict[str, Any]], capacity_gib: float | None) -> list[
     checks.append(
         Check(
             "identical-rollout share",
-            same is not None and same <= IDENTICAL_LIMIT,
-            "not logged" if same is None else f"mean {same:.3f} (limit {IDENTICAL_LIMIT})",
+            same is not None and same < IDENTICAL_LIMIT,
+            "not logged" if same is None else f"mean {same:.3f} (fails at {IDENTICAL_LIMIT})",
         )
     )
     phases = sorted(

@@ -104,6 +104,8 @@ def build_engine(cfg: ArcoConfig, model: ArcoModel, tokenizer, seed: int):
         max_loras=2,
         enable_sleep_mode=cfg.engine.sleep_during_update,
         seed=seed,
+        max_num_seqs=cfg.engine.max_num_seqs or None,
+        max_num_batched_tokens=cfg.engine.max_num_batched_tokens or None,
     )
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from saved_tensors import saved_bytes
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from common.rollout.hf_engine import HFEngine
@@ -98,16 +99,9 @@ def test_every_tensor_collective_goes_through_the_device_helper():
 # -- train mode, checkpointing, dtypes --------------------------------------------------------
 def _saved_bytes(engine: TrainEngine, ids: torch.Tensor) -> int:
     """Bytes of the tensors autograd saves for backward in one training forward."""
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_bytes() as total:
         engine(input_ids=ids).logits.float().logsumexp(-1).mean().backward()
-    return total
+    return total[0]
 
 
 def test_train_engine_trains_in_training_mode_so_checkpointing_saves_memory():

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from saved_tensors import saved_bytes
 from test_arco_run import CONFIG, overrides
 
 import arco.trainer
@@ -40,20 +41,13 @@ def _saved_bytes_and_grads(engine: TrainEngine) -> tuple[int, dict[str, torch.Te
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(5, 200, (2, 48), generator=g)
     mask = torch.ones_like(ids)
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_bytes() as total:
         logits, _ = engine("policy", ids, mask, logit_mask=mask.bool())
         _, scores = engine("rubric", ids, mask, pool_mask=mask)
         loss = logits.float().logsumexp(-1).mean() + scores.sum()
     loss.backward()
     grads = {n: p.grad.clone() for n, p in engine.model.named_parameters() if p.grad is not None}
-    return total, grads
+    return total[0], grads
 
 
 def test_gradient_checkpointing_saves_activations_and_keeps_the_gradients(tiny_world):

@@ -8,7 +8,7 @@ SEED_ARG := $(if $(SEED),seed=$(SEED))
 SCALE ?= tiny
 DATA ?= math
 WORLD := runs/tinyworld/seed0
-WARM := runs/warmstart/tiny/model
+WARM := runs/warmup/tiny/model
 CER_TASK := runs/cer/tiny/task
 CER_WARM := runs/cer/tiny/warmup/model
 ARCO_WARM := runs/arco/tiny/warmup
@@ -27,7 +27,7 @@ EVIBACK_CONFIG := eviback/configs/qwen3_$(SCALE).yaml
 ARCO_CONFIG := arco/configs/$(subst -,_,$(SCALE))_$(ARCO_DATA).yaml
 endif
 
-.PHONY: install test test-fast lint format world warmstart train-grpo demo bench bench-trl \
+.PHONY: install test test-fast lint format world warmup train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
@@ -55,11 +55,11 @@ world: $(WORLD)/manifest.json  ## the tiny world (corpus, questions, tokenizer, 
 $(WORLD)/manifest.json:
 	$(PY) -m common.tinyworld build --out $(WORLD) --seed 0
 
-warmstart: $(WARM)/config.json  ## supervised warm start of the tiny agent on a weak teacher's search paths
+warmup: $(WARM)/config.json  ## supervised warmup of the tiny agent on a weak teacher's search paths
 $(WARM)/config.json: $(WORLD)/manifest.json
-	$(PY) -m common.warmstart --config common/configs/warmstart_tiny.yaml
+	$(PY) -m common.warmup --config common/configs/warmup_tiny.yaml
 
-train-grpo: warmstart  ## the reference GRPO loop on the tiny world
+train-grpo: warmup  ## the reference GRPO loop on the tiny world
 	$(PY) -m common.search_grpo --config common/configs/grpo_tiny.yaml $(SEED_ARG)
 
 cer-tiny-assets: $(CER_WARM)/config.json
@@ -75,11 +75,11 @@ eval-cer:  ## CER's evaluation of the latest checkpoint of the run
 	$(PY) -m cer eval --config $(CER_CONFIG)
 
 train-eviback:  ## EviBack; SCALE=tiny|0.6b|1.7b|4b (paper scales need GPUs)
-	$(if $(filter tiny,$(SCALE)),$(MAKE) warmstart)
+	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
 	$(PY) -m eviback train --config $(EVIBACK_CONFIG) $(SEED_ARG)
 
 train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (teacher off)
-	$(if $(filter tiny,$(SCALE)),$(MAKE) warmstart)
+	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
 	$(PY) -m eviback train --config $(EVIBACK_CONFIG) teacher.enabled=false \
 		run_dir=runs/eviback/$(SCALE)-baseline $(SEED_ARG)
 
@@ -87,7 +87,7 @@ eval-eviback:  ## EviBack's evaluation of the latest checkpoint of the run
 	$(PY) -m eviback eval --config $(EVIBACK_CONFIG)
 
 warmup-arco:  ## ARCO's warmup (tiny: the world annotates; paper scales: an LLM teacher, API cost)
-	$(if $(filter tiny,$(SCALE)),$(MAKE) warmstart)
+	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
 	$(PY) -m arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(SEED_ARG)
 
 $(ARCO_WARM)/arco.json: $(WARM)/config.json
@@ -111,7 +111,7 @@ ARCO_DEMO_WARMUP := $(ARCO_DEMO) warmup.questions=150
 ARCO_DEMO_RL := $(ARCO_DEMO) rl.sparse_steps=4 rl.dense_steps=4 eval_every=4
 
 demo:  ## all of it on the tiny setup, from nothing, on CPU (about 14.5 min on 2 cores), ending in runs/demo/report.md
-	$(PY) -m experiments.demo --world $(WORLD) --warmstart runs/warmstart/tiny --run-dir runs/grpo/tiny
+	$(PY) -m experiments.demo --world $(WORLD) --warmup runs/warmup/tiny --run-dir runs/grpo/tiny
 	$(PY) -m eviback train --config eviback/configs/tiny.yaml
 	$(MAKE) cer-tiny-assets
 	$(PY) -m cer train --config cer/configs/tiny.yaml
@@ -120,28 +120,28 @@ demo:  ## all of it on the tiny setup, from nothing, on CPU (about 14.5 min on 2
 	$(PY) -m experiments.demo_report --out runs/demo "reference GRPO=runs/grpo/tiny" \
 		"EviBack=runs/eviback/tiny" "CER=runs/cer/tiny/cer" "ARCO=runs/arco/demo"
 
-compare-grpo: warmstart  ## the reference GRPO loop against its warm start, 3 seeds, paired bootstrap
+compare-grpo: warmup  ## the reference GRPO loop against its warmup, 3 seeds, paired bootstrap
 	$(PY) -m experiments.compare --spec common/configs/compare_grpo_tiny.yaml
 
-compare-grpo-cer: warmstart  ## the search agent's reward: exact match vs F1 vs CER (cer.agent_reward), 3 seeds, vs exact match
+compare-grpo-cer: warmup  ## the search agent's reward: exact match vs F1 vs CER (cer.rewards.search_agent), 3 seeds, vs exact match
 	$(PY) -m experiments.compare --spec common/configs/compare_grpo_cer_tiny.yaml
 
-compare-grpo-dense: warmstart  ## the reference loop with ARCO's dense advantages from EviBack's teacher's step verdicts vs its GRPO, 3 seeds
+compare-grpo-dense: warmup  ## the reference loop with ARCO's dense advantages from EviBack's teacher's step verdicts vs its GRPO, 3 seeds
 	$(PY) -m experiments.compare --spec common/configs/compare_grpo_dense_tiny.yaml
 
-compare-eviback: warmstart  ## EviBack vs the Search-R1 baseline, 3 seeds, one warm start
+compare-eviback: warmup  ## EviBack vs the Search-R1 baseline, 3 seeds, one warmup
 	$(PY) -m experiments.compare --spec eviback/configs/compare_tiny.yaml
 
-compare-eviback-allzero: warmstart  ## issue 26: the hard multi-hop kinds (most groups all-zero), Search-R1 vs EviBack λ 0.1/0.3/1.0, 3 seeds
+compare-eviback-allzero: warmup  ## hard setting: the hard multi-hop kinds (most groups all-zero), Search-R1 vs EviBack λ 0.1/0.3/1.0, 3 seeds
 	$(PY) -m experiments.compare --spec eviback/configs/compare_allzero.yaml
 
 # the same wiring in minutes: 1 seed, 1 step of 4 questions, 8 dev questions (numbers meaningless)
-compare-eviback-allzero-smoke: warmstart  ## compare-eviback-allzero's wiring end to end
+compare-eviback-allzero-smoke: warmup  ## compare-eviback-allzero's wiring end to end
 	$(PY) -m experiments.compare --spec eviback/configs/compare_allzero.yaml \
 		--out runs/compare/eviback_allzero_smoke --seeds 0 --set steps=1 --set eval_every=1 \
 		--set eval_questions=8 --set questions_per_step=4 --set loss.micro_batch_size=32
 
-compare-eviback-cer: warmstart  ## EviBack's backoff over a CER base reward vs CER alone, EM and EviBack, 3 seeds (tiny_allzero)
+compare-eviback-cer: warmup  ## EviBack's backoff over a CER base reward vs CER alone, EM and EviBack, 3 seeds (tiny_allzero)
 	$(PY) -m experiments.compare --spec eviback/configs/compare_cer_backoff.yaml
 
 # paper scale only (GPUs, FlashRAG data, retrieval and teacher servers; `eviback ape` first)
@@ -151,14 +151,14 @@ compare-eviback-teacher:  ## EviBack's teacher: E2E-APE vs hand-written single p
 compare-cer: cer-tiny-assets  ## CER rewards (exact, rule = alias oracle, cer, rule+cer), 3 seeds, vs exact
 	$(PY) -m experiments.compare --spec cer/configs/compare_tiny.yaml
 
-# Issue 26: the alias task whose warm start boxes the canonical form 90% of the time (a confident
+# Hard setting: the alias task whose warmup boxes the canonical form 90% of the time (a confident
 # self-verifier, cer/configs/tiny_selfverify.yaml), and the four rewards on it
-cer-selfverify-assets: runs/cer/tiny_selfverify/warmup/model/config.json  ## the self-verifier setting's task and warm start
+cer-selfverify-assets: runs/cer/tiny_selfverify/warmup/model/config.json  ## the self-verifier setting's task and warmup
 runs/cer/tiny_selfverify/warmup/model/config.json:
 	$(PY) -m cer build-tiny --out runs/cer/tiny_selfverify/task --canonical-share 0.9
 	$(PY) -m cer warmup --config cer/configs/tiny_selfverify.yaml
 
-compare-cer-selfverify: cer-selfverify-assets  ## issue 26: CER rewards where the model verifies itself confidently, 3 seeds, vs exact
+compare-cer-selfverify: cer-selfverify-assets  ## hard setting: CER rewards where the model verifies itself confidently, 3 seeds, vs exact
 	$(PY) -m experiments.compare --spec cer/configs/compare_selfverify.yaml
 
 # compare-arco: every arm starts from one π. <out>/warmup/arco is ARCO's warmup; the variants'
@@ -186,21 +186,21 @@ compare-arco-teacher-steps: $(ARCO_WARM)/arco.json  ## ARCO's dense phase from E
 	test -f runs/compare/arco_steps/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco_steps/warmup/arco
 	$(PY) -m experiments.compare --spec arco/configs/compare_step_scorer.yaml
 
-compare-arco-paths: $(ARCO_WARM)/arco.json  ## issue 23: ARCO's shared-trunk single-forward μ path vs the per-row path, 3 seeds
+compare-arco-paths: $(ARCO_WARM)/arco.json  ## ARCO's shared-trunk single-forward μ path vs the per-row path, 3 seeds
 	mkdir -p runs/compare/arco_paths/warmup
 	test -f runs/compare/arco_paths/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco_paths/warmup/arco
 	$(PY) -m experiments.compare --spec arco/configs/compare_paths.yaml
 
-# Issue 26: long chains, rare outcomes (arco/configs/tiny_long.yaml): the tiny world of seed 0
+# Hard setting: long chains, rare outcomes (arco/configs/tiny_long.yaml): the tiny world of seed 0
 # with its names permuted (nothing recallable), the two 3-search kinds, 6 free searches.
 # ARCO's warmup trains μ on them; PRM's (rubric.mode=none) takes its π. Warmups already there are kept.
 ARCO_LONG := runs/compare/arco_long
 LONG_WORLD := runs/tinyworld/renamed1
-arco-long-world: $(LONG_WORLD)/manifest.json  ## issue 26: the renamed tiny world tiny_long.yaml plays
+arco-long-world: $(LONG_WORLD)/manifest.json  ## hard setting: the renamed tiny world tiny_long.yaml plays
 $(LONG_WORLD)/manifest.json:
 	$(PY) -m common.tinyworld build --out $(LONG_WORLD) --seed 0 --rename-seed 1 --holdout 0.2 \
 		--train 4400 --dev 1200 --test 1200
-compare-arco-long: warmstart arco-long-world  ## issue 26: ARCO vs PRM and outcome-only where the chain is long and the outcome rare, 3 seeds
+compare-arco-long: warmup arco-long-world  ## hard setting: ARCO vs PRM and outcome-only where the chain is long and the outcome rare, 3 seeds
 	test -f $(ARCO_LONG)/warmup/arco/arco.json || $(PY) -m arco warmup \
 		--config arco/configs/tiny_long.yaml warmup_dir=$(ARCO_LONG)/warmup/arco
 	test -f $(ARCO_LONG)/warmup/none/arco.json || $(PY) -m arco warmup \
@@ -212,7 +212,7 @@ compare-arco-long: warmstart arco-long-world  ## issue 26: ARCO vs PRM and outco
 ARCO_SMOKE := runs/compare/arco_smoke
 ARCO_SMOKE_WARMUP := warmup.questions=24 warmup.samples=2 warmup.select_questions=10 \
 	warmup.pi_epochs=1 warmup.mu_epochs=1
-compare-arco-smoke: warmstart  ## compare-arco's wiring end to end in minutes (numbers meaningless)
+compare-arco-smoke: warmup  ## compare-arco's wiring end to end in minutes (numbers meaningless)
 	test -f $(ARCO_SMOKE)/warmup/arco/arco.json || $(PY) -m arco warmup --config \
 		arco/configs/tiny.yaml warmup_dir=$(ARCO_SMOKE)/warmup/arco $(ARCO_SMOKE_WARMUP)
 	$(call arco_variant_warmups,$(ARCO_SMOKE),$(ARCO_SMOKE_WARMUP))

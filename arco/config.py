@@ -32,7 +32,7 @@ METHODS = ("arco", "outcome_only", "prm")
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 HOW_TO_GET = {
-    "model": "the tiny warm start: `make warmstart` (tiny world + supervised agent); a paper "
+    "model": "the tiny warmup: `make warmup` (tiny world + supervised agent); a paper "
     "backbone: a hub id such as Qwen/Qwen3-4B-Instruct-2507, downloaded first "
     "(`huggingface-cli download Qwen/Qwen3-4B-Instruct-2507`)",
     "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; "
@@ -52,7 +52,7 @@ class AssetsConfig:
     """Every external input of a run, in one place."""
 
     model: str = field(
-        default="runs/warmstart/tiny/model", metadata={"help": "backbone: HF folder or hub id"}
+        default="runs/warmup/tiny/model", metadata={"help": "backbone: HF folder or hub id"}
     )
     train_file: str = field(default="", metadata={"help": "training QA file"})
     dev_file: str = field(

@@ -49,8 +49,8 @@ from arco.rubrics import (
     trunk_batch,
     write_criteria,
 )
+from arco.step_tokens import arco_token_metrics
 from arco.steps import Episode, episode_from_trajectory
-from arco.token_counts import arco_token_metrics
 from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_slice
 from common.config import ConfigError
 from common.rewards import (

@@ -273,7 +273,7 @@ def shared_prefix(
     ``model``: the backbone (``assets.model``) when the warmup was built on another one."""
     if not (warmup_dir / "arco.json").is_file():
         raise SystemExit(
-            f"{warmup_dir}/arco.json missing: run `make warmstart` and `python -m arco warmup "
+            f"{warmup_dir}/arco.json missing: run `make warmup` and `python -m arco warmup "
             f"--config {CONFIG.relative_to(ROOT)} warmup_dir={warmup_dir}` first"
         )
     medians: dict[str, dict[str, float]] = {}

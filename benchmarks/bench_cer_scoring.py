@@ -1,6 +1,6 @@
 """CER scoring: prefix-shared (prompt once, each solution once, caches reused) vs every pair alone.
 
-One GRPO group as ``cer.scorer.score_group`` scores it: G solutions (prompt + ~200 sampled
+One GRPO group as ``cer.rewards.scoring.score_group`` scores it: G solutions (prompt + ~200 sampled
 tokens each), and after each of them the reference and U distinct answers, each closed by its
 brace token. Both scorers run on the same random Qwen3, the same pairs, alternately; the table
 gives the median of the repeats and the largest difference between their logprobs.
@@ -24,7 +24,7 @@ import torch
 from bench_result import Check, write_result
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from cer.scorer import ScoreFn, hf_prefix_scorer, naive_scorer, shared_trunks
+from cer.rewards.scoring import ScoreFn, hf_prefix_scorer, naive_scorer, shared_trunks
 
 README = Path(__file__).parent / "README.md"
 SECTION = "## CER scoring"

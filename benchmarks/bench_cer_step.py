@@ -35,9 +35,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from cer.config import LossConfig
     from cer.evaluate import load_problems
-    from cer.group_reward import group_rewards
+    from cer.rewards.groups import group_rewards
+    from cer.rewards.scoring import hf_prefix_scorer
     from cer.rollout import sample_groups
-    from cer.scorer import hf_prefix_scorer
     from common.rl import rloo_advantages
     from common.rl_loop import policy_update
     from common.rollout import HFEngine

@@ -2,7 +2,7 @@
 
 Agent case: ``run_agent`` on the tiny world, ``--questions`` train questions x ``--n`` samples,
 the agent settings of ``common/configs/grpo_tiny.yaml`` (search_r1, 4 turns + a forced answer,
-24 tokens a turn, top-3 BM25 documents), the warm-started tiny agent when it exists (realistic
+24 tokens a turn, top-3 BM25 documents), the warmed-up tiny agent when it exists (realistic
 multi-turn rollouts), else the world's random model. Fixed-length case: ``--fixed-prompts``
 prompts x 128 new tokens, no stop strings, eos ignored (vLLM ``ignore_eos``; HF with no eos id),
 so both engines sample exactly the same number of tokens. Both engines live in one process and
@@ -41,7 +41,7 @@ from common.rollout import HFEngine, SamplingConfig, build_prompt_ids, get_proto
 from common.rollout.vllm_engine import VLLMEngine
 from common.search_grpo import GRPOConfig
 
-WARM = ROOT / "runs" / "warmstart" / "tiny" / "model"
+WARM = ROOT / "runs" / "warmup" / "tiny" / "model"
 
 
 def agent_run(engine, tokenizer, retriever, questions, n, agent) -> dict[str, float]:
@@ -77,7 +77,7 @@ def fixed_hf(engine: HFEngine, prompts, max_tokens: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "common/configs/grpo_tiny.yaml"))
-    parser.add_argument("--model", default="", help="default: warm-started agent, else random")
+    parser.add_argument("--model", default="", help="default: warmed-up agent, else random")
     parser.add_argument("--questions", type=int, default=64)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)

@@ -1,5 +1,5 @@
 """Peak memory of one `policy_update` at Qwen3's 151,936-token vocabulary: the whole-logits path
-before issue 23 against the chunked head (`common.rl.forward_logprobs`).
+of the unchunked path against the chunked head (`common.rl.forward_logprobs`).
 
 A tiny random Qwen3 (tied embeddings, 1 layer, hidden 64) so that what fills memory is the
 vocabulary-sized tensors, which do not shrink with the model. Each (B, T, path) runs in a fresh
@@ -35,7 +35,7 @@ VOCAB = 151_936
 
 
 def old_forward_logprobs(forward, input_ids, attention_mask, chunk_size=4096, temperature=1.0):
-    """Before issue 23: the model's whole logits [B, T, V], log-softmax in chunks."""
+    """The unchunked path: the model's whole logits [B, T, V], log-softmax in chunks."""
     from common.rl import logprobs_from_logits
 
     logits = forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
@@ -43,7 +43,7 @@ def old_forward_logprobs(forward, input_ids, attention_mask, chunk_size=4096, te
 
 
 def old_reference_logprobs(self, input_ids, attention_mask=None, chunk_size=1024):
-    """Before issue 23: a whole fp32 log-softmax of the reference's logits."""
+    """The unchunked path: a whole fp32 log-softmax of the reference's logits."""
     import torch
 
     with torch.no_grad():

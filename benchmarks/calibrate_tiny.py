@@ -1,12 +1,12 @@
-"""Calibrate the tiny setting: world -> warm start -> dev greedy EM, pass@8 -> (optional) GRPO.
+"""Calibrate the tiny setting: world -> warmup -> dev greedy EM, pass@8 -> (optional) GRPO.
 
 One row per call, appended to ``runs/calibrate/results.jsonl``; ``--table`` prints every row as
 the markdown table of ``common/tinyworld/README.md``. Each stage is the project's own command
-(``common.tinyworld build``, ``common.warmstart``, ``common.search_grpo``) run as a subprocess,
+(``common.tinyworld build``, ``common.warmup``, ``common.search_grpo``) run as a subprocess,
 so what is measured is what a user runs::
 
     python benchmarks/calibrate_tiny.py --name base --world "--dev 500" \\
-        --warmstart "steps=800" --grpo "steps=30 train.lr=1e-4" --grpo-seeds 0 1 2
+        --warmup "steps=800" --grpo "steps=30 train.lr=1e-4" --grpo-seeds 0 1 2
     python benchmarks/calibrate_tiny.py --table
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path("runs/calibrate")
 RESULTS = ROOT / "results.jsonl"
-WARMSTART_CONFIG = "common/configs/warmstart_tiny.yaml"
+WARMUP_CONFIG = "common/configs/warmup_tiny.yaml"
 GRPO_CONFIG = "common/configs/grpo_tiny.yaml"
 
 
@@ -100,7 +100,7 @@ def calibrate(args: argparse.Namespace) -> dict:
     py = sys.executable
     out = ROOT / args.name
     out.mkdir(parents=True, exist_ok=True)
-    row: dict = {"name": args.name, "world_args": args.world, "warmstart": args.warmstart}
+    row: dict = {"name": args.name, "world_args": args.world, "warmup": args.warmup}
     world = out / "world"
     if args.world_dir:
         world = Path(args.world_dir)
@@ -109,14 +109,14 @@ def calibrate(args: argparse.Namespace) -> dict:
         _run(cmd, out / "world.log")
     warm = out / "warm"
     if not (warm / "model" / "config.json").exists():
-        cmd = [py, "-m", "common.warmstart", "--config", WARMSTART_CONFIG, f"world={world}"]
-        cmd += [f"out={warm}", *shlex.split(args.warmstart)]
-        row["warmstart_min"] = _run(cmd, out / "warmstart.log") / 60
+        cmd = [py, "-m", "common.warmup", "--config", WARMUP_CONFIG, f"world={world}"]
+        cmd += [f"out={warm}", *shlex.split(args.warmup)]
+        row["warmup_min"] = _run(cmd, out / "warmup.log") / 60
     loss = json.loads((warm / "sft_loss.json").read_text())
     row["sft_loss"] = loss[-1]["sft_loss"] if loss else None
     row["temperature"] = args.temperature
     cached = out / f"eval-{args.eval_questions}x{args.n}-t{args.temperature}.json"
-    if not cached.exists():  # the warm start's, once
+    if not cached.exists():  # the warmup's, once
         result = evaluate_model(
             warm / "model", world, args.eval_questions, args.n, temperature=args.temperature
         )
@@ -140,7 +140,7 @@ def calibrate(args: argparse.Namespace) -> dict:
 
 def table() -> str:
     lines = [
-        "| setting | warm start (min) | SFT loss | dev EM | pass@8 | mixed | train EM | GRPO | EM before -> after (mean of seeds) | valid answers |",
+        "| setting | warmup (min) | SFT loss | dev EM | pass@8 | mixed | train EM | GRPO | EM before -> after (mean of seeds) | valid answers |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for line in RESULTS.open():
@@ -158,9 +158,9 @@ def table() -> str:
             g_em = f"{before:.3f} -> {after:.3f} ({after - before:+.3f})"
         else:
             g_desc = g_em = valid = ""
-        ws = r.get("warmstart_min")
+        ws = r.get("warmup_min")
         lines.append(
-            f"| {r['name']}: `{r['world_args']}` `{r['warmstart']}` | "
+            f"| {r['name']}: `{r['world_args']}` `{r['warmup']}` | "
             f"{'' if ws is None else f'{ws:.1f}'} | {r['sft_loss']:.2f} | {r['dev_em']:.3f} | "
             f"{r['dev_pass@8']:.3f} | {r['mixed_share']:.2f} | {r['train_em']:.3f} | "
             f"{g_desc} | {g_em} | {valid} |"
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", help="row name; its files go to runs/calibrate/NAME")
     parser.add_argument("--world", default="", help="extra `common.tinyworld build` flags")
     parser.add_argument("--world-dir", default="", help="use this built world instead")
-    parser.add_argument("--warmstart", default="", help="warm-start overrides (key=value ...)")
+    parser.add_argument("--warmup", default="", help="warmup overrides (key=value ...)")
     parser.add_argument("--grpo", default=None, help="GRPO overrides; omit to skip GRPO")
     parser.add_argument("--grpo-tag", default="a", help="names the GRPO run folders")
     parser.add_argument("--grpo-seeds", type=int, nargs="+", default=[0])

@@ -1,7 +1,7 @@
 """Tokens through the model per RL step, by phase, for each method at its paper's shapes.
 
 Counted with the code's own builders on fake token sequences of the stated lengths, not
-estimated by formula: CER's pairs go through ``cer.scorer.shared_trunks`` and
+estimated by formula: CER's pairs go through ``cer.rewards.scoring.shared_trunks`` and
 ``_packed_continuations`` (what ``hf_prefix_scorer`` forwards, with the paper config's
 ``scorer_batch_size``); EviBack's teacher prompts are ``eviback.prompts`` ``messages`` for the
 default stage-A and stage-B prompts; ARCO's rubric prompts are ``arco.rubrics.rubric_items``
@@ -35,7 +35,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from arco.rubric_prompt import REQUEST_PLACES  # noqa: E402
-from cer.scorer import _chunks, _packed_continuations, shared_trunks  # noqa: E402
+from cer.rewards.scoring import _chunks, _packed_continuations, shared_trunks  # noqa: E402
 
 CER_CONFIG = "cer/configs/qwen3_4b_base_math.yaml"
 EVIBACK_CONFIG = "eviback/configs/qwen3_1.7b.yaml"
@@ -481,12 +481,12 @@ def arco_rows(
         ratios.append(
             f"{phase}: μ / π tokens {mu_after / policy:.2f}x (μ {mu_after:,}; per row, "
             f"rubric.shared_prefix=false, {mu_rows / policy:.2f}x: the trunk {mu_after / mu_rows:.2f}x "
-            f"of it; before issue 23, two forwards and no cache counted, "
+            f"of it; on the older path (per row), two forwards and no cache counted, "
             f"{mu_before / policy:.2f}x, μ {mu_before:,}: {mu_after / mu_before:.2f}x of it, the "
             f"single forward alone {mu_single / mu_before:.2f}x; μ's forwards alone, trunk / per "
             f"row {forwarded / scored:.2f}x; with rubric.request_in="
             f"{other_place}: μ {mu_alt:,}, {mu_alt / policy:.2f}x the "
-            f"policy's tokens, {mu_alt / mu_before:.2f}x of before issue 23), ARCO / outcome-only "
+            f"policy's tokens, {mu_alt / mu_before:.2f}x of the older path), ARCO / outcome-only "
             f"{arco_total / outcome:.2f}x"
         )
     note = (

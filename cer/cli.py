@@ -15,7 +15,8 @@ import argparse
 import sys
 from typing import NoReturn
 
-from cer.aliastask import (
+from cer.config import CERConfig, MissingAssetError
+from cer.tasks.alias import (
     CANONICAL_SHARE_HELP,
     DEFAULT_NAME_HOLDOUT,
     DEFAULT_WORLDS,
@@ -24,7 +25,6 @@ from cer.aliastask import (
     WORLDS,
     WORLDS_HELP,
 )
-from cer.config import CERConfig, MissingAssetError
 from common.config import ConfigError, describe_config, load_config
 from common.data import DataError
 from common.launcher import run_command, without_local_rank
@@ -35,7 +35,7 @@ DEFAULT_CONFIG = "cer/configs/tiny.yaml"
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cer",
-        description="CER: RL with the conditional expectation reward (tiny task, warm start, "
+        description="CER: RL with the conditional expectation reward (tiny task, warmup, "
         "training, evaluation).",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -54,8 +54,8 @@ def _parser() -> argparse.ArgumentParser:
         "--task",
         choices=("alias", "arithmetic"),
         default="alias",
-        help="alias: reading comprehension with name/number aliases (cer.aliastask); "
-        "arithmetic: numbers in several forms (cer.tinytask)",
+        help="alias: reading comprehension with name/number aliases (cer.tasks.alias); "
+        "arithmetic: numbers in several forms (cer.tasks.arithmetic)",
     )
     b.add_argument(
         "--vocab-size",
@@ -86,10 +86,10 @@ def _parser() -> argparse.ArgumentParser:
         "--isolate-spaces",
         action="store_true",
         help="a space is a token of its own, so a name has the same ids in the context and in "
-        "\\boxed{} (measured: no gain on the alias warm start; README)",
+        "\\boxed{} (measured: no gain on the alias warmup; README)",
     )
     helps = {
-        "warmup": "supervised warm start on worked solutions",
+        "warmup": "supervised warmup on worked solutions",
         "train": "RL with the configured reward",
         "eval": "avg@k and greedy accuracy on the benchmarks",
     }
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(without_local_rank(argv))
     try:
         if args.command == "build-tiny":
-            from cer.tiny import build_tiny
+            from cer.tasks.build import build_tiny
 
             out = build_tiny(
                 args.out,

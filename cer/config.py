@@ -21,11 +21,11 @@ REWARD_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
 # reward.fn's built-in names: every reward type, and common's search-agent rewards
 BUILTIN_REWARDS = {
     **REWARDS,
-    "exact": "cer.group_reward:EXACT",
-    "rule": "cer.group_reward:RULE",
-    "cer": "cer.group_reward:CER",
-    "rule+cer": "cer.group_reward:RULE_CER",
-    "verifree": "cer.group_reward:VERIFREE",
+    "exact": "cer.rewards.groups:EXACT",
+    "rule": "cer.rewards.groups:RULE",
+    "cer": "cer.rewards.groups:CER",
+    "rule+cer": "cer.rewards.groups:RULE_CER",
+    "verifree": "cer.rewards.groups:VERIFREE",
 }
 
 
@@ -39,11 +39,11 @@ class AssetsConfig:
     )
     init_model: str = field(
         default="runs/cer/tiny/task/model",
-        metadata={"help": "model the supervised warm start begins from ('' = no warm start)"},
+        metadata={"help": "model the supervised warmup begins from ('' = no warmup)"},
     )
-    warmstart: str = field(
-        default="runs/cer/tiny/task/warmstart.jsonl",
-        metadata={"help": "worked solutions for the warm start (problem, solution)"},
+    warmup: str = field(
+        default="runs/cer/tiny/task/warmup.jsonl",
+        metadata={"help": "worked solutions for the warmup (problem, solution)"},
     )
     train: str = field(
         default="runs/cer/tiny/task/train.jsonl", metadata={"help": "training problems"}
@@ -113,14 +113,14 @@ class RewardConfig:
         default=True,
         metadata={
             "help": "verifree: train as published, the sample's answer replaced by the reference "
-            "and the reference tokens trained with weight pi(a* | s) (cer/verifree.py); false: "
+            "and the reference tokens trained with weight pi(a* | s) (cer/rewards/verifree.py); false: "
             "the scalar reward on the sampled response only (a simplification)"
         },
     )
     signal: bool = field(
         default=True,
         metadata={
-            "help": "log signal/* each step (cer.signal): every reward type on every group, "
+            "help": "log signal/* each step (cer.rewards.diagnostics): every reward type on every group, "
             "pi(a*|s) after the solutions the oracle calls right and wrong, each type's AUC "
             "against the oracle within groups and mean |advantage|; an exact or rule run "
             "then scores its groups too (a forward of every solution), m < G every solution"
@@ -212,7 +212,7 @@ class EvalConfig:
 
 @dataclass
 class WarmupConfig:
-    """Supervised warm start on worked solutions (tiny task; the paper starts from a base model)."""
+    """Supervised warmup on worked solutions (tiny task; the paper starts from a base model)."""
 
     steps: int = field(default=400, metadata={"help": "optimizer steps", "ge": 1})
     batch_size: int = field(default=16, metadata={"help": "solutions per optimizer step", "ge": 1})

@@ -10,7 +10,7 @@ of the first row when ``auto``:
 - ``answer``: MATH500 / AIME / AMC style ``{problem | question, answer}`` (a number answer is
   written as text; ``27.0`` as ``27``). An optional ``verifier: "alias"`` (the tiny alias task)
   makes ``answer_forms`` (a list starting with the answer) the row's correct answers
-  (``cer.group_reward.is_correct``).
+  (``cer.rewards.groups.is_correct``).
 - ``webinstruct``: WebInstruct-verified ``{id, question, answer, answer_type, category,
   difficulty}``; ``webinstruct_paper_filter`` keeps the paper's subset.
 - ``mmlu_pro``: ``{question, options, answer (letter) and/or answer_index}``.
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cer.answer import last_boxed
+from cer.rewards.answer import last_boxed
 from common.data import DataError, hub_rows, read_json_rows
 
 FORMATS = ("math", "answer", "webinstruct", "mmlu_pro", "supergpqa")

@@ -27,8 +27,15 @@ import torch
 
 from cer.config import CERConfig, check_assets
 from cer.data import MathExample, load_math_examples, webinstruct_paper_filter
-from cer.group_reward import DEFAULT_RULES, Rules, group_verdicts, is_exact, rules_of, verifier_name
 from cer.prompt import prompt_ids
+from cer.rewards.groups import (
+    DEFAULT_RULES,
+    Rules,
+    group_verdicts,
+    is_exact,
+    rules_of,
+    verifier_name,
+)
 from cer.rollout import sample_groups
 from common.rl_loop import build_engine, gather_in_order
 from common.rollout.engine import GenerationEngine, SamplingConfig

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cer.answer import solution_split
 from cer.config import CERConfig
 from cer.data import MathExample
-from cer.group_reward import Group
+from cer.rewards.answer import solution_split
+from cer.rewards.groups import Group
 from common.rollout.engine import GenerationEngine, SamplingConfig
 from common.rollout.trajectory import Trajectory
 

@@ -31,7 +31,8 @@ import torch
 
 from cer.config import CERConfig, check_assets
 from cer.evaluate import evaluate_problems, load_problems, problem_results
-from cer.group_reward import (
+from cer.rewards.diagnostics import signal_metrics
+from cer.rewards.groups import (
     REF_PROB,
     Group,
     GroupReward,
@@ -40,11 +41,10 @@ from cer.group_reward import (
     rules_of,
     verifier_name,
 )
+from cer.rewards.scoring import ScoreFn, hf_prefix_scorer, ignoring_alternatives
+from cer.rewards.scoring_tokens import counting_scorer
+from cer.rewards.verifree import verifree_batch
 from cer.rollout import sample_groups, step_sampling
-from cer.scorer import ScoreFn, hf_prefix_scorer, ignoring_alternatives
-from cer.signal import signal_metrics
-from cer.token_counts import counting_scorer
-from cer.verifree import verifree_batch
 from common.batches import BatchLog, group_grad_accum, rank_questions
 from common.rewards import RewardContext, Rewards, grpo, rloo
 from common.rl_loop import (
@@ -91,7 +91,7 @@ def step_signal(
     kind: str,
     world: int,
 ) -> dict[str, float] | None:
-    """``cer.signal.signal_metrics`` over every rank's samples of the step (gathered: every rank
+    """``cer.rewards.diagnostics.signal_metrics`` over every rank's samples of the step (gathered: every rank
     calls it), on the main rank; None on the others."""
     rows = [
         (t.group_id, {k: v[i].item() for k, v in rewards.items()},
@@ -168,7 +168,7 @@ def train_cer(cfg: CERConfig) -> dict:
     engine = build_engine(
         cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
     )
-    scored = [0]  # tokens the scorer forwards: tokens/reward (cer.token_counts)
+    scored = [0]  # tokens the scorer forwards: tokens/reward (cer.rewards.scoring_tokens)
     score_fn = counting_scorer(
         make_score_fn(cfg, engine, train.model, frozen, train.world_size),
         scored,

@@ -17,8 +17,8 @@ share need not hold whole groups (``per_device_train_batch_size`` need not be a 
 
 So ``CERReward`` scores whole groups per call: it re-tokenizes each group's prompt with the
 trainer's own ``_tokenize_prompts`` (the ids TRL generated from), splits every completion at its
-last box on the sampled ids (``cer.answer.solution_split``) and computes the rewards with
-``cer.group_reward.group_rewards`` on ``cer.scorer.hf_prefix_scorer`` over the trainer's live
+last box on the sampled ids (``cer.rewards.answer.solution_split``) and computes the rewards with
+``cer.rewards.groups.group_rewards`` on ``cer.rewards.scoring.hf_prefix_scorer`` over the trainer's live
 policy (eval mode while scoring, no grad) or over a frozen ``scorer_model``. Under several
 processes (``torch.distributed`` initialised, world size > 1) the share sizes are gathered; when a
 share does not start or end on a group boundary, the completions are gathered too and each process
@@ -43,11 +43,11 @@ from typing import Any
 
 import torch
 
-from cer.answer import solution_split
 from cer.data import MathExample
-from cer.group_reward import DEFAULT_RULES, SCORED_TYPES, Group, Rules, group_rewards
-from cer.reward import SELECTIONS
-from cer.scorer import _max_over_ranks, hf_prefix_scorer
+from cer.rewards.answer import solution_split
+from cer.rewards.expectation import SELECTIONS
+from cer.rewards.groups import DEFAULT_RULES, SCORED_TYPES, Group, Rules, group_rewards
+from cer.rewards.scoring import _max_over_ranks, hf_prefix_scorer
 from common.rollout.trajectory import Trajectory
 
 REWARD_TYPES = ("cer", "rule+cer", "rule", "exact", "verifree")
@@ -101,7 +101,7 @@ class CERReward:
 
     ``reward_type``: ``cer``, ``rule+cer`` (1 where the rule verifier accepts, else CER),
     ``verifree`` (pi(a* | own solution)), or the unscored ``rule`` and ``exact``
-    (``cer.group_reward``). The reference answer is the dataset column ``answer_key``; the other
+    (``cer.rewards.groups``). The reference answer is the dataset column ``answer_key``; the other
     columns are the example's metadata (``verifier: alias`` with ``answer_forms``, or
     ``multiple_choice``, select the rule verifier as in ``cer.data``).
 
@@ -341,7 +341,7 @@ class CERReward:
         return rewards, {k: v / len(groups) for k, v in weighted.items()}
 
     def _group(self, block: list[tuple], prompt_ids: list[int], tokenizer: Any) -> Group:
-        """A ``cer.group_reward.Group`` of one prompt's completions (``(prompt, ids, columns)``)."""
+        """A ``cer.rewards.groups.Group`` of one prompt's completions (``(prompt, ids, columns)``)."""
         prompt, _, columns = block[0]
         metadata = {k: v for k, v in columns.items() if k != self.answer_key}
         answer = columns[self.answer_key]

@@ -1,9 +1,9 @@
-"""`cer warmup`: supervised warm start on the tiny task's worked solutions, so that the tiny model
+"""`cer warmup`: supervised warmup on the tiny task's worked solutions, so that the tiny model
 writes reasoning and a boxed answer before RL (the paper starts from a base model instead).
 
 Each example is the CER prompt followed by ``solution + end-of-turn``; the loss is the token-mean
 NLL of the solution tokens plus ``warmup.context_weight`` times the token-mean NLL of the prompt
-tokens (common.warmstart's SFT loop and ``sft_loss``; padding is in neither). The prompt term is
+tokens (common.warmup's SFT loop and ``sft_loss``; padding is in neither). The prompt term is
 language modelling on the question and its context: an alias-task context repeats its names and
 numbers, which teaches the copying the answer needs. The logged ``sft_loss`` is the solution NLL.
 """
@@ -23,18 +23,18 @@ from common.rollout.batch import padding_id
 from common.rollout.trajectory import Trajectory
 from common.train import TrainEngine
 from common.train.run_folder import open_run_folder
-from common.warmstart import save_warm_start, warm_start
+from common.warmup import save_warmup, sft_warmup
 
 
 def solution_trajectories(path: str, tokenizer) -> list[Trajectory]:
-    """One trajectory per warm-start row: prompt ids, then the solution ids as 'sampled'."""
+    """One trajectory per warmup row: prompt ids, then the solution ids as 'sampled'."""
     examples = load_math_examples(path).examples
     end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     trajs = []
     for ex in examples:
         solution = ex.metadata.get("solution")
         if not isinstance(solution, str) or not solution.strip():
-            raise ValueError(f"{path}: example {ex.id} has no 'solution' text to warm start on")
+            raise ValueError(f"{path}: example {ex.id} has no 'solution' text to warmup on")
         t = Trajectory(
             f"warm:{ex.id}", 0, ex.id, ex.problem, [ex.answer], prompt_ids(tokenizer, ex)
         )
@@ -45,19 +45,19 @@ def solution_trajectories(path: str, tokenizer) -> list[Trajectory]:
 
 
 def run_warmup(cfg: CERConfig) -> Path:
-    """``assets.init_model`` + SFT on ``assets.warmstart`` -> ``<warmup.out>/model``."""
+    """``assets.init_model`` + SFT on ``assets.warmup`` -> ``<warmup.out>/model``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    check_assets(cfg.assets, ["init_model", "warmstart"])
+    check_assets(cfg.assets, ["init_model", "warmup"])
     w = cfg.warmup
-    folder = open_run_folder(w.out, None, resume=False)  # one warm start at a time in out
+    folder = open_run_folder(w.out, None, resume=False)  # one warmup at a time in out
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.init_model)
     model = AutoModelForCausalLM.from_pretrained(cfg.assets.init_model, dtype=torch.float32)
-    trajs = solution_trajectories(cfg.assets.warmstart, tokenizer)
+    trajs = solution_trajectories(cfg.assets.warmup, tokenizer)
     w.train.total_steps = w.steps
     w.train.seed = cfg.seed
     engine = TrainEngine(model, w.train)
-    history = warm_start(
+    history = sft_warmup(
         engine,
         trajs,
         padding_id(tokenizer),
@@ -66,7 +66,7 @@ def run_warmup(cfg: CERConfig) -> Path:
         cfg.seed,
         context_weight=w.context_weight,
     )
-    saved = save_warm_start(engine, tokenizer, cfg, Path(w.out), history)
+    saved = save_warmup(engine, tokenizer, cfg, Path(w.out), history)
     if engine.is_main:
         print(f"[cer warmup] {len(trajs)} solutions, {w.steps} steps; loss {history[-1:]}")
     folder.close()

@@ -10,7 +10,7 @@ when its sequence is forwarded alone under a causal mask, and the shared start i
 
 ``PackedTree.index[r]`` maps sequence r's tokens to packed positions, so anything taken per
 token or pooled per sequence on the sequence alone can be taken on the packed row.
-(``cer/scorer.py`` does the same with a cached trunk under ``inference_mode``; this packs trunk
+(``cer/rewards/scoring.py`` does the same with a cached trunk under ``inference_mode``; this packs trunk
 and tails into one row, so one forward carries gradients to the shared part.)
 """
 

@@ -16,7 +16,7 @@ engine, and a method's own inputs in ``extra`` (EviBack's teacher verdicts, CER'
 
 Built-ins here: the rewards ``exact_match`` and ``f1`` (the search agent's), the estimators
 ``grpo`` and ``rloo`` (``common.rl``'s). A method package keeps its own instances (CER's family
-in ``cer.group_reward``, EviBack's backoff in ``eviback.backoff``). A config names one by a
+in ``cer.rewards.groups``, EviBack's backoff in ``eviback.backoff``). A config names one by a
 built-in name or an import path, ``reward.fn=package.module:Name`` (a class is instantiated,
 with the keyword arguments of a ``*_args`` mapping where the config has one, e.g.
 ``reward.step_scorer_args``); ``load_part`` resolves and checks it when the config is built. A user's
@@ -54,7 +54,7 @@ from common.rollout.trajectory import Trajectory
 class Group:
     """One question's sampled trajectories (``predictions[k]``: trajectory k's final answer,
     None without one). ``source``: the method's own record of the group, for its rewards
-    (``cer.group_reward.Group``); None for the search agent."""
+    (``cer.rewards.groups.Group``); None for the search agent."""
 
     question: str
     golden_answers: list[str]

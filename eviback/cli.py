@@ -16,7 +16,7 @@ from common.launcher import run_command, without_local_rank
 from eviback.config import EviBackConfig
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "tiny.yaml")
-WARMUP_CONFIG = "common/configs/warmstart_tiny.yaml"
+WARMUP_CONFIG = "common/configs/warmup_tiny.yaml"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     helps = {
-        "warmup": "supervised warm start on gold search paths (common.warmstart; tiny world)",
+        "warmup": "supervised warmup on gold search paths (common.warmup; tiny world)",
         "train": "GRPO with the teacher backoff (teacher.enabled=false: Search-R1 GRPO)",
         "eval": "evaluate on assets.eval_files; JSON + markdown in run_dir/eval/",
         "ape": "E2E-APE: build the teacher's frozen two-stage prompt policy",
@@ -60,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "warmup":
-        from common.warmstart import WarmStartConfig, run_warm_start
+        from common.warmup import WarmupConfig, run_warmup
 
-        print(run_warm_start(load_config(WarmStartConfig, args.config, args.overrides)))
+        print(run_warmup(load_config(WarmupConfig, args.config, args.overrides)))
         return 0
     if args.command == "eval" and args.compare:
         from eviback.evaluate import compare, markdown_table, read_results, summarize_by_benchmark

@@ -21,7 +21,7 @@ from common.train import TrainConfig
 from common.train.logging import LogConfig
 
 HOW_TO_GET = {
-    "model": "build the tiny warm start with `python -m eviback warmup` (tiny), or give a hub id "
+    "model": "build the tiny warmup with `python -m eviback warmup` (tiny), or give a hub id "
     "such as Qwen/Qwen3-1.7B (download it first on an offline machine: "
     "`huggingface-cli download Qwen/Qwen3-1.7B`)",
     "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; the "
@@ -39,7 +39,7 @@ class AssetsConfig:
     """Every external input of a run, in one place."""
 
     model: str = field(
-        default="runs/warmstart/tiny/model", metadata={"help": "actor: HF folder or hub id"}
+        default="runs/warmup/tiny/model", metadata={"help": "actor: HF folder or hub id"}
     )
     train_files: dict[str, str] = field(
         default_factory=dict, metadata={"help": "training QA files, source name -> path"}
@@ -203,7 +203,7 @@ class EviBackRewardConfig(RewardConfig):
         metadata={
             "help": "with fn=eviback: the reward of the groups that do not fall back to the "
             "teacher, in place of EM (exact_match | f1 | package.module:Name, e.g. "
-            "cer.agent_reward:AgentCER); empty: EM, the paper"
+            "cer.rewards.search_agent:AgentCER); empty: EM, the paper"
         },
     )
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import common
 from common.config import load_config
 from common.search_grpo import GRPOConfig, train_grpo
-from common.warmstart import WarmStartConfig, run_warm_start
+from common.warmup import WarmupConfig, run_warmup
 
 CONFIGS = Path(common.__file__).parent / "configs"  # the reference loop's own (common/configs/)
 
@@ -24,13 +24,13 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m experiments.demo", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--world", default="runs/tinyworld/seed0", help="tiny world folder")
-    parser.add_argument("--warmstart", default="runs/warmstart/tiny", help="warm start folder")
+    parser.add_argument("--warmup", default="runs/warmup/tiny", help="warmup folder")
     parser.add_argument("--run-dir", default="runs/grpo/tiny", help="GRPO run folder")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--warmstart-steps", type=int, default=None, help="default: the config's")
+    parser.add_argument("--warmup-steps", type=int, default=None, help="default: the config's")
     parser.add_argument("--grpo-steps", type=int, default=None, help="default: the config's")
     args = parser.parse_args(argv)
-    world, warm = Path(args.world), Path(args.warmstart)
+    world, warm = Path(args.world), Path(args.warmup)
     if not (world / "manifest.json").exists():
         from common.tinyworld import build_world
 
@@ -38,15 +38,15 @@ def main(argv: list[str] | None = None) -> None:
         build_world(world, seed=args.seed)
 
     ws_over = [f"world={world}", f"out={warm}", f"seed={args.seed}"]
-    if args.warmstart_steps is not None:
-        ws_over.append(f"steps={args.warmstart_steps}")
+    if args.warmup_steps is not None:
+        ws_over.append(f"steps={args.warmup_steps}")
     model = warm / "model"
     if not (model / "config.json").exists():
         print(
-            "[demo] supervised warm start on a weak teacher's search paths (gold paths, half the bridges cut short)",
+            "[demo] supervised warmup on a weak teacher's search paths (gold paths, half the bridges cut short)",
             flush=True,
         )
-        run_warm_start(load_config(WarmStartConfig, CONFIGS / "warmstart_tiny.yaml", ws_over))
+        run_warmup(load_config(WarmupConfig, CONFIGS / "warmup_tiny.yaml", ws_over))
 
     grpo_over = [f"world={world}", f"model={model}", f"run_dir={args.run_dir}", f"seed={args.seed}"]
     if args.grpo_steps is not None:
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def report(result: dict) -> str:
     """The before/after table as markdown, with the curve's path."""
-    rows = [("warm start (before RL)", result["before"]), ("after GRPO", result["after"])]
+    rows = [("warmup (before RL)", result["before"]), ("after GRPO", result["after"])]
     lines = [
         "\nTiny world dev set, greedy decoding\n",
         "| model | dev EM | dev F1 | answered | searches / question |",

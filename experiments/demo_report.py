@@ -61,7 +61,7 @@ def markdown(runs: list[dict], curves: str) -> str:
         "# The tiny demo",
         "",
         "Every run on the CPU, offline, from the project's own tiny world and tasks; dev numbers "
-        "are greedy. Step 0 is the warm start the run began from.",
+        "are greedy. Step 0 is the warmup the run began from.",
         "",
         "| run | folder | RL steps | dev metric | step 0 | last step | change | also (step 0 -> last) |",
         "|---|---|---|---|---|---|---|---|",

@@ -4,11 +4,11 @@ baseline on the same questions, the papers' numbers beside them.
     python -m experiments.evaluate_all [RUN_OR_FOLDER ...] [--out runs/eval] [--step N] [--ranks N]
 
 Every folder under the given ones (default ``runs/``) that holds a ``config.yaml`` is a run; its
-method comes from the config's keys (``recognise``): the reference GRPO loop and its warm start
-(``common.search_grpo``, ``common.warmstart``), EviBack and its Search-R1 baseline
-(``teacher.enabled=false``), CER by reward type and its warm start, ARCO and its outcome-only
+method comes from the config's keys (``recognise``): the reference GRPO loop and its warmup
+(``common.search_grpo``, ``common.warmup``), EviBack and its Search-R1 baseline
+(``teacher.enabled=false``), CER by reward type and its warmup, ARCO and its outcome-only
 and PRM baselines (``method=outcome_only|prm``). The run's final checkpoint (``--step N``:
-``checkpoints/step_N``; a warm start: its ``model/``) is evaluated by its package's own evaluator (``cer.evaluate``,
+``checkpoints/step_N``; a warmup: its ``model/``) is evaluated by its package's own evaluator (``cer.evaluate``,
 ``eviback.evaluate``, ``arco.evaluate``; ``common.rl_loop.evaluate`` on the world's test split
 for GRPO runs) in a subprocess, under ``torchrun`` with ``--ranks N`` where the evaluator shards
 questions over ranks. Each evaluation is cached in ``<out>/cache/`` under a hash of the method,
@@ -60,7 +60,7 @@ DEFINITIONS = {
     "avg@k": ("avg@k", None),
 }
 TITLES = {
-    "search": "Reference GRPO and its warm start (common.rl_loop.evaluate, greedy)",
+    "search": "Reference GRPO and its warmup (common.rl_loop.evaluate, greedy)",
     "eviback": "EviBack and the Search-R1 baseline (eviback.evaluate, greedy)",
     "arco": "ARCO and its outcome-only and PRM baselines (arco.evaluate, greedy)",
     "cer": "CER by training reward (cer.evaluate: greedy and avg@k accuracy by the rule verifier)",
@@ -155,7 +155,7 @@ def recognise(config: dict[str, Any], run_dir: Path) -> tuple[str, str] | None:
     if "world" in config and "questions_per_step" in config:
         return "grpo", "grpo"
     if "world" in config and "batch_size" in config and "out" in config:
-        return "warmstart", "warmstart"
+        return "warmup", "warmup"
     return None
 
 
@@ -164,10 +164,10 @@ def config_class(method: str) -> type:
         from common.search_grpo import GRPOConfig
 
         return GRPOConfig
-    if method == "warmstart":
-        from common.warmstart import WarmStartConfig
+    if method == "warmup":
+        from common.warmup import WarmupConfig
 
-        return WarmStartConfig
+        return WarmupConfig
     if method in ("eviback", "search_r1"):
         from eviback.config import EviBackConfig
 
@@ -204,7 +204,7 @@ def load_run(path: Path, root: Path | None = None, step: int | None = None) -> R
         run.problem = f"config.yaml: {err}"
         return run
     if found is None:
-        run.problem = "config.yaml matches no trainer (search_grpo, warmstart, eviback, cer, arco)"
+        run.problem = "config.yaml matches no trainer (search_grpo, warmup, eviback, cer, arco)"
         return run
     run.method, run.arm = found
     try:
@@ -220,11 +220,11 @@ def load_run(path: Path, root: Path | None = None, step: int | None = None) -> R
 
 
 def model_of(run: Run, step: int | None) -> tuple[Path | None, str | None]:
-    """The folder to evaluate: a warm start's ``model/``; else ``checkpoints/step_<step>`` or the
+    """The folder to evaluate: a warmup's ``model/``; else ``checkpoints/step_<step>`` or the
     latest complete checkpoint."""
     from common.train import find_latest_checkpoint
 
-    if run.method in ("warmstart", "cer_warmup"):
+    if run.method in ("warmup", "cer_warmup"):
         model = run.path / "model"
         ok = (model / "config.json").is_file()
         return (model, None) if ok else (None, f"no model at {model} (config.json missing)")
@@ -244,7 +244,7 @@ def starting_model(run: Run) -> str | None:
     c = run.config
     if run.method == "grpo":
         start = c.get("model") or str(Path(c.get("world", "")) / "model")
-    elif run.method in ("warmstart", "cer_warmup"):
+    elif run.method in ("warmup", "cer_warmup"):
         return str((run.path / "model").resolve())
     else:
         start = (c.get("assets") or {}).get("model")
@@ -254,7 +254,7 @@ def starting_model(run: Run) -> str | None:
 def baseline_arm(run: Run) -> str | None:
     """The arm each method is compared with, as in the papers and the compare specs."""
     if run.method == "grpo":
-        return "warmstart"
+        return "warmup"
     if run.method == "eviback":
         return "search_r1"
     if run.method == "arco":
@@ -626,7 +626,7 @@ def pick_baseline(run: Run, candidates: Sequence[Run]) -> Run | None:
     start = starting_model(run)
 
     def rank(c: Run) -> tuple[bool, bool, str]:
-        produced = c.method in ("warmstart", "cer_warmup") and starting_model(c) == start
+        produced = c.method in ("warmup", "cer_warmup") and starting_model(c) == start
         same_start = starting_model(c) == start
         return (not (produced or same_start), c.seed != run.seed, c.name)
 

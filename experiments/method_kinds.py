@@ -8,7 +8,7 @@ from __future__ import annotations
 # ones paired against the baseline
 KIND = {
     "grpo": "search",
-    "warmstart": "search",
+    "warmup": "search",
     "eviback": "eviback",
     "search_r1": "eviback",
     "cer": "cer",

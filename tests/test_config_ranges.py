@@ -21,11 +21,11 @@ from common.config import ConfigError, _in_range, describe_config, load_config, 
 from common.rl_loop import end_of_step
 from common.search_grpo import GRPOConfig
 from common.train import TrainConfig, TrainEngine, find_latest_checkpoint
-from common.warmstart import WarmStartConfig
+from common.warmup import WarmupConfig
 from eviback.config import EviBackConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-ROOTS = (GRPOConfig, WarmStartConfig, CERConfig, EviBackConfig, ArcoConfig)
+ROOTS = (GRPOConfig, WarmupConfig, CERConfig, EviBackConfig, ArcoConfig)
 # number fields that may take any value, with the reason; keep this list short
 UNBOUNDED: dict[str, str] = {}
 
@@ -135,7 +135,7 @@ def test_range_text_and_describe_show_the_range() -> None:
         (ArcoConfig, "rl.kl_direction=sideways", "rl.kl_direction"),
         (ArcoConfig, "method=grpo", "method"),
         (ArcoConfig, "rubric.mode=dense", "rubric.mode"),
-        (WarmStartConfig, "steps=0", "steps"),
+        (WarmupConfig, "steps=0", "steps"),
     ],
 )
 def test_the_issues_bad_values_fail_at_build_naming_the_key(cls, override, key) -> None:
@@ -350,7 +350,7 @@ def test_search_grpo_bad_qa_file_is_one_line_before_any_model_loads(tmp_path, fa
 @pytest.mark.parametrize(
     ("module", "argv", "key"),
     [
-        ("common.warmstart", ["steps=0"], "steps"),
+        ("common.warmup", ["steps=0"], "steps"),
         (
             "cer.cli",
             ["train", "--config", str(ROOT / "cer/configs/tiny.yaml"), "group_size=0"],

@@ -13,13 +13,13 @@ from arco.config import ArcoConfig
 from cer.config import CERConfig
 from common.config import ConfigError, derived_keys, describe_config, dump_config, load_config
 from common.search_grpo import GRPOConfig
-from common.warmstart import WarmStartConfig
+from common.warmup import WarmupConfig
 from eviback.config import EviBackConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
     GRPOConfig: "common/configs/grpo_tiny.yaml",
-    WarmStartConfig: "common/configs/warmstart_tiny.yaml",
+    WarmupConfig: "common/configs/warmup_tiny.yaml",
     EviBackConfig: "eviback/configs/tiny.yaml",
     CERConfig: "cer/configs/tiny.yaml",
     ArcoConfig: "arco/configs/tiny.yaml",
@@ -27,7 +27,7 @@ CONFIGS = {
 # what each trainer assigns before its TrainEngine is built (read off the trainers)
 EXPECTED = {
     GRPOConfig: {"train.grad_accum", "train.seed"},
-    WarmStartConfig: {"train.total_steps", "train.seed"},
+    WarmupConfig: {"train.total_steps", "train.seed"},
     EviBackConfig: {"train.grad_accum", "train.total_steps", "train.seed"},
     CERConfig: {
         "train.grad_accum",
@@ -41,7 +41,7 @@ EXPECTED = {
 INSTEAD = {  # the keys each refusal names for the user to set instead
     (GRPOConfig, "train.seed"): "set seed instead",
     (GRPOConfig, "train.grad_accum"): "set questions_per_step, n, loss.micro_batch_size instead",
-    (WarmStartConfig, "train.total_steps"): "set steps instead",
+    (WarmupConfig, "train.total_steps"): "set steps instead",
     (EviBackConfig, "train.total_steps"): "set steps instead",
     (CERConfig, "train.grad_accum"): "set prompts_per_step, group_size, loss.micro_batch_size",
     (CERConfig, "warmup.train.total_steps"): "set warmup.steps instead",

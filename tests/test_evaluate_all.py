@@ -14,7 +14,7 @@ from arco.config import ArcoConfig
 from cer.config import CERConfig
 from common.config import dump_config, load_config
 from common.search_grpo import GRPOConfig
-from common.warmstart import WarmStartConfig
+from common.warmup import WarmupConfig
 from eviback.config import EviBackConfig
 from experiments.evaluate_all import (
     COLUMNS,
@@ -50,8 +50,8 @@ def _runs(tmp: Path) -> Path:
     world = tmp / "world"
     world.mkdir()
     (world / "test.jsonl").write_text('{"id": "q1"}\n')
-    ws = runs / "warmstart" / "tiny"
-    dump_config(WarmStartConfig(world=str(world), out=str(ws)), ws / "config.yaml")
+    ws = runs / "warmup" / "tiny"
+    dump_config(WarmupConfig(world=str(world), out=str(ws)), ws / "config.yaml")
     (ws / "model").mkdir()
     (ws / "model" / "config.json").write_text("{}")
     for name, seed in (("grpo/s0", 0), ("grpo/s1", 1)):
@@ -111,13 +111,13 @@ def test_discovery_and_recognition(tmp_path):
         "grpo/s1": "grpo",
         "grpo/untrained": "grpo",
         "other": None,
-        "warmstart/tiny": "warmstart",
+        "warmup/tiny": "warmup",
     }
     assert by_name["broken"].problem.startswith("config.yaml unreadable")
     assert "matches no trainer" in by_name["other"].problem
     assert "no complete checkpoint" in by_name["grpo/untrained"].problem
     assert by_name["grpo/s0"].model == runs / "grpo/s0/checkpoints/step_30"
-    assert by_name["warmstart/tiny"].model == runs / "warmstart/tiny/model"
+    assert by_name["warmup/tiny"].model == runs / "warmup/tiny/model"
     assert by_name["cer/warmup"].model == runs / "cer/warmup/model"
     assert sum(r.problem is None for r in by_name.values()) == 11
     # a chosen step that is not there is a reason, not a crash
@@ -209,8 +209,8 @@ def test_table_intervals_paired_and_cache(tmp_path, capsys):
     assert em["delta"] == 0.25 and em["n"] == 4
     # P(mean of 4 draws ≥ 0.75) = 4·(1/4)³·(3/4) + (1/4)⁴ = 0.051 > 2.5%, P(all 0) = 0.32
     assert (em["ci_low"], em["ci_high"]) == (0.0, 0.75)
-    # GRPO against the warm start it started from (same fake rows: Δ = 0 exactly)
-    g = pairs[("grpo/s1", "warmstart/tiny", "em")]
+    # GRPO against the warmup it started from (same fake rows: Δ = 0 exactly)
+    g = pairs[("grpo/s1", "warmup/tiny", "em")]
     assert g["delta"] == g["ci_low"] == g["ci_high"] == 0.0
     assert ("cer/cer", "cer/exact", "greedy") in pairs
     assert not any(

@@ -90,7 +90,7 @@ def grpo_start(world: Path, tmp: Path, monkeypatch, *more: str):
 def cer_start(world: Path, tmp: Path, monkeypatch, *more: str):
     import cer.trainer
     from cer.config import CERConfig
-    from cer.tiny import build_tiny
+    from cer.tasks.build import build_tiny
 
     monkeypatch.setattr(cer.trainer, "build_engine", fail)
     task = tmp / "task"

@@ -288,7 +288,7 @@ def test_cer_scores_the_training_model_in_eval_mode_under_checkpointing():
     is given: CER's prefix scorer, which continues from its trunk's cache, must score in eval
     mode (it crashed on a shape mismatch in the rehearsal of a paper config) and equal the
     untrained model's scores."""
-    from cer.scorer import hf_prefix_scorer, naive_scorer
+    from cer.rewards.scoring import hf_prefix_scorer, naive_scorer
 
     reference = tiny_qwen3()
     engine = TrainEngine(tiny_qwen3(), TrainConfig(gradient_checkpointing=True))

@@ -1,5 +1,5 @@
 """A model setting is resolved before any run folder opens: a local folder, the hub cache, or the
-hub; offline or unknown, one line that says so (issue 24 item 4). Nothing here reaches the
+hub; offline or unknown, one line that says so. Nothing here reaches the
 network: the hub is offline (HF_HUB_OFFLINE=1, an empty HF_HOME) or a stand-in."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`policy_update` without a [batch, length, vocabulary] tensor (issue 23): the policy's and the
+"""`policy_update` without a [batch, length, vocabulary] tensor: the policy's and the
 reference's token log-probs come from the head applied a chunk of positions at a time, and equal
 the old path (the model's whole logits, the reference's whole fp32 log-softmax)."""
 
@@ -54,14 +54,14 @@ def trajectories(n: int, seed: int = 0) -> list[Trajectory]:
 
 
 def old_forward_logprobs(forward, input_ids, attention_mask, chunk_size=4096, temperature=1.0):
-    """The path before issue 23: the model's whole logits, log-softmax in chunks."""
+    """The unchunked path: the model's whole logits, log-softmax in chunks."""
     logits = forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     return logprobs_from_logits(logits[:, :-1] / temperature, input_ids[:, 1:], chunk_size)
 
 
 @torch.no_grad()
 def old_reference_logprobs(self, input_ids, attention_mask=None, chunk_size=1024):
-    """The reference before issue 23: a whole fp32 log-softmax of its logits."""
+    """The unchunked reference: a whole fp32 log-softmax of its logits."""
     logits = self.logits(input_ids, attention_mask)
     return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, input_ids[:, 1:, None])[..., 0]
 

@@ -166,11 +166,11 @@ def test_a_second_run_on_a_folder_fails_naming_the_holder_until_it_dies(
         with pytest.raises(RunFolderError, match=re.escape(expected)) as err:
             open_run_folder(tmp_path, None, resume=False)
         assert "\n" not in str(err.value)
-        # a trainer's entry point stops there too, before any model loads (a warm start here)
-        from common.warmstart import WarmStartConfig, run_warm_start
+        # a trainer's entry point stops there too, before any model loads (a warmup here)
+        from common.warmup import WarmupConfig, run_warmup
 
         with pytest.raises(RunFolderError, match=re.escape(expected)):
-            run_warm_start(WarmStartConfig(world=str(tiny_world), out=str(tmp_path)))
+            run_warmup(WarmupConfig(world=str(tiny_world), out=str(tmp_path)))
         monkeypatch.setenv("RANK", "1")  # a non-zero rank of the holder's own run takes no lock
         assert open_run_folder(tmp_path, None, resume=False).lock is None
         monkeypatch.delenv("RANK")

@@ -1,4 +1,4 @@
-"""A run's GPU memory per rank, planned from its config before anything loads (issue 34).
+"""A run's GPU memory per rank, planned from its config before anything loads.
 
     python -m common.train.memory_plan --config cer/configs/qwen3_8b_base_math.yaml [--ranks 8]
 

@@ -227,7 +227,7 @@ _CER_FORMATS = {
     "math": "math", "answer": "math500", "webinstruct": "webinstruct", "mmlu_pro": "mmlu_pro",
     "supergpqa": "supergpqa",
 }  # fmt: skip
-CER_DATA = ("train", "dev", "benchmarks", "warmstart")
+CER_DATA = ("train", "dev", "benchmarks", "warmup")
 CER_OTHER = ("model", "init_model", "train_format", "train_filter", "how_to_get")
 
 
@@ -239,7 +239,7 @@ def cer_layout(name: str) -> str | None:
 
 def cer_data(config: Mapping[str, Any], out: Path, rows: int) -> dict[str, str]:
     """Write ``assets.train`` (MATH train or WebInstruct-verified as ``train_format`` says, else
-    as its file name says), ``dev``, every ``benchmarks`` entry and a set ``warmstart`` (MATH
+    as its file name says), ``dev``, every ``benchmarks`` entry and a set ``warmup`` (MATH
     layout, with solutions) in their hub layouts, ``rows`` rows each (WebInstruct with
     ``train_filter: webinstruct_paper``: ``rows`` rows the filter keeps, then two it drops);
     returns ``{"assets.train": path, "assets.benchmarks.math500": path, ...}``."""
@@ -268,8 +268,8 @@ def cer_data(config: Mapping[str, Any], out: Path, rows: int) -> dict[str, str]:
             _CER_FORMATS[fmt] if fmt != "auto" else layout_of("assets.train", str(assets["train"]))
         )
         wanted["assets.train"] = (layout, assets["train"])
-    if assets.get("warmstart"):
-        wanted["assets.warmstart"] = ("math", assets["warmstart"])
+    if assets.get("warmup"):
+        wanted["assets.warmup"] = ("math", assets["warmup"])
     if "dev" in assets:
         wanted["assets.dev"] = (layout_of("assets.dev", str(assets["dev"])), assets["dev"])
     for name, configured in _mapping(assets, "benchmarks", "cer").items():

@@ -1,6 +1,5 @@
 """``arco eval`` of a run trained with ``engine.backend=hf``: HF generate on the checkpoint's
-merged policy (it once said "engine.backend=hf generates with a loaded model; none was given")
-(issue 24 item 6)."""
+merged policy (it once said "engine.backend=hf generates with a loaded model; none was given")."""
 
 from __future__ import annotations
 

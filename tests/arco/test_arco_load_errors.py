@@ -1,5 +1,5 @@
 """What a user can get wrong around an ARCO start is one line on stderr and exit 2, before the run
-folder records anything: a damaged warmup folder (issue 24 items 2-3)."""
+folder records anything: a damaged warmup folder."""
 
 from __future__ import annotations
 
@@ -116,7 +116,7 @@ def test_a_bad_criteria_file_is_one_line_before_any_model_loads(
 def test_a_start_refused_for_its_rubric_k_does_not_trap_the_corrected_one(
     warmup, tiny_world, tmp_path, capsys, monkeypatch
 ):
-    """Issue 24 item 1 as a user meets it: K=2 against a K=3 head stops with one line; the
+    """As a user meets it: K=2 against a K=3 head stops with one line; the
     corrected start (K=3) is not refused for the settings of the one that never trained."""
     import arco.trainer
 

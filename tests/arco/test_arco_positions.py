@@ -1,4 +1,4 @@
-"""Log-probs and the exact token KL at the positions that count only (issue 23): equal to the
+"""Log-probs and the exact token KL at the positions that count only: equal to the
 whole-vocabulary, every-position computation (log-softmax over [N, T, V], masked afterwards)
 in value and gradient, with the float32 vocabulary-sized tensors one [chunk, V] chunk at a time,
 and the language-model head applied at those positions alone."""
@@ -20,7 +20,7 @@ LORA = {"r": 4, "lora_alpha": 8, "lora_dropout": 0.0, "target_modules": ["q_proj
 
 
 def old_token_kl(logits: torch.Tensor, ref: torch.Tensor, direction: str) -> torch.Tensor:
-    """The computation before issue 23: log-softmax of both over every position, [N, T]."""
+    """The unchunked computation: log-softmax of both over every position, [N, T]."""
     logp = F.log_softmax(logits.float(), dim=-1)
     logq = F.log_softmax(ref.float(), dim=-1)
     if direction == "reverse":

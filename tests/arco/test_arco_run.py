@@ -177,7 +177,7 @@ def test_missing_assets_stop_before_any_model_loads(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert code == 2
-    assert "assets.model" in err and "make warmstart" in err
+    assert "assets.model" in err and "make warmup" in err
     assert "warmup_dir" in err and "arco warmup" in err
     assert not (tmp_path / "w").exists()
 

@@ -1,4 +1,4 @@
-"""μ's rows of a trajectory forwarded as one trunk (issue 23, ``rubric.shared_prefix``): the
+"""μ's rows of a trajectory forwarded as one trunk(``rubric.shared_prefix``): the
 packing on hand-made sequences, and on the tiny model the pooled features, scores, criteria
 log-probs, KL against μ_ref and an update's gradients equal to the per-row path's in fp32, for
 every prefix, mode and K."""

@@ -1,4 +1,4 @@
-"""μ's scoring forward and its update's forward are one (issue 23, ``rl.mu_single_forward``):
+"""μ's scoring forward and its update's forward are one(``rl.mu_single_forward``):
 with LoRA dropout 0 the step scores, the advantages, the losses and the optimizer step's
 gradients equal the two-forward path's, and μ forwards its rows once a batch instead of twice."""
 

@@ -1,4 +1,4 @@
-"""assets.train_where / dev_where: ARCO's question filters (the long-trajectory setting, issue 26)."""
+"""assets.train_where / dev_where: ARCO's question filters (the long-trajectory setting)."""
 
 from __future__ import annotations
 

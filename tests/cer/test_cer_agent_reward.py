@@ -1,4 +1,4 @@
-"""cer.agent_reward: CER as the search agent's reward. On hand-built search trajectories (Qwen3's
+"""cer.rewards.search_agent: CER as the search agent's reward. On hand-built search trajectories (Qwen3's
 tokenizer, a random tiny Qwen3), the rewards equal a from-scratch computation: every prefix +
 continuation forwarded whole, the continuation's log-probabilities summed, R_k by its formula."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from cer.agent_reward import AgentCER, agent_split
+from cer.rewards.search_agent import AgentCER, agent_split
 from common.config import load_config
 from common.rewards import Group, RewardContext, groups_of, load_part
 from common.rollout.trajectory import Step, Trajectory
@@ -186,7 +186,7 @@ def test_a_group_without_any_answer_is_all_zero(qwen3_tokenizer, model):
 def test_the_configs_take_it_by_import_path():
     from eviback.config import EviBackConfig
 
-    spec = "cer.agent_reward:AgentCER"
+    spec = "cer.rewards.search_agent:AgentCER"
     assert isinstance(load_part(spec, "reward.fn", "reward", {}), AgentCER)
     over = [f"reward.fn={spec}"]
     cfg = load_config(GRPOConfig, ROOT / "common/configs/grpo_tiny.yaml", over)
@@ -204,7 +204,7 @@ def test_one_search_grpo_step_trains_with_it(tiny_world, tmp_path):
     over = [
         f"world={tiny_world}", f"model={tiny_world / 'model'}", f"run_dir={run_dir}",
         "steps=1", "questions_per_step=2", "n=4", "eval_every=0", "loss.micro_batch_size=4",
-        "engine.backend=hf", "reward.fn=cer.agent_reward:AgentCER",
+        "engine.backend=hf", "reward.fn=cer.rewards.search_agent:AgentCER",
     ]  # fmt: skip
     train_grpo(load_config(GRPOConfig, ROOT / "common/configs/grpo_tiny.yaml", over))
     (row,) = read_metrics(run_dir / "metrics.jsonl")

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cer.answer import (
+from cer.rewards.answer import (
     BOX_OPEN,
     continuation_ids,
     emission_groups,

@@ -11,7 +11,7 @@ import pytest
 
 from cer.config import CERConfig
 from cer.evaluate import run_eval
-from cer.tiny import build_tiny
+from cer.tasks.build import build_tiny
 from common.config import load_config
 
 pytestmark = pytest.mark.slow

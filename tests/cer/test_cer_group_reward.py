@@ -3,12 +3,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cer.answer import solution_split
 from cer.data import MathExample
-from cer.group_reward import Group, group_rewards, score_groups
 from cer.prompt import INSTRUCTION, MC_INSTRUCTION, SYSTEM_PROMPT, user_message
-from cer.reward import cer_from_logprobs
-from cer.scorer import hf_prefix_scorer, score_group
+from cer.rewards.answer import solution_split
+from cer.rewards.expectation import cer_from_logprobs
+from cer.rewards.groups import Group, group_rewards, score_groups
+from cer.rewards.scoring import hf_prefix_scorer, score_group
 
 
 def make_group(tok, problem: str, gold: str, responses: list[str], mc: bool = False) -> Group:

@@ -13,11 +13,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from cer.answer import closing_alternatives, continuation_ids, solution_split, split_answer
 from cer.data import MathExample
-from cer.group_reward import Group, group_rewards
 from cer.prompt import prompt_ids
-from cer.scorer import hf_prefix_scorer, naive_scorer, score_group
+from cer.rewards.answer import closing_alternatives, continuation_ids, solution_split, split_answer
+from cer.rewards.groups import Group, group_rewards
+from cer.rewards.scoring import hf_prefix_scorer, naive_scorer, score_group
 
 
 @pytest.fixture(scope="module")

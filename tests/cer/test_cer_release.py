@@ -11,10 +11,10 @@ import torch
 
 from cer.config import CERConfig
 from cer.data import MathExample
-from cer.group_reward import Rules, is_correct, verifier_name
-from cer.reward import cer_from_logprobs, select_solutions, verifree_reward
+from cer.rewards.expectation import cer_from_logprobs, select_solutions, verifree_reward
+from cer.rewards.groups import Rules, is_correct, verifier_name
+from cer.rewards.verifiers import release_rule_verifier, strict_choice_verifier
 from cer.rollout import prompt_seeds, step_sampling
-from cer.verifiers import release_rule_verifier, strict_choice_verifier
 from common.config import load_config
 from common.rollout.engine import SamplingConfig, request_seeds
 

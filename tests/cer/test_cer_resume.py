@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from cer.config import CERConfig
-from cer.tiny import build_tiny
+from cer.tasks.build import build_tiny
 from cer.warmup import run_warmup
 from common.config import load_config
 from common.train import read_metrics
@@ -23,7 +23,7 @@ TINY = "cer/configs/tiny.yaml"
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory) -> Path:
-    """The tiny alias task, small, and a brief warm start (``task/../warmup/model``): it boxes
+    """The tiny alias task, small, and a brief warmup (``task/../warmup/model``): it boxes
     answers, so the rewards vary within groups."""
     task = build_tiny(tmp_path_factory.mktemp("cer_resume") / "task", seed=0, n_train=30,
                       n_dev=4, n_test=4)  # fmt: skip
@@ -45,7 +45,7 @@ def config(task: Path, run_dir: Path, *extra: str) -> CERConfig:
             f"assets.model={task.parent / 'warmup' / 'model'}",
             f"warmup.out={task.parent / 'warmup'}",
             f"assets.init_model={task / 'model'}",
-            f"assets.warmstart={task / 'warmstart.jsonl'}",
+            f"assets.warmup={task / 'warmup.jsonl'}",
             f"assets.train={task / 'train.jsonl'}",
             f"assets.dev={task / 'dev.jsonl'}",
             f"assets.benchmarks.tiny_test={task / 'test.jsonl'}",

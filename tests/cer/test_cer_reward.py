@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cer.reward import cer_from_logprobs, combine_rule_cer, verifree_reward
+from cer.rewards.expectation import cer_from_logprobs, combine_rule_cer, verifree_reward
 
 NEG_INF = float("-inf")
 

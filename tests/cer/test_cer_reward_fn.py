@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cer.answer import solution_split
 from cer.config import CERConfig
 from cer.data import MathExample
-from cer.group_reward import (
+from cer.rewards.answer import solution_split
+from cer.rewards.groups import (
     CER,
     EXACT,
     RULE,
@@ -20,7 +20,7 @@ from cer.group_reward import (
     common_groups,
     group_rewards,
 )
-from cer.scorer import hf_prefix_scorer
+from cer.rewards.scoring import hf_prefix_scorer
 from cer.trainer import SIGNAL_TYPES
 from common.config import ConfigError, load_config
 from common.rewards import RewardContext, exact_match, f1
@@ -96,9 +96,9 @@ def test_reward_fn_defaults_to_the_type_and_is_checked_when_built():
         assert load_config(CERConfig, None, [f"reward.fn={name}"]).reward.reward_fn() is want
     cfg = load_config(CERConfig, None, ["reward.type=verifree"])
     assert isinstance(cfg.reward.reward_fn(), GroupReward) and cfg.reward.reward_fn() is VERIFREE
-    with pytest.raises(ConfigError, match=r"reward.fn='cer.group_reward:common_groups' has the "
+    with pytest.raises(ConfigError, match=r"reward.fn='cer.rewards.groups:common_groups' has the "
                        r"wrong signature: a reward is called as \(groups, ctx\)"):  # fmt: skip
-        load_config(CERConfig, None, ["reward.fn=cer.group_reward:common_groups"])
+        load_config(CERConfig, None, ["reward.fn=cer.rewards.groups:common_groups"])
     with pytest.raises(ConfigError, match="reward.fn='rule_cer' is neither a built-in"):
         load_config(CERConfig, None, ["reward.fn=rule_cer"])
 
@@ -109,7 +109,7 @@ def test_another_reward_trains_cer_and_every_type_is_still_logged(tmp_path):
     (reward.signal) come from their own group_rewards pass."""
     import json
 
-    from cer.tiny import build_tiny
+    from cer.tasks.build import build_tiny
     from cer.trainer import ALL_TYPES, train_cer
     from common.metrics import f1_score
     from common.train import read_metrics

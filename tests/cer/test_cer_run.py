@@ -1,4 +1,4 @@
-"""The tiny CER pipeline end to end, small: build, warm start, 2 RL steps, eval, and the errors."""
+"""The tiny CER pipeline end to end, small: build, warmup, 2 RL steps, eval, and the errors."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch
 from cer.cli import main
 from cer.config import CERConfig, MissingAssetError, check_assets
 from cer.evaluate import results_table, run_eval
-from cer.scorer import hf_prefix_scorer
-from cer.tiny import build_tiny, tokenizer_texts
+from cer.rewards.scoring import hf_prefix_scorer
+from cer.tasks.build import build_tiny, tokenizer_texts
 from cer.trainer import ALL_TYPES, make_score_fn, train_cer
 from cer.warmup import run_warmup
 from common.config import load_config
@@ -31,7 +31,7 @@ def tiny_config(root: Path, *overrides: str) -> CERConfig:
         TINY,
         [
             f"assets.init_model={task / 'model'}",
-            f"assets.warmstart={task / 'warmstart.jsonl'}",
+            f"assets.warmup={task / 'warmup.jsonl'}",
             f"assets.train={task / 'train.jsonl'}",
             f"assets.dev={task / 'dev.jsonl'}",
             f"assets.benchmarks.tiny_test={task / 'test.jsonl'}",
@@ -312,7 +312,7 @@ def test_warmup_context_weight_changes_the_update(tiny_root, tmp_path):
 
 
 def test_verifree_with_its_likelihood_term_runs_end_to_end(tiny_root):
-    # (the 20-step warm start rarely boxes an answer: what the term trains is checked on
+    # (the 20-step warmup rarely boxes an answer: what the term trains is checked on
     # hand-made groups in test_cer_verifree.py; here the trainer's path through it)
     run_dir = tiny_root / "run_verifree"
     cfg = tiny_config(

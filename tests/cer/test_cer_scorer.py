@@ -8,17 +8,17 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from cer.answer import (
+from cer.data import MathExample
+from cer.rewards.answer import (
     closing_alternatives,
     continuation_ids,
     solution_split,
     tokens_starting_with,
 )
-from cer.data import MathExample
-from cer.group_reward import Group, score_groups
-from cer.reward import cer_from_logprobs
+from cer.rewards.expectation import cer_from_logprobs
+from cer.rewards.groups import Group, score_groups
+from cer.rewards.scoring import hf_prefix_scorer, naive_scorer, score_group, shared_trunks
 from cer.rollout import sample_groups
-from cer.scorer import hf_prefix_scorer, naive_scorer, score_group, shared_trunks
 from common.rollout import HFEngine
 from common.rollout.engine import SamplingConfig
 

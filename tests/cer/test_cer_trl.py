@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cer.answer import solution_split
 from cer.data import MathExample, load_math_examples
-from cer.group_reward import is_correct
 from cer.prompt import SYSTEM_PROMPT, prompt_ids, user_message
-from cer.reward import cer_from_logprobs
-from cer.scorer import naive_scorer, score_group
+from cer.rewards.answer import solution_split
+from cer.rewards.expectation import cer_from_logprobs
+from cer.rewards.groups import is_correct
+from cer.rewards.scoring import naive_scorer, score_group
 from cer.trl import CERReward, prompt_token_ids
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -192,9 +192,9 @@ def test_two_zero3_ranks_score_whole_groups_in_lockstep(launch_two_ranks):
 
 @pytest.fixture(scope="module")
 def warm_task(tmp_path_factory) -> Path:
-    """The tiny alias task, small, and a brief warm start (it boxes answers)."""
+    """The tiny alias task, small, and a brief warmup (it boxes answers)."""
     from cer.config import CERConfig
-    from cer.tiny import build_tiny
+    from cer.tasks.build import build_tiny
     from cer.warmup import run_warmup
     from common.config import load_config
 
@@ -206,7 +206,7 @@ def warm_task(tmp_path_factory) -> Path:
         cfg = load_config(
             CERConfig,
             str(ROOT / "cer" / "configs" / "tiny.yaml"),
-            [f"assets.init_model={task / 'model'}", f"assets.warmstart={task / 'warmstart.jsonl'}",
+            [f"assets.init_model={task / 'model'}", f"assets.warmup={task / 'warmup.jsonl'}",
              f"warmup.out={root / 'warmup'}", "warmup.steps=40", "warmup.batch_size=8"],
         )  # fmt: skip
         run_warmup(cfg)
@@ -275,7 +275,7 @@ def test_two_trl_grpo_steps_get_cers_rewards(warm_task, tmp_path):
     args = GRPOConfig(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=16, num_generations=4,
         max_completion_length=48, max_steps=2, learning_rate=1e-3, bf16=False, use_cpu=True,
-        # 0.3: the brief warm start boxes an answer in about 40% of its samples (1.0: 6%)
+        # 0.3: the brief warmup boxes an answer in about 40% of its samples (1.0: 6%)
         report_to="none", logging_steps=1, save_strategy="no", seed=0, temperature=0.3,
         reward_weights=[1.0, 0.0], disable_tqdm=True, dataloader_num_workers=0,
     )  # fmt: skip
@@ -309,7 +309,7 @@ def test_two_trl_grpo_steps_get_cers_rewards(warm_task, tmp_path):
     live_calls = [c for c in calls if c["name"] == "cer"]
     assert live_calls[0]["got"] == pytest.approx(live_calls[0]["initial"], rel=1e-3, abs=1e-9)
     assert live_calls[1]["got"] != pytest.approx(live_calls[1]["initial"], rel=1e-3, abs=1e-9)
-    # the rewards are not trivially 0: the warm start boxes answers, CER grades them
+    # the rewards are not trivially 0: the warmup boxes answers, CER grades them
     assert sum(v > 0 for c in calls for v in c["got"]) >= 4
     # TRL logged what the reward returned
     logged = [h for h in trainer.state.log_history if "rewards/cer/mean" in h]

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cer.verifiers import (
+from cer.rewards.verifiers import (
     exact_verifier,
     extract_letter,
     letter_verifier,

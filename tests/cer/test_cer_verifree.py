@@ -8,10 +8,10 @@ import copy
 import pytest
 import torch
 
-from cer.answer import solution_split
 from cer.data import MathExample
-from cer.group_reward import Group
-from cer.verifree import verifree_batch
+from cer.rewards.answer import solution_split
+from cer.rewards.groups import Group
+from cer.rewards.verifree import verifree_batch
 from common.rl_loop import LossConfig, policy_update, token_advantages
 from common.rollout.trajectory import Trajectory
 from common.train import TrainConfig, TrainEngine

@@ -1,4 +1,4 @@
-"""The CER warm start's loss: solution-token NLL plus ``context_weight`` x prompt-token NLL."""
+"""The CER warmup's loss: solution-token NLL plus ``context_weight`` x prompt-token NLL."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from cer.warmup import solution_trajectories
 from common.rl import forward_logprobs
 from common.rollout.batch import collate
-from common.warmstart import sft_loss
+from common.warmup import sft_loss
 
 ROWS = [
     {"id": "a", "problem": "1 + 1?", "solution": "1 + 1 = 2, \\boxed{2}", "answer": "2"},

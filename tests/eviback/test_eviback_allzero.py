@@ -1,4 +1,4 @@
-"""Issue 26's setting (eviback/configs/tiny_allzero.yaml): the kind filter, the compare spec, and
+"""The all-zero setting (eviback/configs/tiny_allzero.yaml): the kind filter, the compare spec, and
 the logged all-zero share and backoff share of |advantage| on hand-built groups."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_allzero_config_extends_tiny_and_keeps_only_the_hard_relations(tmp_path)
             "organisation_older", "person_older"]  # fmt: skip
     assert cfg.assets.train_where == {"relation": hard}
     assert cfg.assets.dev_where == cfg.assets.train_where
-    # everything else is the tiny setting: same warm start, loop and teacher (λ = 0.1)
+    # everything else is the tiny setting: same warmup, loop and teacher (λ = 0.1)
     assert (cfg.assets.model, cfg.teacher, cfg.train, cfg.agent) == (
         tiny.assets.model, tiny.teacher, tiny.train, tiny.agent,
     )  # fmt: skip
@@ -162,7 +162,7 @@ def test_make_targets_run_the_allzero_spec(target, marker):
 
 
 def test_compare_spec_cer_backoff_sets_the_backoff_over_cer_against_cer_alone():
-    from cer.agent_reward import AgentCER
+    from cer.rewards.search_agent import AgentCER
     from eviback.backoff import BackoffOver, reward_of, teacher_backoff_reward
     from experiments.compare import load_spec
     from tests.test_makefile import dry_run

@@ -58,7 +58,7 @@ def test_search_r1_values_are_a_documented_alternative():
 def test_tiny_config_is_offline():
     c = load_config(EviBackConfig, CONFIGS / "tiny.yaml")
     assert c.teacher.backend == "oracle" and not c.assets.retrieval_url
-    assert c.assets.model == "runs/warmstart/tiny/model"
+    assert c.assets.model == "runs/warmup/tiny/model"
 
 
 def test_missing_assets_are_named_with_how_to_get_them(tiny_world, tmp_path, capsys):

@@ -18,14 +18,14 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "eviback_two_ranks.py
 
 @pytest.fixture(scope="module")
 def warm(tiny_world, tmp_path_factory):
-    """A briefly warm-started actor, so that it searches and the teacher has evidence to judge."""
-    from common.warmstart import WarmStartConfig, run_warm_start
+    """A briefly warmed-up actor, so that it searches and the teacher has evidence to judge."""
+    from common.warmup import WarmupConfig, run_warmup
 
     tiny = load_config(EviBackConfig, DEFAULT_CONFIG)
     out = tmp_path_factory.mktemp("warm")
-    cfg = WarmStartConfig(world=str(tiny_world), out=str(out), steps=60, batch_size=8,
+    cfg = WarmupConfig(world=str(tiny_world), out=str(out), steps=60, batch_size=8,
                           agent=tiny.agent)  # fmt: skip
-    return run_warm_start(cfg)
+    return run_warmup(cfg)
 
 
 def overrides(world, model, run_dir, *extra: str) -> list[str]:
@@ -130,13 +130,13 @@ def test_eviback_and_baseline_train_then_eval_with_bootstrap(
 
 
 def test_the_backoff_over_a_cer_base_trains(tiny_world, warm, tmp_path):
-    """reward.base=cer.agent_reward:AgentCER, one step: every rollout outside the fallback
+    """reward.base=cer.rewards.search_agent:AgentCER, one step: every rollout outside the fallback
     groups carries CER's reward (a probability, 0 without an answer), every fallback rollout the
     teacher's, and CER's metrics are logged beside the backoff's."""
     from eviback.trainer import train_eviback
 
     run_dir = tmp_path / "cer_base"
-    extra = ("reward.base=cer.agent_reward:AgentCER", "steps=1", "eval_every=0",
+    extra = ("reward.base=cer.rewards.search_agent:AgentCER", "steps=1", "eval_every=0",
              "samples_per_step=8")  # fmt: skip
     cfg = load_config(EviBackConfig, DEFAULT_CONFIG, overrides(tiny_world, warm, run_dir, *extra))
     train_eviback(cfg)

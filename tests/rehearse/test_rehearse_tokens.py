@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from cer.token_counts import counting_scorer, scoring_tokens
+from cer.rewards.scoring_tokens import counting_scorer, scoring_tokens
 from common.rl_loop import LossConfig, policy_update
 from common.rollout import Trajectory
 from common.token_counts import rollout_token_metrics
@@ -98,7 +98,7 @@ def test_arco_models_pi_ref_on_its_late_steps_only_and_reports_mu_unmodelled():
 
 def test_arco_counts_pi_rows_and_mu_rows_whole():
     from arco.rubrics import RubricItem
-    from arco.token_counts import arco_token_metrics
+    from arco.step_tokens import arco_token_metrics
 
     trajs = trajectories()
     items = [RubricItem(0, 0, [1] * 7, [2] * 3), RubricItem(1, 0, [1] * 5, [2] * 2, written=False)]

@@ -27,7 +27,7 @@ import transformers
 
 import cer.trainer
 from cer.cli import main as cer_main
-from cer.scorer import hf_prefix_scorer
+from cer.rewards.scoring import hf_prefix_scorer
 from common.train import TrainConfig, TrainEngine
 from common.train.distributed import exit_process
 

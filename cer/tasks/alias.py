@@ -10,9 +10,9 @@ surface forms of their answers (``answer_forms``; the first is the canonical ``a
 - ``population`` "What is the population of Lomira?": ``2,795,000`` or ``2795000``;
 - ``birth_year`` and ``capital``: one form (``1954``; ``Lomira``).
 
-The warm-start solution of a train problem restates the fact it needs and ends in
+The warmup solution of a train problem restates the fact it needs and ends in
 ``\\boxed{<a random correct form>}``, so exact match against the canonical answer rejects many
-right answers; the rows carry ``verifier: "alias"``, which makes ``cer.verifiers.alias_verifier``
+right answers; the rows carry ``verifier: "alias"``, which makes ``cer.rewards.verifiers.alias_verifier``
 (any listed form, normalised) their rule verifier.
 
 Where names and facts come from (``worlds``):
@@ -30,12 +30,12 @@ Where names and facts come from (``worlds``):
 
 No split shares a problem text with another.
 
-    python -m cer.aliastask build --out DIR --seed N [--worlds shared-names|shared|fresh]
+    python -m cer.tasks.alias build --out DIR --seed N [--worlds shared-names|shared|fresh]
         [--name-holdout asked|subjects|names|none] [--n-train 13000 --n-dev 200 --n-test 200]
 
 writes ``train.jsonl``, ``dev.jsonl``, ``test.jsonl`` (``id, kind, problem, answer,
-answer_forms, verifier``), ``warmstart.jsonl`` (``id, problem, solution, answer``),
-``meta.json`` (and ``documents.jsonl``), as ``cer.tinytask`` does. Same seed, sizes and options,
+answer_forms, verifier``), ``warmup.jsonl`` (``id, problem, solution, answer``),
+``meta.json`` (and ``documents.jsonl``), as ``cer.tasks.arithmetic`` does. Same seed, sizes and options,
 same bytes.
 """
 
@@ -49,7 +49,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from cer.tinytask import TinyProblem, warm_start_solution, write_jsonl
+from cer.tasks.arithmetic import TinyProblem, warmup_solution, write_jsonl
 from common.tinyworld.world import Film, World, WorldSizes, documents, generate_world
 
 TASK = "alias"
@@ -77,11 +77,11 @@ ENTITY_KINDS = ("people", "cities", "countries", "films", "organisations")
 # shared-names: which names a dev or test world holds out of train (``_draw_names``).
 NAME_HOLDOUTS = ("asked", "subjects", "names", "none")
 CANONICAL_SHARE_HELP = (
-    "the share of warm-start solutions that box the canonical form (default: a correct form at "
-    "random); 0.9 makes the warm start a confident self-verifier (make compare-cer-selfverify)"
+    "the share of warmup solutions that box the canonical form (default: a correct form at "
+    "random); 0.9 makes the warmup a confident self-verifier (make compare-cer-selfverify)"
 )
 DEFAULT_NAME_HOLDOUT = "asked"
-# Train problems when none are asked for: shared-names has as many as 800 warm-start steps of 16
+# Train problems when none are asked for: shared-names has as many as 800 warmup steps of 16
 # see (about once each; 2,000 were memorised, README), the others the 2,000 they were measured on.
 DEFAULT_N_TRAIN = {"shared-names": 13000, "shared": 2000, "fresh": 2000}
 NAME_HOLDOUT_HELP = (
@@ -522,12 +522,12 @@ def build(
     name_holdout: str = DEFAULT_NAME_HOLDOUT,
     canonical_share: float | None = None,
 ) -> Path:
-    """Write the task's splits, warm-start set and meta.json into ``out``; with
+    """Write the task's splits, warmup set and meta.json into ``out``; with
     ``worlds="shared"`` or ``"shared-names"`` also ``documents.jsonl``, the shared world's
-    documents (the tokenizer's corpus, ``cer.tiny.tokenizer_texts``). ``name_holdout``: the
+    documents (the tokenizer's corpus, ``cer.tasks.build.tokenizer_texts``). ``name_holdout``: the
     shared-names build's hold-out (``_draw_names``); ``n_train`` defaults to
-    ``DEFAULT_N_TRAIN[worlds]``; ``canonical_share``: the warm start boxes the canonical form
-    with this probability (``tinytask.warm_start_solution``; default: a form at random)."""
+    ``DEFAULT_N_TRAIN[worlds]``; ``canonical_share``: the warmup boxes the canonical form
+    with this probability (``arithmetic.warmup_solution``; default: a form at random)."""
     if worlds not in WORLDS:
         raise ValueError(f"unknown worlds {worlds!r}; known: {', '.join(WORLDS)}")
     if canonical_share is not None and not 0.0 <= canonical_share <= 1.0:
@@ -547,7 +547,7 @@ def build(
     rng = random.Random(seed + 2)
     warm = []
     for i, p in enumerate(splits["train"]):
-        solution, form = warm_start_solution(p, rng, canonical_share)
+        solution, form = warmup_solution(p, rng, canonical_share)
         warm.append(
             {
                 "id": f"alias-train-{i:05d}",
@@ -556,7 +556,7 @@ def build(
                 "answer": form,
             }
         )
-    write_jsonl(out / "warmstart.jsonl", warm)
+    write_jsonl(out / "warmup.jsonl", warm)
     problems = [p for items in splits.values() for p in items]
     meta = {"task": TASK, "seed": seed}
     if worlds in ("shared", "shared-names"):
@@ -586,10 +586,10 @@ def build(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m cer.aliastask", description=__doc__.split("\n")[0]
+        prog="python -m cer.tasks.alias", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="write the alias task's splits and warm-start set")
+    b = sub.add_parser("build", help="write the alias task's splits and warmup set")
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument(

@@ -1,14 +1,14 @@
-"""CER as the search agent's outcome reward: ``reward.fn=cer.agent_reward:AgentCER``.
+"""CER as the search agent's outcome reward: ``reward.fn=cer.rewards.search_agent:AgentCER``.
 
 The agent's answer given its trajectory: π(a* | trajectory) in place of π(a* | solution). For
 trajectory j of a group (search GRPO, EviBack: the ``search_r1`` protocol) the scored prefix is
 its own ids, never re-tokenized: the prompt, then the response (sampled turns and the inserted
 observations, as they were inserted) up to where its answer starts inside the last
 ``<answer>…</answer>`` of its answer turn. The response is decoded once into emission groups
-(``cer.answer.emission_groups``), as ``cer.answer`` cuts a boxed answer: a token that straddles
+(``cer.rewards.answer.emission_groups``), as ``cer.rewards.answer`` cuts a boxed answer: a token that straddles
 the answer's start (``" Paris"`` after ``<answer>``) is left out of the prefix and its text before
 the answer is carried in a ``tail`` (here ``" "``). Every answer x scored after s_j is
-``encode(tail + x + closing)``, re-encoded on its own (``cer.answer.continuation_ids``), with
+``encode(tail + x + closing)``, re-encoded on its own (``cer.rewards.answer.continuation_ids``), with
 ``closing`` the trajectory's own text from its answer's end to the end of ``</answer>``
 (``" </answer>"``), so that π("Paris" | s_j) is the probability of the answer "Paris", not of
 every answer starting with it. When the continuation's last token ends where the closing does
@@ -25,8 +25,8 @@ a probability; with one golden answer it is π(a* | s_j) itself. ``aliases="firs
 first golden answer alone.
 
 R_k = Σ_j π(a_k|s_j) π(a*|s_j) / Σ_j π(a_k|s_j) over all G trajectories of the group
-(``cer.reward.cer_from_logprobs``), the scores filled by ``cer.scorer.group_pairs`` and one call
-of the scorer: ``ctx.extra["score_fn"]`` when given, else ``cer.scorer.hf_prefix_scorer`` on the
+(``cer.rewards.expectation.cer_from_logprobs``), the scores filled by ``cer.rewards.scoring.group_pairs`` and one call
+of the scorer: ``ctx.extra["score_fn"]`` when given, else ``cer.rewards.scoring.hf_prefix_scorer`` on the
 live policy ``ctx.policy`` (with ``sync_ranks`` when it is ZeRO-3 partitioned over several
 ranks: every rank then makes the same number of forwards, as ``cer.trainer.make_score_fn``), in
 eval mode under no grad.
@@ -41,9 +41,9 @@ from typing import Any, Literal
 
 import torch
 
-from cer.answer import AnswerSplit, backend_tokenizer, emission_groups, tokens_starting_with
-from cer.reward import cer_from_logprobs
-from cer.scorer import GroupPairs, ScoreFn, group_pairs, hf_prefix_scorer
+from cer.rewards.answer import AnswerSplit, backend_tokenizer, emission_groups, tokens_starting_with
+from cer.rewards.expectation import cer_from_logprobs
+from cer.rewards.scoring import GroupPairs, ScoreFn, group_pairs, hf_prefix_scorer
 from common.rewards import Group, RewardContext, Rewards
 from common.rollout.trajectory import Trajectory
 
@@ -104,7 +104,7 @@ def closing_alternatives(
 ) -> tuple[int, ...] | None:
     """The tokens that close the tag as well as the continuation's last one, or None: when that
     token ends where the closing text ends (it lies inside ``</answer>``'s end, ``">"``, or holds
-    the whole closing), every token starting with its text. ``cer.answer.closing_alternatives``
+    the whole closing), every token starting with its text. ``cer.rewards.answer.closing_alternatives``
     for a closing of several characters."""
     if not split.closing or not continuation:
         return None
@@ -125,7 +125,7 @@ def agent_pairs(
     group: Group, tokenizer: Any, aliases: str = "sum"
 ) -> tuple[GroupPairs, list[GroupPairs]]:
     """The group's pairs: a* and every distinct answer after each trajectory
-    (``cer.scorer.group_pairs``, all G solutions), then one ``GroupPairs`` per other gold form
+    (``cer.rewards.scoring.group_pairs``, all G solutions), then one ``GroupPairs`` per other gold form
     (that form alone after each trajectory). The closing alternatives are this module's."""
     if not group.golden_answers:
         raise ValueError(f"AgentCER: question {group.question!r} has no golden answer")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cer.scorer import ScoreFn, shared_trunks
+from cer.rewards.scoring import ScoreFn, shared_trunks
 
 
 def scoring_tokens(

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from cer.aliastask import (
+from cer.data import load_math_examples
+from cer.rewards.answer import last_boxed
+from cer.rewards.groups import is_correct, is_exact, verifier_name
+from cer.rewards.verifiers import alias_verifier, exact_verifier, normalize_alias
+from cer.tasks.alias import (
     DOCUMENTS_FILE,
     SUBJECT_OF,
     build,
@@ -19,12 +23,8 @@ from cer.aliastask import (
     population_forms,
     shared_world,
 )
-from cer.answer import last_boxed
-from cer.data import load_math_examples
-from cer.group_reward import is_correct, is_exact, verifier_name
-from cer.verifiers import alias_verifier, exact_verifier, normalize_alias
 
-FILES = ("train.jsonl", "dev.jsonl", "test.jsonl", "warmstart.jsonl", "meta.json")
+FILES = ("train.jsonl", "dev.jsonl", "test.jsonl", "warmup.jsonl", "meta.json")
 KINDS = {"director", "founder", "count", "population", "birth_year", "capital"}
 
 
@@ -51,11 +51,11 @@ def test_same_seed_same_bytes(task, tmp_path):
 
 
 # sha256 of the fresh-world build (seed 3, 300/60/60) before the shared option was added: the
-# old behaviour, on which the README's first warm-start rows were measured, is kept byte for byte.
+# old behaviour, on which the README's first warmup rows were measured, is kept byte for byte.
 FRESH_SHA256 = {
     "train.jsonl": "a9a23dcbdfbc0ee9e76c6e02511d5e66209d44f44397af2084b84b280222b429",
     "dev.jsonl": "55c8bc9ed4cddf20ae4eede76859c7df6bbebbc2ed0b1bd1f2c19e0629b24cf2",
-    "warmstart.jsonl": "2a57c38016eb74dd664a82da50d2832dbf681a6554ecba7c4695b32245cb11e7",
+    "warmup.jsonl": "2a57c38016eb74dd664a82da50d2832dbf681a6554ecba7c4695b32245cb11e7",
     "meta.json": "759ce7bb4785ce4f151cc93ff306c0b7b129565682784d0afce970a0171a93ee",
 }
 
@@ -127,13 +127,13 @@ def test_shared_world_holds_dev_and_test_entities_out_of_train(shared):
             assert not other_names.search(row["problem"]), (split, row)
             kinds.add(row["kind"])
         assert kinds == KINDS
-    # The warm start is on train problems only.
-    warm = {r["problem"] for r in _rows(shared / "warmstart.jsonl")}
+    # The warmup is on train problems only.
+    warm = {r["problem"] for r in _rows(shared / "warmup.jsonl")}
     assert warm == {r["problem"] for r in rows["train"]}
 
 
 def test_shared_world_documents_are_the_tokenizer_corpus_without_dev_or_test_problems(shared):
-    from cer.tiny import tokenizer_texts
+    from cer.tasks.build import tokenizer_texts
 
     docs = _rows(shared / DOCUMENTS_FILE)
     world = shared_world(5)
@@ -179,9 +179,9 @@ def test_rows_have_the_loader_fields_and_their_answer_in_the_context(task):
             assert alias_verifier(form, row["answer_forms"])
 
 
-def test_warm_start_answers_are_forms_and_often_defeat_exact_match(task):
+def test_warmup_answers_are_forms_and_often_defeat_exact_match(task):
     train = {r["id"]: r for r in _rows(task / "train.jsonl")}
-    warm = _rows(task / "warmstart.jsonl")
+    warm = _rows(task / "warmup.jsonl")
     assert len(warm) == len(train)
     differ = 0
     for row in warm:
@@ -197,7 +197,7 @@ def test_warm_start_answers_are_forms_and_often_defeat_exact_match(task):
 def test_splits_load_and_the_rule_is_the_alias_oracle(task):
     examples = load_math_examples(task / "dev.jsonl", source="").examples
     assert len(examples) == 60 and examples[0].id == "alias-dev-00000"
-    warm = load_math_examples(task / "warmstart.jsonl").examples
+    warm = load_math_examples(task / "warmup.jsonl").examples
     assert len(warm) == 300 and "\\boxed{" in warm[0].metadata["solution"]
     aliased = next(ex for ex in examples if len(ex.metadata["answer_forms"]) > 1)
     alias = aliased.metadata["answer_forms"][1]
@@ -264,7 +264,7 @@ def test_unknown_worlds_and_name_holdout_are_refused(tmp_path):
 def test_default_build_is_shared_names_with_13000_train_problems():
     import inspect
 
-    from cer.aliastask import DEFAULT_N_TRAIN
+    from cer.tasks.alias import DEFAULT_N_TRAIN
 
     params = inspect.signature(build).parameters
     assert params["worlds"].default == "shared-names" and params["name_holdout"].default == "asked"
@@ -288,10 +288,10 @@ def test_shared_names_facts_change_with_the_world(tmp_path):
 
 
 @pytest.mark.parametrize("share", [0.0, 0.9, 1.0])
-def test_canonical_share_sets_how_often_the_warm_start_boxes_the_canonical_form(share, tmp_path):
+def test_canonical_share_sets_how_often_the_warmup_boxes_the_canonical_form(share, tmp_path):
     out = build(tmp_path, seed=3, n_train=600, n_dev=20, n_test=20, canonical_share=share)
     train = {r["id"]: r for r in _rows(out / "train.jsonl")}
-    warm = _rows(out / "warmstart.jsonl")
+    warm = _rows(out / "warmup.jsonl")
     multi = [r for r in warm if len(train[r["id"]]["answer_forms"]) > 1]
     canonical = [r["answer"] == train[r["id"]]["answer"] for r in multi]
     share_seen = sum(canonical) / len(multi)
@@ -301,7 +301,7 @@ def test_canonical_share_sets_how_often_the_warm_start_boxes_the_canonical_form(
         assert r["answer"] in train[r["id"]]["answer_forms"]
         assert last_boxed(r["solution"]) == r["answer"]
     assert json.loads((out / "meta.json").read_text())["canonical_share"] == share
-    # the splits are the default build's: only the warm start's boxes change
+    # the splits are the default build's: only the warmup's boxes change
     plain = build(tmp_path / "plain", seed=3, n_train=600, n_dev=20, n_test=20)
     for name in ("train.jsonl", "dev.jsonl", "test.jsonl"):
         assert (out / name).read_bytes() == (plain / name).read_bytes()

@@ -1,4 +1,4 @@
-"""Supervised warm start on gold search paths.
+"""Supervised warmup on gold search paths.
 
 A gold trajectory is what an ideal agent would do: search each query of the question's gold
 path, read the retrieved documents, answer. It is assembled exactly as a rollout is (the
@@ -50,7 +50,7 @@ def gold_trajectories(
     protocol = get_protocol(cfg.protocol)
     usable = [ex for ex in examples if ex.metadata.get("gold_queries")]
     if not usable:
-        raise ValueError("no example has metadata['gold_queries']: nothing to warm start on")
+        raise ValueError("no example has metadata['gold_queries']: nothing to warmup on")
     rng = random.Random(seed)
     plans = [_teacher_plan(ex, shortcut_rate, rng) for ex in usable]
     trajs = [
@@ -118,7 +118,7 @@ def sft_loss(
     return loss, agent_nll.detach()
 
 
-def warm_start(
+def sft_warmup(
     engine: TrainEngine,
     trajs: Sequence[Trajectory],
     pad_id: int,
@@ -137,7 +137,7 @@ def warm_start(
     micro = max(batch_size // accum, 1)
     order: list[int] = []
     history, running = [], 0.0
-    for step in progress(range(steps), desc="warm start", total=steps):
+    for step in progress(range(steps), desc="warmup", total=steps):
         for _ in range(accum):
             idx = []
             while len(idx) < micro:
@@ -157,16 +157,16 @@ def warm_start(
 
 
 @dataclass
-class WarmStartConfig:
-    """Supervised warm start of a tiny-world agent."""
+class WarmupConfig:
+    """Supervised warmup of a tiny-world agent."""
 
-    DERIVED: ClassVar[dict[str, str]] = {  # set by run_warm_start; refused in configs and overrides
+    DERIVED: ClassVar[dict[str, str]] = {  # set by run_warmup; refused in configs and overrides
         "train.total_steps": "steps",
         "train.seed": "seed",
     }
 
     world: str = field(default="runs/tinyworld/seed0", metadata={"help": "tiny world folder"})
-    out: str = field(default="runs/warmstart/tiny", metadata={"help": "output folder"})
+    out: str = field(default="runs/warmup/tiny", metadata={"help": "output folder"})
     seed: int = field(default=0, metadata={"help": "data order and init seed", "ge": 0})
     steps: int = field(default=600, metadata={"help": "optimizer steps", "ge": 1})
     batch_size: int = field(
@@ -194,7 +194,7 @@ class WarmStartConfig:
     )
 
 
-def run_warm_start(cfg: WarmStartConfig) -> Path:
+def run_warmup(cfg: WarmupConfig) -> Path:
     """Gold trajectories of the world's train split -> SFT -> ``<out>/model`` (HF folder)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -203,17 +203,17 @@ def run_warm_start(cfg: WarmStartConfig) -> Path:
         raise FileNotFoundError(
             f"no tiny world at {world}: run `python -m common.tinyworld build --out {world}`"
         )
-    folder = open_run_folder(cfg.out, None, resume=False)  # one warm start at a time in out
+    folder = open_run_folder(cfg.out, None, resume=False)  # one warmup at a time in out
     tokenizer = AutoTokenizer.from_pretrained(world / "model")
     model = AutoModelForCausalLM.from_pretrained(world / "model", dtype=torch.float32)
     retriever = BM25Retriever.from_corpus(world / "corpus.jsonl")
     trajs = gold_trajectories(
         load_qa(world / "train.jsonl"), tokenizer, retriever, cfg.agent, cfg.shortcut_rate, cfg.seed
     )
-    cfg.train.total_steps = cfg.steps  # WarmStartConfig.DERIVED
+    cfg.train.total_steps = cfg.steps  # WarmupConfig.DERIVED
     cfg.train.seed = cfg.seed
     engine = TrainEngine(model, cfg.train)
-    history = warm_start(
+    history = sft_warmup(
         engine,
         trajs,
         padding_id(tokenizer),
@@ -222,14 +222,12 @@ def run_warm_start(cfg: WarmStartConfig) -> Path:
         cfg.seed,
         context_weight=cfg.context_weight,
     )
-    saved = save_warm_start(engine, tokenizer, cfg, Path(cfg.out), history)
+    saved = save_warmup(engine, tokenizer, cfg, Path(cfg.out), history)
     folder.close()
     return saved
 
 
-def save_warm_start(
-    engine: TrainEngine, tokenizer, cfg: Any, out: Path, history: list[dict]
-) -> Path:
+def save_warmup(engine: TrainEngine, tokenizer, cfg: Any, out: Path, history: list[dict]) -> Path:
     """Write ``out/model`` (HF folder with the tokenizer), ``out/config.yaml`` and
     ``out/sft_loss.json`` on the main rank; returns ``out/model``."""
     if engine.is_main:
@@ -248,17 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     from common.launcher import without_local_rank
 
     parser = argparse.ArgumentParser(
-        description="Supervised warm start on gold search paths.",
-        epilog=describe_config(WarmStartConfig),
+        description="Supervised warmup on gold search paths.",
+        epilog=describe_config(WarmupConfig),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", default=None)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(without_local_rank(argv))
     try:
-        print(run_warm_start(load_config(WarmStartConfig, args.config, args.overrides)))
+        print(run_warmup(load_config(WarmupConfig, args.config, args.overrides)))
     except (ConfigError, DataError, FileNotFoundError) as e:
-        print(f"warmstart: error: {e}", file=sys.stderr)
+        print(f"warmup: error: {e}", file=sys.stderr)
         return 2
     return 0
 

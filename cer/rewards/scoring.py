@@ -18,8 +18,8 @@ from typing import Any, Protocol, TypeVar
 import torch
 from transformers import DynamicCache
 
-from cer.answer import AnswerSplit, closing_alternatives, continuation_ids
-from cer.reward import select_solutions
+from cer.rewards.answer import AnswerSplit, closing_alternatives, continuation_ids
+from cer.rewards.expectation import select_solutions
 from common.rollout.engine import GeneratedKV
 from common.train.distributed import all_reduce_values
 from common.train.engine import eval_mode
@@ -143,10 +143,10 @@ def score_group(
     kvs: Sequence[GeneratedKV | None] | None = None,
     selection: str = "first",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]:
-    """Score one group (one prompt, its G responses split by ``cer.answer.solution_split``).
+    """Score one group (one prompt, its G responses split by ``cer.rewards.answer.solution_split``).
 
     For each of the first ``m`` solutions s_j (all when None; ``selection="per_answer"``: the
-    solutions ``cer.reward.select_solutions`` picks for any answer, the rows of ``GroupPairs``
+    solutions ``cer.rewards.expectation.select_solutions`` picks for any answer, the rows of ``GroupPairs``
     then say which, and its ``counted`` mask which count for which answer) the prefix is ``prompt_ids +
     s_j.solution_ids`` and the continuations are the reference and every distinct answer (equal
     strings scored once), each as ``continuation_ids(s_j, x)``: tail + x + closing brace. A
@@ -158,7 +158,7 @@ def score_group(
 
     Returns ``ref_logp`` [J] (float64), ``answer_logp`` [J, U] (float64), ``answer_of_sample``
     [G] (long; -1 for a response without an answer) and the U distinct answers in order of first
-    appearance: the inputs of ``cer.reward.cer_from_logprobs``.
+    appearance: the inputs of ``cer.rewards.expectation.cer_from_logprobs``.
     """
     p = group_pairs(prompt_ids, splits, reference, tokenizer, m, kvs, selection)
     return p.matrices(score_fn(p.prefixes, p.continuations, p.alternatives, p.generated))

@@ -2,7 +2,7 @@
 
     python -m cer build-tiny --out runs/cer/tiny/task --seed 0 [--task alias|arithmetic]
 
-writes what the task's ``build`` writes (``cer.aliastask``, the default, or ``cer.tinytask``) and
+writes what the task's ``build`` writes (``cer.tasks.alias``, the default, or ``cer.tasks.arithmetic``) and
 ``model/``: a byte-level BPE trained on the task's train text (problems, worked solutions, every
 answer form, plus the shared world's documents for the alias task's ``shared-names`` and
 ``shared`` builds), the prompt words and the digits (with no merge of a closing brace into the next
@@ -18,10 +18,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from cer import aliastask, tinytask
+from cer.tasks import alias, arithmetic
 from cer.prompt import INSTRUCTION, MC_INSTRUCTION, SYSTEM_PROMPT
 
-TASKS: dict[str, Callable[..., Path]] = {"alias": aliastask.build, "arithmetic": tinytask.build}
+TASKS: dict[str, Callable[..., Path]] = {"alias": alias.build, "arithmetic": arithmetic.build}
 # Per task: the arithmetic task keeps the vocabulary its measurements were made with; the alias
 # task's fresh worlds 512 (names as syllable pieces), its shared world 2048 (README).
 VOCAB_SIZES = {"alias": 512, "arithmetic": 1024}
@@ -41,12 +41,12 @@ def tokenizer_texts(task_dir: str | Path) -> list[str]:
     dev and test ask about, in other sentences, as a pretraining corpus would."""
     task_dir = Path(task_dir)
     texts = [EXTRA_TEXT]
-    docs = task_dir / aliastask.DOCUMENTS_FILE
+    docs = task_dir / alias.DOCUMENTS_FILE
     if docs.is_file():
         texts += [
             json.loads(line)["text"] for line in docs.read_text(encoding="utf-8").splitlines()
         ]
-    for name, keys in (("train.jsonl", ("problem",)), ("warmstart.jsonl", ("solution",))):
+    for name, keys in (("train.jsonl", ("problem",)), ("warmup.jsonl", ("solution",))):
         for line in (task_dir / name).read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
             texts += [row[k] for k in keys]
@@ -66,18 +66,18 @@ def build_tiny(
     task: str = "alias",
     isolate_spaces: bool = False,
     worlds: str | None = None,
-    name_holdout: str = aliastask.DEFAULT_NAME_HOLDOUT,
+    name_holdout: str = alias.DEFAULT_NAME_HOLDOUT,
     canonical_share: float | None = None,
 ) -> Path:
     """Write the tiny ``task`` into ``out`` and its tokenizer (``vocab_size`` ids, default
     ``VOCAB_SIZES[task]``) + model into ``out/model``. With ``isolate_spaces`` a space is a token
     of its own, so that a name or number has the same ids in the context, at the start of the
-    solution and inside ``\\boxed{}`` (measured in the README's warm-start table: no gain).
-    ``worlds`` (alias task only; default ``aliastask.DEFAULT_WORLDS``): ``shared-names``,
-    ``shared`` or ``fresh``, ``name_holdout`` the shared-names hold-out (``cer.aliastask``); the
+    solution and inside ``\\boxed{}`` (measured in the README's warmup table: no gain).
+    ``worlds`` (alias task only; default ``alias.DEFAULT_WORLDS``): ``shared-names``,
+    ``shared`` or ``fresh``, ``name_holdout`` the shared-names hold-out (``cer.tasks.alias``); the
     shared builds' default vocabulary is ``SHARED_VOCAB_SIZE``, ``n_train`` defaults to
-    ``aliastask.DEFAULT_N_TRAIN`` (2000 for arithmetic); ``canonical_share`` (alias task only):
-    the share of warm-start solutions boxing the canonical form."""
+    ``alias.DEFAULT_N_TRAIN`` (2000 for arithmetic); ``canonical_share`` (alias task only):
+    the share of warmup solutions boxing the canonical form."""
     if task not in TASKS:
         raise ValueError(f"unknown tiny task {task!r}; known: {', '.join(TASKS)}")
     if worlds is not None and task != "alias":
@@ -89,8 +89,8 @@ def build_tiny(
     from common.tinyworld.tokenizer import build_tokenizer
 
     if task == "alias":
-        worlds = aliastask.DEFAULT_WORLDS if worlds is None else worlds
-        out = aliastask.build(
+        worlds = alias.DEFAULT_WORLDS if worlds is None else worlds
+        out = alias.build(
             out, seed, n_train, n_dev, n_test, worlds, name_holdout, canonical_share
         )
         default_vocab = VOCAB_SIZES[task] if worlds == "fresh" else SHARED_VOCAB_SIZE

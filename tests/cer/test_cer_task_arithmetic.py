@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from cer.answer import last_boxed
 from cer.data import load_math_examples
-from cer.tinytask import build, decimal_text, main, number_forms
-from cer.verifiers import exact_verifier, rule_verifier
+from cer.rewards.answer import last_boxed
+from cer.rewards.verifiers import exact_verifier, rule_verifier
+from cer.tasks.arithmetic import build, decimal_text, main, number_forms
 
-FILES = ("train.jsonl", "dev.jsonl", "test.jsonl", "warmstart.jsonl", "meta.json")
+FILES = ("train.jsonl", "dev.jsonl", "test.jsonl", "warmup.jsonl", "meta.json")
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +67,9 @@ def test_rule_verifier_accepts_every_form_of_every_dev_answer(task):
             assert rule_verifier(form, row["answer"]), (row["problem"], form)
 
 
-def test_warm_start_answers_defeat_exact_match_not_the_rule(task):
+def test_warmup_answers_defeat_exact_match_not_the_rule(task):
     train = {r["id"]: r for r in _rows(task / "train.jsonl")}
-    warm = _rows(task / "warmstart.jsonl")
+    warm = _rows(task / "warmup.jsonl")
     assert len(warm) == len(train)
     differ = 0
     for row in warm:

@@ -1,4 +1,4 @@
-"""The warm start's loss: the agent's tokens, plus an optional LM term on the context."""
+"""The warmup's loss: the agent's tokens, plus an optional LM term on the context."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from common.rl import forward_logprobs
 from common.rollout.batch import collate
 from common.rollout.trajectory import Trajectory
-from common.warmstart import sft_loss
+from common.warmup import sft_loss
 
 
 def _trajectories() -> list[Trajectory]:
@@ -45,7 +45,7 @@ def test_weak_teacher_answers_the_first_hop_of_the_chosen_bridge_questions(tiny_
     from common.data import load_qa
     from common.retrieval.bm25 import BM25Retriever
     from common.rollout.agent import AgentConfig
-    from common.warmstart import gold_trajectories
+    from common.warmup import gold_trajectories
 
     examples = load_qa(tiny_world / "train.jsonl")[:40]
     tokenizer = AutoTokenizer.from_pretrained(tiny_world / "model")

@@ -3,15 +3,15 @@
 Kinds: integer arithmetic, fraction sums, decimal sums, unit conversions, percentages and short
 word problems. Every answer is a number, and each problem lists its correct surface forms
 (``\\frac{3}{4}``, ``3/4``, ``0.75``; ``2500``, ``2500.0``, ``2500\\text{ m}``; ``20\\%``, ``20``);
-the first is the canonical answer. The supervised warm-start set gives each train problem a short
+the first is the canonical answer. The supervised warmup set gives each train problem a short
 worked solution that ends in ``\\boxed{<a random correct form>}``: exact match against the
 canonical string rejects many right answers, the rule verifier accepts them, so the gap between
 the rewards is visible on a model small enough for a CPU.
 
-    python -m cer.tinytask build --out DIR --seed N [--n-train 2000 --n-dev 200 --n-test 200]
+    python -m cer.tasks.arithmetic build --out DIR --seed N [--n-train 2000 --n-dev 200 --n-test 200]
 
 writes ``train.jsonl``, ``dev.jsonl``, ``test.jsonl`` (``id, kind, problem, answer,
-answer_forms``), ``warmstart.jsonl`` (``id, problem, solution, answer``) and ``meta.json``. Same
+answer_forms``), ``warmup.jsonl`` (``id, problem, solution, answer``) and ``meta.json``. Same
 seed and sizes, same bytes. The splits share no problem text.
 """
 
@@ -218,7 +218,7 @@ def generate_problems(n: int, seed: int) -> list[TinyProblem]:
     return out
 
 
-def warm_start_solution(
+def warmup_solution(
     problem: TinyProblem, rng: random.Random, canonical_share: float | None = None
 ) -> tuple[str, str]:
     """A worked solution ending in ``\\boxed{<a random correct form>}``, and that form. With
@@ -236,7 +236,7 @@ def warm_start_solution(
 def build(
     out: str | Path, seed: int, n_train: int = 2000, n_dev: int = 200, n_test: int = 200
 ) -> Path:
-    """Write the task's splits, warm-start set and meta.json into ``out``."""
+    """Write the task's splits, warmup set and meta.json into ``out``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     problems = generate_problems(n_train + n_dev + n_test, seed)
@@ -262,7 +262,7 @@ def build(
     rng = random.Random(seed + 2)
     warm = []
     for i, p in enumerate(splits["train"]):
-        solution, form = warm_start_solution(p, rng)
+        solution, form = warmup_solution(p, rng)
         warm.append(
             {
                 "id": f"tiny-train-{i:05d}",
@@ -271,7 +271,7 @@ def build(
                 "answer": form,
             }
         )
-    write_jsonl(out / "warmstart.jsonl", warm)
+    write_jsonl(out / "warmup.jsonl", warm)
     meta = {
         "seed": seed,
         "sizes": {name: len(items) for name, items in splits.items()},
@@ -290,10 +290,10 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m cer.tinytask", description=__doc__.split("\n")[0]
+        prog="python -m cer.tasks.arithmetic", description=__doc__.split("\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build", help="write the tiny task's splits and warm-start set")
+    b = sub.add_parser("build", help="write the tiny task's splits and warmup set")
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--n-train", type=int, default=2000)

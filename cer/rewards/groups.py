@@ -15,11 +15,11 @@ from typing import Any, Literal
 
 import torch
 
-from cer.answer import AnswerSplit
 from cer.data import MathExample
-from cer.reward import cer_from_logprobs, combine_rule_cer, verifree_reward
-from cer.scorer import GroupPairs, ScoreFn, group_pairs
-from cer.verifiers import (
+from cer.rewards.answer import AnswerSplit
+from cer.rewards.expectation import cer_from_logprobs, combine_rule_cer, verifree_reward
+from cer.rewards.scoring import GroupPairs, ScoreFn, group_pairs
+from cer.rewards.verifiers import (
     alias_verifier,
     exact_verifier,
     letter_verifier,
@@ -163,7 +163,7 @@ def group_rewards(
     ``cer/ref_prob_mean`` (mean over groups of mean_j pi(a*|s_j)), ``cer/ref_prob_max`` (mean
     over groups of max_j), ``cer/distinct_answers`` (per group, mean). With ``m`` < G, CER
     averages each answer over the ``m`` solutions ``selection`` picks (``select_solutions``).
-    ``ref_prob`` among ``types`` (not a reward, for ``cer.signal``) adds each sample's
+    ``ref_prob`` among ``types`` (not a reward, for ``cer.rewards.diagnostics``) adds each sample's
     pi(a* | own solution), NaN where it is not scored (all are with ``verifree`` among them)."""
     types = set(types) | {"exact", "rule"}
     samples = [(s.answer, g.example) for g in groups for s in g.splits]

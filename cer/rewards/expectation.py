@@ -108,7 +108,7 @@ def verifree_reward(
     (``answer_of_sample[k] == -1``), as in the release. Shapes [G] -> [G].
 
     The reward alone reinforces the reasoning only; VeriFree as published also trains the
-    reference in place of the sample's answer, with weight ``pi(a* | s_k)``: ``cer.verifree``."""
+    reference in place of the sample's answer, with weight ``pi(a* | s_k)``: ``cer.rewards.verifree``."""
     reward = ref_logp_own.detach().exp().clamp(0.0, 1.0)
     if answer_of_sample is not None:
         reward = torch.where(answer_of_sample.to(reward.device) >= 0, reward, 0.0)

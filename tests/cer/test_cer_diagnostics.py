@@ -1,4 +1,4 @@
-"""cer.signal: the within-group AUC and the per-step signal metrics, by hand."""
+"""cer.rewards.diagnostics: the within-group AUC and the per-step signal metrics, by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from cer.signal import signal_metrics, within_group_auc
+from cer.rewards.diagnostics import signal_metrics, within_group_auc
 from common.rl import rloo_advantages
 
 IDS = ["a", "a", "a", "b", "b", "b", "b", "c", "c"]

@@ -8,7 +8,7 @@ VeriFree maximises ``J = E_{s ~ pi(s|q)} [pi(a* | q, s)]``, whose gradient is
 
 (with a baseline on the first term: here CER's RLOO advantage ``A``). So each sample with an
 answer is trained as ``prompt + solution + reference``: its solution tokens with advantage ``A_k``,
-the reference tokens (``cer.answer.continuation_ids``: tail + a* + closing brace, what CER scores)
+the reference tokens (``cer.rewards.answer.continuation_ids``: tail + a* + closing brace, what CER scores)
 with weight ``R_k`` (detached). A sample without an answer has reward 0 and is trained as sampled,
 with its advantage on every token. Under ``loss.aggregation: seq_mean_token_sum`` (CER's) the
 loss's gradient is exactly the estimate above, averaged over the batch.
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from cer.answer import continuation_ids
-from cer.group_reward import Group
+from cer.rewards.answer import continuation_ids
+from cer.rewards.groups import Group
 from common.rollout.trajectory import Trajectory
 
 

@@ -18,8 +18,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from cer.tasks import alias, arithmetic
 from cer.prompt import INSTRUCTION, MC_INSTRUCTION, SYSTEM_PROMPT
+from cer.tasks import alias, arithmetic
 
 TASKS: dict[str, Callable[..., Path]] = {"alias": alias.build, "arithmetic": arithmetic.build}
 # Per task: the arithmetic task keeps the vocabulary its measurements were made with; the alias
@@ -90,9 +90,7 @@ def build_tiny(
 
     if task == "alias":
         worlds = alias.DEFAULT_WORLDS if worlds is None else worlds
-        out = alias.build(
-            out, seed, n_train, n_dev, n_test, worlds, name_holdout, canonical_share
-        )
+        out = alias.build(out, seed, n_train, n_dev, n_test, worlds, name_holdout, canonical_share)
         default_vocab = VOCAB_SIZES[task] if worlds == "fresh" else SHARED_VOCAB_SIZE
     else:
         out = TASKS[task](out, seed, 2000 if n_train is None else n_train, n_dev, n_test)

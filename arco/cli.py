@@ -16,7 +16,7 @@ DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "tiny.yaml")
 HELPS = {
     "warmup": "teacher trajectories, hindsight annotation, projection, π SFT and μ SFT",
     "train": "co-evolution RL of π and μ (sparse phase, then dense phase) from warmup_dir",
-    "eval": "greedy EM/F1 of the latest checkpoint's policy on assets.eval_files (or dev)",
+    "eval": "greedy EM/F1 of the latest checkpoint's policy on assets.eval (or dev)",
     "diagnose": "μ's rubrics: action identification against chance, step scores per bucket for "
     "correct and wrong trajectories (table and plot)",
 }

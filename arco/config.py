@@ -23,10 +23,8 @@ from arco.rubric_prompt import (
 from common.data import QAExample, check_where, load_qa_where
 from common.model_id import model_problem
 from common.rewards import StepScorer, load_part
-from common.rl_loop import EngineConfig
-from common.rollout import AgentConfig
-from common.train import TrainConfig
-from common.train.logging import LogConfig
+from common.rollout.agent import AgentConfig
+from common.run_config import EvalAssetsConfig, RunLoopConfig, SearchAssetsConfig
 
 METHODS = ("arco", "outcome_only", "prm")
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -48,24 +46,12 @@ HOW_TO_GET = {
 
 
 @dataclass
-class AssetsConfig:
-    """Every external input of a run, in one place."""
+class AssetsConfig(SearchAssetsConfig, EvalAssetsConfig):
+    """Every external input of a run, in one place (the shared keys: ``common.run_config``;
+    ``corpus`` and ``retrieval_url`` are the open setting's)."""
 
     model: str = field(
         default="runs/warmup/tiny/model", metadata={"help": "backbone: HF folder or hub id"}
-    )
-    train_file: str = field(default="", metadata={"help": "training QA file"})
-    dev_file: str = field(
-        default="", metadata={"help": "QA file evaluated during training (the reported split)"}
-    )
-    eval_files: dict[str, str] = field(
-        default_factory=dict, metadata={"help": "benchmark name -> QA file for `arco eval`"}
-    )
-    corpus: str = field(
-        default="", metadata={"help": "open setting: corpus jsonl (BM25 in process)"}
-    )
-    retrieval_url: str = field(
-        default="", metadata={"help": "open setting: Search-R1 retrieval server URL"}
     )
     teacher_endpoint: str = field(
         default="", metadata={"help": "warmup (llm teacher): base URL of the policy-playing LLM"}
@@ -91,7 +77,7 @@ class AssetsConfig:
     )
     eval_where: dict[str, list[str]] = field(
         default_factory=dict,
-        metadata={"help": "the same filter for every benchmark of `arco eval` (eval_files)"},
+        metadata={"help": "the same filter for every benchmark of `arco eval` (assets.eval)"},
     )
 
     def __post_init__(self) -> None:
@@ -99,18 +85,18 @@ class AssetsConfig:
             check_where(getattr(self, name), f"assets.{name}")
 
     def benchmarks(self) -> dict[str, list[QAExample]]:
-        """``arco eval``'s question sets: each of ``eval_files`` kept by ``eval_where``, or the
+        """``arco eval``'s question sets: each of ``eval`` kept by ``eval_where``, or the
         dev questions (kept by ``dev_where``) when there are none."""
-        if not self.eval_files:
+        if not self.eval:
             return {"dev": self.questions("dev")}
         return {
             name: load_qa_where(path, self.eval_where, "assets.eval_where")
-            for name, path in self.eval_files.items()
+            for name, path in self.eval.items()
         }
 
     def questions(self, split: str) -> list[QAExample]:
         """The ``train`` or ``dev`` questions, kept by ``assets.<split>_where``."""
-        path = {"train": self.train_file, "dev": self.dev_file}[split]
+        path = {"train": self.train, "dev": self.dev}[split]
         return load_qa_where(path, getattr(self, f"{split}_where"), f"assets.{split}_where")
 
 
@@ -215,8 +201,8 @@ class RubricConfig:
 
 
 @dataclass
-class WarmupConfig:
-    """Supervised warmup: teacher trajectories, hindsight annotation, projection, π and μ SFT."""
+class ArcoWarmupConfig:
+    """ARCO's warmup: teacher trajectories, hindsight annotation, projection, π and μ SFT."""
 
     teacher: Literal["oracle", "llm"] = field(
         default="oracle",
@@ -468,8 +454,9 @@ class DiagnoseConfig:
 
 
 @dataclass
-class ArcoConfig:
-    """One ARCO run: warmup writes ``warmup_dir``; RL trains from it into ``run_dir``.
+class ArcoConfig(RunLoopConfig):
+    """One ARCO run: warmup writes ``warmup_dir``; RL trains from it into ``run_dir`` (the
+    loop's fields: ``RunLoopConfig``; ``steps`` is the phases' sum).
 
     ``train.weight_decay``, ``train.max_grad_norm`` and ``train.scheduler`` are RL's; the warmup
     takes ``warmup.weight_decay``, ``warmup.max_grad_norm`` and its own ``warmup.warmup_ratio``
@@ -482,13 +469,20 @@ class ArcoConfig:
         "rl.mu_single_forward (arco train); 1 (arco warmup, by warmup.micro_batch_size)",
         "train.total_steps": "rl.sparse_steps + rl.dense_steps",
         "train.seed": "seed",
+        "steps": "rl.sparse_steps + rl.dense_steps",
+    }
+    RENAMED: ClassVar[dict[str, str]] = {  # docs/configuration.md
+        "assets.train_file": "assets.train",
+        "assets.dev_file": "assets.dev",
+        "assets.eval_files": "assets.eval",
     }
 
+    run_dir: str = field(default="runs/arco/tiny", metadata={"help": "RL output folder"})
+    eval_questions: int = field(default=200, metadata={"help": "dev questions evaluated", "ge": 1})
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     warmup_dir: str = field(
         default="runs/arco/tiny/warmup", metadata={"help": "warmup output (adapters + head)"}
     )
-    run_dir: str = field(default="runs/arco/tiny", metadata={"help": "RL output folder"})
     method: Literal["arco", "outcome_only", "prm"] = field(
         default="arco",
         metadata={
@@ -498,39 +492,16 @@ class ArcoConfig:
             "trained in warmup, frozen in RL)"
         },
     )
-    seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
-    eval_every: int = field(
-        default=10,
-        metadata={
-            "help": "dev evaluation every k RL steps, before training and at the last step (0: never)",
-            "ge": 0,
-        },
-    )
-    eval_questions: int = field(default=200, metadata={"help": "dev questions evaluated", "ge": 1})
-    save_every: int = field(
-        default=0, metadata={"help": "checkpoint every k steps (0: at the last step only)", "ge": 0}
-    )
-    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
-    resume: bool = field(default=True, metadata={"help": "continue from the latest checkpoint"})
-    allow_config_change: bool = field(
-        default=False,
-        metadata={
-            "help": "continue run_dir under other settings (recorded in config_changes.jsonl)"
-        },
-    )
-    samples_per_step: int = field(default=4, metadata={"help": "trajectories in samples/", "ge": 0})
     env: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
     lora: LoraSpec = field(default_factory=LoraSpec)
     rubric: RubricConfig = field(default_factory=RubricConfig)
-    warmup: WarmupConfig = field(default_factory=WarmupConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    warmup: ArcoWarmupConfig = field(default_factory=ArcoWarmupConfig)
     rl: RLConfig = field(default_factory=RLConfig)
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
+        self.steps = self.rl.sparse_steps + self.rl.dense_steps  # DERIVED (outcome_only keeps it)
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r}; choose one of {METHODS}")
         if self.method == "prm":
@@ -562,10 +533,6 @@ class ArcoConfig:
                 "use ZeRO-2 (the default)"
             )
 
-    @property
-    def steps(self) -> int:
-        return self.rl.sparse_steps + self.rl.dense_steps
-
     def check_assets(self, needs: tuple[str, ...]) -> None:
         """Fail before any model loads when a needed input is missing, saying how to get it."""
         a = self.assets
@@ -573,16 +540,16 @@ class ArcoConfig:
         problem = model_problem(a.model) if "model" in needs else None
         if problem:  # a local folder, a cached hub id, or (online) one the hub has
             problems.append(f"{problem}; {HOW_TO_GET['model']}")
-        for key in [k for k in ("train_file", "dev_file") if k in needs]:
+        for key in [k for k in ("train", "dev") if k in needs]:
             path = getattr(a, key)
             if not path or not Path(path).exists():
                 problems.append(f"assets.{key}: {path!r} not found; {HOW_TO_GET['qa']}")
         if "eval" in needs:
-            if not a.eval_files:
-                problems.append(f"assets.eval_files is empty; {HOW_TO_GET['qa']}")
-            for name, path in a.eval_files.items():
+            if not a.eval:
+                problems.append(f"assets.eval is empty; {HOW_TO_GET['qa']}")
+            for name, path in a.eval.items():
                 if not Path(path).exists():
-                    problems.append(f"assets.eval_files.{name}: {path!r} not found")
+                    problems.append(f"assets.eval.{name}: {path!r} not found")
         open_corpus = "retrieval" in needs and self.env.setting == "open" and not a.retrieval_url
         if open_corpus and not (a.corpus and Path(a.corpus).exists()):
             problems.append(f"assets.corpus: {a.corpus!r} not found; {HOW_TO_GET['corpus']}")

@@ -253,7 +253,7 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     from common.train import MetricsLogger
 
     d = cfg.diagnose
-    cfg.check_assets(("model", "dev_file", "retrieval"))
+    cfg.check_assets(("model", "dev", "retrieval"))
     folder = Path(checkpoint) if checkpoint else default_checkpoint(cfg)
     read_meta(folder)  # a clear error when it is not an ARCO folder
     model, tokenizer = load_arco_folder(cfg, folder)

@@ -1,5 +1,5 @@
 """``arco eval``: greedy EM/F1 of a run's latest checkpoint (its policy, merged into a plain HF
-model by the checkpoint) on each benchmark of ``assets.eval_files`` (default: the dev file).
+model by the checkpoint) on each benchmark of ``assets.eval`` (default: the dev file).
 
 Writes ``run_dir/eval/results.json``, ``results.md`` and ``per_question/<benchmark>.jsonl`` (one
 row per question, ``common.rl_loop.question_rows``), or the same under ``out``; ``checkpoint``
@@ -27,7 +27,7 @@ def run_eval(
 ) -> dict:
     from transformers import AutoTokenizer
 
-    cfg.check_assets(("retrieval",) + (("eval",) if cfg.assets.eval_files else ("dev_file",)))
+    cfg.check_assets(("retrieval",) + (("eval",) if cfg.assets.eval else ("dev",)))
     run_dir = Path(cfg.run_dir)
     ckpt = Path(checkpoint) if checkpoint else find_latest_checkpoint(run_dir)
     if ckpt is None:

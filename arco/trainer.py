@@ -648,7 +648,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
     rl = cfg.rl
     world = data_world_size()  # batch sizes are global: each rank's share, before any load
     check_batches(rl, world)
-    cfg.check_assets(("model", "train_file", "dev_file", "retrieval", "warmup"))
+    cfg.check_assets(("model", "train", "dev", "retrieval", "warmup"))
     train_set = cfg.assets.questions("train")
     dev_set = cfg.assets.questions("dev")[: cfg.eval_questions]
     uses_mu = cfg.method != "outcome_only" and rl.step_scorer == "rubric"

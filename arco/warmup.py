@@ -571,7 +571,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         rubric_settings,
     )
 
-    needs = ("model", "train_file", "retrieval", "teacher")
+    needs = ("model", "train", "retrieval", "teacher")
     cfg.check_assets(needs)
     out = Path(cfg.warmup_dir)
     w = cfg.warmup
@@ -582,7 +582,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     if len(order) < w.questions + w.select_questions:
         raise ValueError(
             f"warmup needs questions + select_questions = {w.questions + w.select_questions} "
-            f"training questions; {cfg.assets.train_file} has {len(order)}"
+            f"training questions; {cfg.assets.train} has {len(order)}"
             + (
                 f" kept by assets.train_where {cfg.assets.train_where}"
                 if cfg.assets.train_where

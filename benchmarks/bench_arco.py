@@ -207,7 +207,7 @@ def calls(repeats: int, write: bool) -> None:
     engine = build_engine(cfg, model, tok, seed=0)
     push_adapters(engine, model)
     retriever, agent = build_environment(cfg.env, cfg.agent, cfg.assets.corpus)
-    qs = load_qa(cfg.assets.train_file)[: cfg.rl.dense_questions]
+    qs = load_qa(cfg.assets.train)[: cfg.rl.dense_questions]
     trajs = run_agent(engine, tok, retriever, qs, 1, agent, adapter="policy", seed=0)
     eps = [episode_from_trajectory(t, tok, cfg.env.max_searches) for t in trajs]
 

@@ -68,9 +68,9 @@ def run_loop(steps: int, overrides: list[str]) -> Path:
         ],  # fmt: skip
     )
     for name in ("world", "model"):  # the config's paths are relative to the repository root
-        value = getattr(cfg, name)
+        value = getattr(cfg.assets, name)
         if value and not Path(value).is_absolute():
-            setattr(cfg, name, str(ROOT / value))
+            setattr(cfg.assets, name, str(ROOT / value))
     train_grpo(cfg)
     return run_dir / "metrics.jsonl"
 

@@ -57,7 +57,7 @@ def trivial_reward(text: str) -> float:
 
 
 def questions(instruction_cfg, count: int) -> list[str]:
-    world = ROOT / instruction_cfg.world
+    world = ROOT / instruction_cfg.assets.world
     return [q.question for q in load_qa(world / "train.jsonl")[:count]]
 
 
@@ -239,7 +239,7 @@ def main() -> None:
     parser.add_argument("--write-readme", action="store_true")
     args = parser.parse_args()
     cfg = load_config(OurGRPOConfig, str(TINY_CONFIG), [])
-    model_path = Path(args.model) if args.model else ROOT / cfg.world / "model"
+    model_path = Path(args.model) if args.model else ROOT / cfg.assets.world / "model"
     if args.worker_trl_vllm:
         trl_vllm_worker(model_path, cfg, args)
         return

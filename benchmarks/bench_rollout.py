@@ -91,7 +91,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg = load_config(GRPOConfig, args.config, [])
-    world = ROOT / cfg.world
+    world = ROOT / cfg.assets.world
     model_path = Path(args.model) if args.model else (WARM if WARM.exists() else world / "model")
     load0 = load_average()
     engine_v = VLLMEngine(

@@ -125,8 +125,8 @@ def calibrate(args: argparse.Namespace) -> dict:
     print(f"[calibrate] {json.dumps(row)}", flush=True)
     for seed in args.grpo_seeds if args.grpo is not None else []:
         run_dir = out / f"grpo-{args.grpo_tag}-s{seed}"
-        cmd = [py, "-m", "common.search_grpo", "--config", GRPO_CONFIG, f"world={world}"]
-        cmd += [f"model={warm / 'model'}", f"run_dir={run_dir}", f"seed={seed}"]
+        cmd = [py, "-m", "common.search_grpo", "--config", GRPO_CONFIG, f"assets.world={world}"]
+        cmd += [f"assets.model={warm / 'model'}", f"run_dir={run_dir}", f"seed={seed}"]
         cmd += [f"eval_questions={args.eval_questions}", *shlex.split(args.grpo)]
         minutes = _run(cmd, out / f"grpo-{args.grpo_tag}-s{seed}.log") / 60
         row.setdefault("grpo", []).append(

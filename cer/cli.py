@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 from cer.config import CERConfig, MissingAssetError
@@ -29,7 +30,7 @@ from common.config import ConfigError, describe_config, load_config
 from common.data import DataError
 from common.launcher import run_command, without_local_rank
 
-DEFAULT_CONFIG = "cer/configs/tiny.yaml"
+DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "tiny.yaml")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -12,10 +12,9 @@ from typing import ClassVar, Literal
 
 from common.model_id import model_reason
 from common.rewards import REWARDS, OutcomeReward, load_part
-from common.rl_loop import EngineConfig
-from common.rl_loop import LossConfig as GRPOLossConfig
-from common.train import TrainConfig
-from common.train.logging import LogConfig
+from common.run_config import EvalAssetsConfig, RunLoopConfig
+from common.run_config import LossConfig as GRPOLossConfig
+from common.train.config import TrainConfig
 
 REWARD_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
 # reward.fn's built-in names: every reward type, and common's search-agent rewards
@@ -30,8 +29,9 @@ BUILTIN_REWARDS = {
 
 
 @dataclass
-class AssetsConfig:
-    """Every model and data path of the run (local folders and files, hub ids, ``hf://`` data)."""
+class AssetsConfig(EvalAssetsConfig):
+    """Every model and data path of the run (local folders and files, hub ids, ``hf://`` data;
+    the shared keys: ``common.run_config``)."""
 
     model: str = field(
         default="runs/cer/tiny/warmup/model",
@@ -58,9 +58,9 @@ class AssetsConfig:
     dev: str = field(
         default="runs/cer/tiny/task/dev.jsonl", metadata={"help": "dev problems (periodic eval)"}
     )
-    benchmarks: dict[str, str] = field(
+    eval: dict[str, str] = field(
         default_factory=dict,
-        metadata={"help": "name -> file (or hf://id[:config]@split) for `cer eval`"},
+        metadata={"help": "benchmark name -> file (or hf://id[:config]@split) for `cer eval`"},
     )
     how_to_get: str = field(
         default="python -m cer build-tiny --out runs/cer/tiny/task",
@@ -107,6 +107,10 @@ class RewardConfig:
     scorer_batch_size: int = field(
         default=64,
         metadata={"help": "rows (prompts, or solutions with their answers) a forward", "ge": 1},
+    )
+    advantage: Literal["rloo", "grpo"] = field(
+        default="rloo",
+        metadata={"help": "rloo: r - leave-one-out mean (no std); grpo: (r - mean) / std"},
     )
 
     verifree_likelihood: bool = field(
@@ -211,8 +215,8 @@ class EvalConfig:
 
 
 @dataclass
-class WarmupConfig:
-    """Supervised warmup on worked solutions (tiny task; the paper starts from a base model)."""
+class CERWarmupConfig:
+    """CER's supervised warmup on worked solutions (tiny task; the paper starts from a base model)."""
 
     steps: int = field(default=400, metadata={"help": "optimizer steps", "ge": 1})
     batch_size: int = field(default=16, metadata={"help": "solutions per optimizer step", "ge": 1})
@@ -233,8 +237,9 @@ class WarmupConfig:
 
 
 @dataclass
-class CERConfig:
-    """A CER (or baseline reward) GRPO-family run on single-turn math / free-form questions."""
+class CERConfig(RunLoopConfig):
+    """A CER (or baseline reward) GRPO-family run on single-turn math / free-form questions (the
+    loop's fields: ``RunLoopConfig``)."""
 
     DERIVED: ClassVar[dict[str, str]] = {  # set by train_cer and run_warmup; refused in configs
         "train.grad_accum": "prompts_per_step * group_size / ranks / loss.micro_batch_size",
@@ -244,22 +249,23 @@ class CERConfig:
         "warmup.train.seed": "seed",
     }
 
+    RENAMED: ClassVar[dict[str, str]] = {  # docs/configuration.md
+        "assets.benchmarks": "assets.eval",
+        "advantage": "reward.advantage",
+    }
+
     run_dir: str = field(default="runs/cer/tiny/cer", metadata={"help": "output folder"})
-    resume: bool = field(
-        default=True,
-        metadata={
-            "help": "continue from the latest checkpoint (false: start at step 0, replace the run)"
-        },
+    steps: int = field(default=30, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
+    eval_questions: int = field(
+        default=200, metadata={"help": "dev problems in the greedy dev evaluation", "ge": 1}
     )
-    allow_config_change: bool = field(
-        default=False,
-        metadata={"help": "rerun run_dir under other settings (recorded in config_changes.jsonl)"},
+    samples_per_step: int = field(
+        default=1,
+        metadata={"help": "groups written to samples/ with every reward type's value", "ge": 0},
     )
-    seed: int = field(default=0, metadata={"help": "data order, init and sampling seed", "ge": 0})
     torch_threads: int = field(
         default=0, metadata={"help": "torch CPU threads (0 = torch's default)", "ge": 0}
     )
-    steps: int = field(default=30, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
     prompts_per_step: int = field(
         default=8,
         metadata={
@@ -275,37 +281,12 @@ class CERConfig:
     max_response_tokens: int = field(
         default=4096, metadata={"help": "sampled tokens per answer", "ge": 1}
     )
-    advantage: Literal["rloo", "grpo"] = field(
-        default="rloo",
-        metadata={"help": "rloo: r - leave-one-out mean (no std); grpo: (r - mean) / std"},
-    )
-    eval_every: int = field(
-        default=10,
-        metadata={
-            "help": "greedy dev evaluation every k steps, before training and at the last step (0: never)",
-            "ge": 0,
-        },
-    )
-    eval_questions: int = field(
-        default=200, metadata={"help": "dev problems in that eval", "ge": 1}
-    )
-    save_every: int = field(
-        default=0, metadata={"help": "checkpoint every k steps (0: at the last step only)", "ge": 0}
-    )
-    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
-    samples_per_step: int = field(
-        default=1,
-        metadata={"help": "groups written to samples/ with every reward type's value", "ge": 0},
-    )
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     loss: LossConfig = field(default_factory=LossConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    warmup: WarmupConfig = field(default_factory=WarmupConfig)
-    log: LogConfig = field(default_factory=LogConfig)
+    warmup: CERWarmupConfig = field(default_factory=CERWarmupConfig)
 
     def __post_init__(self) -> None:
         if self.reward.m is not None and self.reward.m > self.group_size:
@@ -321,7 +302,7 @@ class MissingAssetError(FileNotFoundError):
 
 def check_assets(assets: AssetsConfig, needed: list[str]) -> None:
     """Raise ``MissingAssetError`` naming every missing asset of ``needed`` (field names of
-    ``AssetsConfig``; ``benchmarks`` checks them all) and how to get them. ``hf://`` data is
+    ``AssetsConfig``; ``eval`` checks every benchmark) and how to get them. ``hf://`` data is
     checked when loaded."""
     missing = []
     for name in needed:
@@ -331,10 +312,10 @@ def check_assets(assets: AssetsConfig, needed: list[str]) -> None:
             if reason:  # a local folder, a cached hub id, or (online) one the hub has
                 missing.append(f"assets.{name} = {path!r} ({reason})")
             continue
-        paths = assets.benchmarks if name == "benchmarks" else {name: getattr(assets, name)}
+        paths = assets.eval if name == "eval" else {name: getattr(assets, name)}
         for key, path in paths.items():
             if not path.startswith("hf://") and not Path(path).is_file():
-                where = f"assets.benchmarks.{key}" if name == "benchmarks" else f"assets.{name}"
+                where = f"assets.eval.{key}" if name == "eval" else f"assets.{name}"
                 missing.append(f"{where} = {path!r} (no such file)")
     if missing:
         raise MissingAssetError(

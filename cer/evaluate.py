@@ -3,7 +3,7 @@ on the alias task's rows), avg@k and greedy, beside exact-match accuracy.
 
     python -m cer eval --config cer/configs/tiny.yaml [--model PATH] [key=value ...]
 
-For each benchmark of ``assets.benchmarks``: k samples per problem (temperature 0.6, top-p 0.95,
+For each benchmark of ``assets.eval``: k samples per problem (temperature 0.6, top-p 0.95,
 top-k 20 by default) give avg@k (mean accuracy over all samples) and pass@k; one greedy sample
 gives greedy accuracy; ``exact_avg@k`` and ``greedy_exact`` are the same by exact match against the
 reference, so the share of right answers in another form is their gap. Written to ``<run_dir>/eval/`` (or ``eval.out``): ``<name>.json`` per
@@ -165,7 +165,7 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
 
     model_path = resolve_model(cfg, model)
     cfg.assets.model = model_path
-    check_assets(cfg.assets, ["model", "benchmarks"])
+    check_assets(cfg.assets, ["model", "eval"])
     rank, world, _ = init_distributed()  # sets this rank's CUDA device before any model loads
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     hf_model = None
@@ -178,7 +178,7 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, float]] = {}
-    for name, path in cfg.assets.benchmarks.items():
+    for name, path in cfg.assets.eval.items():
         examples, prompts = load_problems(path, tokenizer, cfg.max_prompt_tokens)
         if cfg.eval.max_examples:
             examples, prompts = examples[: cfg.eval.max_examples], prompts[: cfg.eval.max_examples]

@@ -280,7 +280,7 @@ def train_cer(cfg: CERConfig) -> dict:
         reward_tokens, scored[0] = scored[0], 0
         trajs = [t for g in groups for t in g.trajs]
         reward = out.values
-        adv = advantages(reward, [t.group_id for t in trajs], cfg.advantage)
+        adv = advantages(reward, [t.group_id for t in trajs], cfg.reward.advantage)
         # Every reward type for the groups written to samples/ (same count on every rank: the
         # vLLM scorer is collective under several ranks).
         shown = groups[: cfg.samples_per_step]
@@ -325,7 +325,7 @@ def train_cer(cfg: CERConfig) -> dict:
         }
         metrics = all_ranks_mean(metrics, len(trajs))
         if cfg.reward.signal:  # every rank's samples, pooled (a collective)
-            signal = step_signal(rewards, ref_prob, trajs, cfg.advantage, train.world_size)
+            signal = step_signal(rewards, ref_prob, trajs, cfg.reward.advantage, train.world_size)
             metrics.update(signal or {})
         if logger:
             logger.log(step, metrics)

@@ -27,6 +27,10 @@ refused, naming the keys to set instead, and ``describe_config`` shows it as the
 recorded settings (a file that writes the key's whole section, as ``dump_config`` and a run
 folder's ``config.yaml`` do) load as they are: there the value records what the trainer derived.
 
+Renamed keys: a run config class may declare ``RENAMED``, a ``ClassVar`` mapping each dotted key
+of an earlier version to its new name (``train_file`` -> ``assets.train``); a file or an override
+that still uses an old key fails naming the old key, where it was set and the new key.
+
 Every mistake is a ``ConfigError`` naming the dotted key and where it came from (the file or the
 command line): an unknown key (with the closest valid key), a wrong type (with the expected type
 and the value), a value out of its range (with the range), a choice not among the choices, a
@@ -84,6 +88,11 @@ def load_config(
 def derived_keys(cls: type) -> dict[str, str]:
     """Dotted key -> what the trainer of ``cls`` derives it from (the class's ``DERIVED``)."""
     return dict(getattr(cls, "DERIVED", {}))
+
+
+def renamed_keys(cls: type) -> dict[str, str]:
+    """Old dotted key -> its new name (the class's ``RENAMED``): an old key is refused naming both."""
+    return dict(getattr(cls, "RENAMED", {}))
 
 
 def _refuse_derived(
@@ -302,6 +311,12 @@ class _Context:
         return f"the {source}" if source == COMMAND_LINE else f"file {source}"
 
     def unknown(self, key: str) -> ConfigError:
+        new = renamed_keys(self.root).get(key)
+        if new:
+            return ConfigError(
+                f"config key {key!r} (from {self.where(key)}) was renamed: use {new!r} "
+                "(docs/configuration.md)"
+            )
         valid = [k for k, *_ in _leaves(self.root, "")]
         close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
         if not close:  # a right name in the wrong section: match on the last component

@@ -37,6 +37,8 @@ def run_command(main: Callable[[], int]) -> NoReturn:
     """A package's console script and ``python -m``: ``main()``, then ``exit_process`` with its
     code (a launcher's rank leaves without C++'s static teardown, common.train.distributed)."""
     code = main()
-    from common.train.distributed import exit_process  # torch: not loaded for --help
+    if "torch" not in sys.modules:  # --help, a config error: no process group to leave
+        sys.exit(code)
+    from common.train.distributed import exit_process
 
     exit_process(code)

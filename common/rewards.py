@@ -39,15 +39,14 @@ import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from common.metrics import exact_match as em_score
 from common.metrics import f1_score
-from common.rl import group_normalized_advantages, rloo_advantages
 from common.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:  # torch loads where a reward runs: the config modules import this one
+    from torch import Tensor
 
 
 @dataclass
@@ -125,6 +124,8 @@ def groups_of(trajs: Sequence[Trajectory]) -> list[Group]:
 def _per_prediction(
     groups: Sequence[Group], score: Callable[[str | None, list[str]], float]
 ) -> Tensor:
+    import torch
+
     return torch.tensor(
         [score(p, g.golden_answers + g.aliases) for g in groups for p in g.predictions]
     )  # [N]
@@ -144,6 +145,8 @@ def grpo(
     rewards: Rewards, group_ids: Sequence[str], step_scores: list[list[float]] | None = None
 ) -> Tensor:
     """A_i = (r_i − mean_g) / (std_g + ε) (``common.rl.group_normalized_advantages``)."""
+    from common.rl import group_normalized_advantages
+
     return group_normalized_advantages(rewards.values, group_ids)
 
 
@@ -151,6 +154,8 @@ def rloo(
     rewards: Rewards, group_ids: Sequence[str], step_scores: list[list[float]] | None = None
 ) -> Tensor:
     """A_i = r_i − 1/(n_g − 1) Σ_{j≠i} r_j (``common.rl.rloo_advantages``)."""
+    from common.rl import rloo_advantages
+
     return rloo_advantages(rewards.values, group_ids)
 
 
@@ -296,8 +301,13 @@ class RewardConfig:
     )
 
     def __post_init__(self) -> None:
-        self.reward_fn()
-        self.estimator()
+        # an import path is resolved now, so a typo fails before any model loads; a built-in
+        # name resolves when the trainer asks (tests/test_cli_fast.py: all do), so building
+        # the defaults (a CLI's --help) imports no reward module and no torch
+        if self.fn not in self.REWARDS:
+            self.reward_fn()
+        if self.advantage not in self.ESTIMATORS:
+            self.estimator()
 
     def reward_fn(self) -> OutcomeReward:
         return load_part(self.fn, "reward.fn", "reward", self.REWARDS)

@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -28,102 +27,11 @@ from common.rl import (
 )
 from common.rollout import AgentConfig, HFEngine, Trajectory, run_agent
 from common.rollout.batch import collate
+from common.run_config import EngineConfig, LossConfig, RunLoopConfig  # noqa: F401
 from common.token_counts import SUMMED_PREFIXES
 from common.train import TrainEngine, iter_named_weights, read_metrics, save_checkpoint
 from common.train.distributed import all_reduce_values, is_multi_rank
 from common.train.gpu_memory import phase_memory
-
-
-@dataclass
-class EngineConfig:
-    """The rollout engine."""
-
-    backend: Literal["vllm", "hf"] = field(default="vllm", metadata={"help": "vllm | hf"})
-    max_model_len: int = field(default=1024, metadata={"help": "engine context length", "ge": 1})
-    kv_cache_mib: int = field(default=128, metadata={"help": "KV cache size on CPU (MiB)", "ge": 1})
-    gpu_memory_utilization: float = field(
-        default=0.4, metadata={"help": "GPU share for vLLM", "gt": 0, "le": 1}
-    )
-    sleep_during_update: bool = field(
-        default=False, metadata={"help": "free vLLM's GPU memory during the update (GPU only)"}
-    )
-    max_num_seqs: int = field(
-        default=0,
-        metadata={
-            "help": "vLLM's most sequences in one batch; 0: vLLM's default (set it to the "
-            "rollouts a rank holds: its defaults profile for more, and leave less KV cache)",
-            "ge": 0,
-        },
-    )
-    max_num_batched_tokens: int = field(
-        default=0,
-        metadata={"help": "vLLM's most tokens in one forward; 0: vLLM's default", "ge": 0},
-    )
-
-
-@dataclass
-class LossConfig:
-    """The clipped policy loss."""
-
-    eps_low: float = field(default=0.2, metadata={"help": "lower clip range", "ge": 0, "lt": 1})
-    eps_high: float = field(
-        default=0.2, metadata={"help": "upper clip range (DAPO: 0.28)", "ge": 0}
-    )
-    aggregation: Literal[
-        "seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"
-    ] = field(
-        default="seq_mean_token_mean",
-        metadata={
-            "help": "seq_mean_token_mean | token_mean | seq_mean_token_sum | seq_mean_token_sum_norm"
-        },
-    )
-    kl_coef: float = field(
-        default=0.0, metadata={"help": "k3 KL penalty weight (0 = no reference)", "ge": 0}
-    )
-    micro_batch_size: int = field(
-        default=16, metadata={"help": "trajectories per backward", "ge": 1}
-    )
-    logprob_chunk: int = field(
-        default=1024,
-        metadata={"help": "positions whose [chunk, vocab] logits exist at a time", "ge": 1},
-    )
-
-
-@dataclass
-class RunLoopConfig:
-    """The run loop's settings, the same in every search-agent RL run (the reference GRPO loop,
-    EviBack): a run's config class inherits them, so they are declared here once."""
-
-    seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})
-    steps: int = field(default=40, metadata={"help": "RL steps (one optimizer step each)", "ge": 1})
-    questions_per_step: int = field(
-        default=8,
-        metadata={
-            "help": "questions per step over all ranks (global, as verl's data.train_batch_size; "
-            "each rank takes its share)",
-            "ge": 1,
-        },
-    )
-    n: int = field(default=8, metadata={"help": "rollouts per question (group size)", "ge": 1})
-    eval_every: int = field(
-        default=10,
-        metadata={
-            "help": "dev evaluation every k steps, before training and at the last step (0: never)",
-            "ge": 0,
-        },
-    )
-    eval_questions: int = field(default=100, metadata={"help": "dev questions evaluated", "ge": 1})
-    save_every: int = field(
-        default=0, metadata={"help": "checkpoint every k steps (0: at the last step only)", "ge": 0}
-    )
-    keep_checkpoints: int = field(default=2, metadata={"help": "checkpoints kept", "ge": 1})
-    allow_config_change: bool = field(
-        default=False,
-        metadata={
-            "help": "continue or rerun run_dir under other settings (recorded in "
-            "config_changes.jsonl)"
-        },
-    )
 
 
 def build_engine(

@@ -13,29 +13,22 @@ from __future__ import annotations
 import random
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
 
 from common.batches import BatchLog, group_grad_accum, rank_questions
 from common.config import ConfigError, load_config
 from common.data import DataError, load_qa
+from common.grpo_config import GRPOAssetsConfig, GRPOConfig, GRPORewardConfig  # noqa: F401
 from common.retrieval.bm25 import BM25Retriever
 from common.retrieval.client import HTTPRetriever
 from common.rewards import (
-    RewardConfig,
     RewardContext,
-    StepScorer,
     check_step_scores,
     groups_of,
-    load_part,
     step_layout,
     step_scorer_metrics,
 )
 from common.rl_loop import (
-    EngineConfig,
-    LossConfig,
-    RunLoopConfig,
     all_ranks_mean,
     build_engine,
     dev_results_path,
@@ -50,127 +43,19 @@ from common.rl_loop import (
     update_and_push,
     write_samples,
 )
-from common.rollout import AgentConfig, run_agent
+from common.rollout import run_agent
 from common.rollout.batch import padding_id
 from common.token_counts import rollout_token_metrics
 from common.train import (
     MetricsLogger,
-    TrainConfig,
     TrainEngine,
     iter_named_weights,
     load_checkpoint,
     load_for_training,
     progress,
 )
-from common.train.logging import LogConfig
 from common.train.memory_plan import announce_plan
 from common.train.run_folder import open_run_folder
-
-
-@dataclass
-class GRPORewardConfig(RewardConfig):
-    """``RewardConfig`` plus an optional step scorer, for an estimator that takes step scores
-    (``arco.advantages:DenseAdvantages``: ARCO's reward-to-go with bucket baselines)."""
-
-    step_scorer: str = field(
-        default="",
-        metadata={
-            "help": "one score per agent step, package.module:Name (e.g. "
-            "experiments.step_scorers:TeacherEvidenceSteps, arco.step_scorer:RubricSteps); "
-            "empty: none"
-        },
-    )
-    step_scorer_args: dict[str, Any] = field(
-        default_factory=dict,
-        metadata={
-            "help": "keyword arguments for a step scorer that is a class, e.g. "
-            "reward.step_scorer_args.folder=runs/arco/tiny/warmup"
-        },
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.step_scorer_args and not self.step_scorer:
-            raise ValueError("reward.step_scorer_args is set but reward.step_scorer is empty")
-        needs = getattr(self.estimator(), "needs_step_scores", False)
-        if needs and not self.step_scorer:
-            raise ValueError(f"reward.advantage={self.advantage!r} needs step scores: set "
-                             "reward.step_scorer=package.module:Name")  # fmt: skip
-        self.scorer()
-
-    def scorer(self) -> StepScorer | None:
-        if not self.step_scorer:
-            return None
-        return load_part(
-            self.step_scorer, "reward.step_scorer", "step scorer", {}, self.step_scorer_args
-        )
-
-
-@dataclass
-class GRPOConfig(RunLoopConfig):
-    """The reference GRPO run (the run loop's fields: ``RunLoopConfig``)."""
-
-    DERIVED: ClassVar[dict[str, str]] = {  # set by train_grpo; refused in configs and overrides
-        "train.grad_accum": "questions_per_step * n / ranks / loss.micro_batch_size",
-        "train.seed": "seed",
-    }
-
-    world: str = field(default="runs/tinyworld/seed0", metadata={"help": "tiny world folder"})
-    model: str = field(default="", metadata={"help": "HF model folder (default: <world>/model)"})
-    train_file: str = field(default="", metadata={"help": "QA file (default: <world>/train.jsonl)"})
-    dev_file: str = field(default="", metadata={"help": "QA file (default: <world>/dev.jsonl)"})
-    corpus: str = field(default="", metadata={"help": "corpus (default: <world>/corpus.jsonl)"})
-    retrieval_url: str = field(
-        default="",
-        metadata={"help": "a Search-R1 /retrieve endpoint to use instead of in-process BM25"},
-    )
-    run_dir: str = field(default="runs/grpo/tiny", metadata={"help": "output folder"})
-    resume: bool = field(
-        default=True, metadata={"help": "continue from run_dir's latest checkpoint if there is one"}
-    )
-    samples_per_step: int = field(
-        default=4, metadata={"help": "rollouts written to samples/", "ge": 0}
-    )
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    reward: GRPORewardConfig = field(default_factory=GRPORewardConfig)
-    log: LogConfig = field(default_factory=LogConfig)
-
-    def __post_init__(self) -> None:
-        if (self.questions_per_step * self.n) % self.loss.micro_batch_size:
-            raise ValueError(
-                f"questions_per_step*n = {self.questions_per_step * self.n} is not a multiple of "
-                f"loss.micro_batch_size = {self.loss.micro_batch_size}"
-            )
-
-    def path(self, name: str) -> str:
-        explicit = {
-            "model": self.model,
-            "train": self.train_file,
-            "dev": self.dev_file,
-            "corpus": self.corpus,
-        }[name]
-        default = {
-            "model": "model",
-            "train": "train.jsonl",
-            "dev": "dev.jsonl",
-            "corpus": "corpus.jsonl",
-        }[name]
-        return explicit or str(Path(self.world) / default)
-
-    def check_assets(self) -> None:
-        """Fail before any expensive work when an input is missing, saying how to get it."""
-        keys = {"model": "model", "train": "train_file", "dev": "dev_file", "corpus": "corpus"}
-        for name in ("model", "train", "dev") + (() if self.retrieval_url else ("corpus",)):
-            p = Path(self.path(name))
-            if not p.exists():
-                raise FileNotFoundError(
-                    f"{name} not found at {p}. Build the tiny world with "
-                    f"`python -m common.tinyworld build --out {self.world}` or set "
-                    f"`{keys[name]}=...`."
-                )
 
 
 def train_grpo(cfg: GRPOConfig) -> dict:
@@ -199,8 +84,8 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         cfg.engine, cfg.path("model"), train.model, tokenizer, cfg.seed + train.rank
     )
     retriever = (
-        HTTPRetriever(cfg.retrieval_url)
-        if cfg.retrieval_url
+        HTTPRetriever(cfg.assets.retrieval_url)
+        if cfg.assets.retrieval_url
         else BM25Retriever.from_corpus(cfg.path("corpus"))
     )
     rng = random.Random(cfg.seed)

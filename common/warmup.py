@@ -14,21 +14,20 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from common.config import ConfigError, describe_config, dump_config, load_config
 from common.data import DataError, QAExample, load_qa
 from common.retrieval.base import Retriever
-from common.retrieval.bm25 import BM25Retriever
-from common.rl import forward_logprobs
 from common.rollout.agent import AgentConfig, build_prompt_ids, encode_text, observation_ids
-from common.rollout.batch import collate, padding_id
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step, Trajectory
-from common.train import TrainConfig, TrainEngine, progress
-from common.train.run_folder import open_run_folder
+from common.train.config import TrainConfig
+
+if TYPE_CHECKING:  # annotations only: torch, the engine and BM25 load where they run
+    import torch
+
+    from common.train.engine import TrainEngine
 
 
 def gold_trajectories(
@@ -108,6 +107,8 @@ def sft_loss(
     agent must learn (names from the question into a query, from a document into the answer).
     Returns the loss and the agent-token NLL alone (what is logged).
     """
+    from common.rl import forward_logprobs
+
     logp = forward_logprobs(engine, batch.input_ids, batch.attention_mask)  # [B, T-1]
     own = batch.loss_mask
     agent_nll = -(logp * own).sum() / own.sum().clamp(min=1)
@@ -132,6 +133,9 @@ def sft_warmup(
 
     Each optimizer step sees ``batch_size`` trajectories, split into ``grad_accum`` micro-batches.
     """
+    from common.rollout.batch import collate
+    from common.train.logging import progress
+
     rng = random.Random(seed)
     accum = engine.config.grad_accum
     micro = max(batch_size // accum, 1)
@@ -196,7 +200,13 @@ class WarmupConfig:
 
 def run_warmup(cfg: WarmupConfig) -> Path:
     """Gold trajectories of the world's train split -> SFT -> ``<out>/model`` (HF folder)."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common.retrieval.bm25 import BM25Retriever
+    from common.rollout.batch import padding_id
+    from common.train.engine import TrainEngine
+    from common.train.run_folder import open_run_folder
 
     world = Path(cfg.world)
     if not (world / "model").is_dir():

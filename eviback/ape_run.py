@@ -260,17 +260,19 @@ def run_ape(cfg: EviBackConfig) -> dict:
         labeller = None
         if cfg.ape.unlabelled == "llm":
             labeller = llm_client(
-                a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache"
+                a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache", a.api_key_env
             )
         rows, counts = rollout_benchmark(cfg, labeller)
         write_benchmark(bench, rows)
         counts_file.write_text(json.dumps(counts, indent=2))
     split = split_by_step if cfg.ape.split == "step" else split_by_question
     dev, holdout = split(rows, cfg.ape.holdout_fraction, cfg.seed)
-    teacher = llm_client(a.teacher_endpoint, a.teacher_model, cfg.teacher, out / "cache")
+    teacher = llm_client(
+        a.teacher_endpoint, a.teacher_model, cfg.teacher, out / "cache", a.api_key_env
+    )
     if a.controller_endpoint:
         controller = llm_client(
-            a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache"
+            a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache", a.api_key_env
         )
         prompts_a, n_a = controller_candidates(controller, "A", cfg.ape.candidates_a, cfg.seed)
         prompts_b, n_b = controller_candidates(controller, "B", cfg.ape.candidates_b, cfg.seed)

@@ -116,8 +116,8 @@ def select_questions(assets: AssetsConfig, kind: str, seed: int) -> list[QAExamp
     """The ``train`` or ``eval`` question set of ``assets`` with its quotas, drawn as
     ``assets.selection`` says (sha256: with that set's selection seed; random: with ``seed``)."""
     files, quotas, selection_seed = {
-        "train": (assets.train_files, assets.train_quotas, assets.train_selection_seed),
-        "eval": (assets.eval_files, assets.eval_quotas, assets.eval_selection_seed),
+        "train": (assets.files("train"), assets.train_quotas, assets.train_selection_seed),
+        "eval": (assets.files("eval"), assets.eval_quotas, assets.eval_selection_seed),
     }[kind]
     draw_seed = selection_seed if assets.selection == "sha256" else seed
     where = assets.train_where if kind == "train" else None
@@ -147,12 +147,18 @@ def build_retriever(assets: AssetsConfig) -> Retriever:
 
 
 def llm_client(
-    endpoint: str, model: str, teacher: TeacherConfig, cache_dir: str | Path | None
+    endpoint: str,
+    model: str,
+    teacher: TeacherConfig,
+    cache_dir: str | Path | None,
+    api_key_env: str = "OPENAI_API_KEY",
 ) -> LLMClient:
+    """A client of ``endpoint`` with the teacher's request settings; the key is read from the
+    environment variable ``api_key_env`` (``assets.api_key_env``)."""
     return LLMClient(
         endpoint,
         model,
-        api_key_env=teacher.api_key_env,
+        api_key_env=api_key_env,
         max_concurrency=teacher.max_concurrency,
         timeout=teacher.timeout,
         retries=teacher.retries,
@@ -183,5 +189,7 @@ def build_teacher(
         return None
     if teacher.backend == "oracle":
         return EvidenceOracle(teacher.top_m)
-    client = llm_client(assets.teacher_endpoint, assets.teacher_model, teacher, cache_dir)
+    client = llm_client(
+        assets.teacher_endpoint, assets.teacher_model, teacher, cache_dir, assets.api_key_env
+    )
     return TwoStageTeacher(client, teacher_policy(teacher))

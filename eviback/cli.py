@@ -16,7 +16,7 @@ from common.launcher import run_command, without_local_rank
 from eviback.config import EviBackConfig
 
 DEFAULT_CONFIG = str(Path(__file__).parent / "configs" / "tiny.yaml")
-WARMUP_CONFIG = "common/configs/warmup_tiny.yaml"
+WARMUP_CONFIG = str(Path(__file__).parents[1] / "common" / "configs" / "warmup_tiny.yaml")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     helps = {
         "warmup": "supervised warmup on gold search paths (common.warmup; tiny world)",
         "train": "GRPO with the teacher backoff (teacher.enabled=false: Search-R1 GRPO)",
-        "eval": "evaluate on assets.eval_files; JSON + markdown in run_dir/eval/",
+        "eval": "evaluate on assets.eval; JSON + markdown in run_dir/eval/",
         "ape": "E2E-APE: build the teacher's frozen two-stage prompt policy",
     }
     for name, text in helps.items():

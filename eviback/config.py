@@ -15,10 +15,7 @@ from common.data import check_where
 from common.model_id import model_problem
 from common.retrieval.index_folder import is_index_folder
 from common.rewards import ESTIMATORS, REWARDS, OutcomeReward, RewardConfig, load_part
-from common.rl_loop import EngineConfig, LossConfig, RunLoopConfig
-from common.rollout import AgentConfig
-from common.train import TrainConfig
-from common.train.logging import LogConfig
+from common.run_config import EvalAssetsConfig, SearchAssetsConfig, SearchRunConfig
 
 HOW_TO_GET = {
     "model": "build the tiny warmup with `python -m eviback warmup` (tiny), or give a hub id "
@@ -35,14 +32,25 @@ HOW_TO_GET = {
 
 
 @dataclass
-class AssetsConfig:
-    """Every external input of a run, in one place."""
+class AssetsConfig(SearchAssetsConfig, EvalAssetsConfig):
+    """Every external input of a run, in one place (the shared keys: ``common.run_config``)."""
 
     model: str = field(
         default="runs/warmup/tiny/model", metadata={"help": "actor: HF folder or hub id"}
     )
-    train_files: dict[str, str] = field(
-        default_factory=dict, metadata={"help": "training QA files, source name -> path"}
+    train: str | dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "help": "training questions: a QA file, or a mix, source name -> QA file (one file "
+            "is the source 'train')"
+        },
+    )
+    dev: str | dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "help": "dev questions evaluated during training: a QA file, or source name -> QA "
+            "file (one file is the source 'dev')"
+        },
     )
     train_quotas: dict[str, int] = field(
         default_factory=dict,
@@ -56,15 +64,9 @@ class AssetsConfig:
             "{type: [bridge], hops: ['3']}; empty = all"
         },
     )
-    dev_files: dict[str, str] = field(
-        default_factory=dict, metadata={"help": "QA files evaluated during training"}
-    )
     dev_where: dict[str, list[str]] = field(
         default_factory=dict,
         metadata={"help": "the same filter for the dev questions of training; empty = all"},
-    )
-    eval_files: dict[str, str] = field(
-        default_factory=dict, metadata={"help": "benchmark name -> QA file for `eviback eval`"}
     )
     eval_quotas: dict[str, int] = field(
         default_factory=dict,
@@ -88,16 +90,14 @@ class AssetsConfig:
         default_factory=lambda: {"2wiki": "2wikimultihopqa"},
         metadata={"help": "source name -> the release's name, which enters the SHA-256 key"},
     )
-    corpus: str = field(
-        default="", metadata={"help": "corpus jsonl (BM25 in process) or an index folder"}
-    )
-    retrieval_url: str = field(
-        default="", metadata={"help": "Search-R1 retrieval server (replaces corpus when set)"}
-    )
     teacher_endpoint: str = field(
         default="", metadata={"help": "OpenAI-compatible base URL of the teacher (…/v1)"}
     )
     teacher_model: str = field(default="", metadata={"help": "the teacher's model name"})
+    api_key_env: str = field(
+        default="OPENAI_API_KEY",
+        metadata={"help": "environment variable holding the teacher's and controller's API key"},
+    )
     controller_endpoint: str = field(
         default="", metadata={"help": "E2E-APE controller LLM base URL (empty: grid candidates)"}
     )
@@ -106,6 +106,13 @@ class AssetsConfig:
     def __post_init__(self) -> None:
         for name in ("train_where", "dev_where"):
             check_where(getattr(self, name), f"assets.{name}")
+
+    def files(self, split: Literal["train", "dev", "eval"]) -> dict[str, str]:
+        """The QA files of ``split``, source name -> path (one file: the source ``split``)."""
+        files = getattr(self, split)
+        if isinstance(files, str):
+            return {split: files} if files else {}
+        return dict(files)
 
 
 @dataclass
@@ -118,9 +125,6 @@ class TeacherConfig:
     backend: Literal["oracle", "llm"] = field(
         default="oracle",
         metadata={"help": "oracle (supporting documents known) | llm (assets.teacher_endpoint)"},
-    )
-    api_key_env: str = field(
-        default="OPENAI_API_KEY", metadata={"help": "environment variable holding the key"}
     )
     policy_file: str = field(
         default="",
@@ -303,26 +307,26 @@ class ApeConfig:
 
 
 @dataclass
-class EviBackConfig(RunLoopConfig):
-    """An EviBack (or, teacher off, Search-R1 GRPO) run (the loop's fields: ``RunLoopConfig``)."""
+class EviBackConfig(SearchRunConfig):
+    """An EviBack (or, teacher off, Search-R1 GRPO) run (the loop's fields: ``SearchRunConfig``)."""
 
     DERIVED: ClassVar[dict[str, str]] = {  # set by train_eviback; refused in configs and overrides
         "train.grad_accum": "questions_per_step * n / ranks / loss.micro_batch_size",
         "train.total_steps": "steps",
         "train.seed": "seed",
     }
+    RENAMED: ClassVar[dict[str, str]] = {  # docs/configuration.md
+        "assets.train_files": "assets.train",
+        "assets.dev_files": "assets.dev",
+        "assets.eval_files": "assets.eval",
+        "teacher.api_key_env": "assets.api_key_env",
+    }
 
-    assets: AssetsConfig = field(default_factory=AssetsConfig)
     run_dir: str = field(default="runs/eviback/tiny", metadata={"help": "output folder"})
-    resume: bool = field(
-        default=True,
-        metadata={
-            "help": "continue from the latest checkpoint (false: start at step 0, replace the run)"
-        },
-    )
     samples_per_step: int = field(
-        default=8, metadata={"help": "rollouts written to samples/", "ge": 0}
+        default=8, metadata={"help": "rollouts written to samples/ each step", "ge": 0}
     )
+    assets: AssetsConfig = field(default_factory=AssetsConfig)
     em_well_formed: bool = field(
         default=True,
         metadata={
@@ -330,18 +334,10 @@ class EviBackConfig(RunLoopConfig):
             "an answer), as the release; false = EM of whatever answer the rollout gave"
         },
     )
-    agent: AgentConfig = field(default_factory=AgentConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     reward: EviBackRewardConfig = field(default_factory=EviBackRewardConfig)
-    log: LogConfig = field(default_factory=LogConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ape: ApeConfig = field(default_factory=ApeConfig)
-
-    def __post_init__(self) -> None:
-        _check_batch(self.questions_per_step, self.n, self.loss.micro_batch_size)
 
     def check_assets(self, need: tuple[str, ...] = ("model", "train", "dev", "retrieval")) -> None:
         """Raise ``FileNotFoundError`` / ``ValueError`` for missing inputs, before heavy work: one
@@ -358,14 +354,17 @@ class EviBackConfig(RunLoopConfig):
             except FileNotFoundError as e:
                 what, _, how = str(e).partition(". To get it: ")
                 missing(what, how)
-        for kind, files in (("train", a.train_files), ("dev", a.dev_files), ("eval", a.eval_files)):
+        for kind in ("train", "dev", "eval"):
             if kind not in need:
                 continue
+            files = a.files(kind)
             if not files:
-                missing(f"assets.{kind}_files is empty: name at least one QA file", "", ValueError)
+                missing(f"assets.{kind} is empty: name at least one QA file", "", ValueError)
+            one = isinstance(getattr(a, kind), str)  # one file: named assets.<kind> itself
             for name, path in files.items():
+                key = f"assets.{kind}" if one else f"assets.{kind}.{name}"
                 if not str(path).startswith("hf://") and not Path(path).is_file():
-                    missing(f"assets.{kind}_files.{name}: {path} not found", HOW_TO_GET["qa"])
+                    missing(f"{key}: {path} not found", HOW_TO_GET["qa"])
         if "retrieval" in need and not a.retrieval_url:
             if not a.corpus:
                 missing("set assets.corpus (jsonl or index folder) or assets.retrieval_url",
@@ -403,14 +402,6 @@ def _raise_missing(issues: list[tuple[type[Exception], str, str]]) -> None:
         + "\n".join(f"  - {what}" for _, what, _ in issues)
         + ("\nTo get them:\n" + "\n".join(f"  - {h}" for h in hows) if hows else "")
     )
-
-
-def _check_batch(questions_per_step: int, n: int, micro_batch_size: int) -> None:
-    if (questions_per_step * n) % micro_batch_size:
-        raise ValueError(
-            f"questions_per_step*n = {questions_per_step * n} is not a multiple of "
-            f"loss.micro_batch_size = {micro_batch_size}"
-        )
 
 
 def _check_model(model: str) -> None:

@@ -208,7 +208,7 @@ def gather_shards(results: list[QuestionResult], world: int) -> list[QuestionRes
 
 
 def run_eval(cfg: EviBackConfig) -> dict:
-    """Evaluate the model on ``assets.eval_files`` (quotas applied); write run_dir/eval/.
+    """Evaluate the model on ``assets.eval`` (quotas applied); write run_dir/eval/.
 
     Under the DeepSpeed launcher (or torchrun) each rank runs its own engine on every
     world-th question and rank 0 writes the gathered results; the others return a short note.

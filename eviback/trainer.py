@@ -179,7 +179,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     cfg.train.seed = cfg.seed
     a = cfg.assets
     train_set = select_questions(a, "train", cfg.seed)
-    dev_set = load_questions(a.dev_files, {}, cfg.seed, where=a.dev_where, where_key="dev_where")
+    dev_set = load_questions(a.files("dev"), {}, cfg.seed, where=a.dev_where, where_key="dev_where")
     dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
     run_dir = Path(cfg.run_dir)
     # resume: continue after run_dir's latest complete checkpoint (none: start at step 0)

@@ -48,7 +48,12 @@ def main(argv: list[str] | None = None) -> None:
         )
         run_warmup(load_config(WarmupConfig, CONFIGS / "warmup_tiny.yaml", ws_over))
 
-    grpo_over = [f"world={world}", f"model={model}", f"run_dir={args.run_dir}", f"seed={args.seed}"]
+    grpo_over = [
+        f"assets.world={world}",
+        f"assets.model={model}",
+        f"run_dir={args.run_dir}",
+        f"seed={args.seed}",
+    ]
     if args.grpo_steps is not None:
         grpo_over.append(f"steps={args.grpo_steps}")
     print("[demo] GRPO with exact-match reward, vLLM rollouts, BM25 retrieval", flush=True)

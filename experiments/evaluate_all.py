@@ -141,7 +141,7 @@ def recognise(config: dict[str, Any], run_dir: Path) -> tuple[str, str] | None:
             chosen = "outcome_only"
         method = {"outcome_only": "arco_outcome_only", "prm": "arco_prm"}.get(chosen, "arco")
         return method, method
-    if "reward" in config and "benchmarks" in assets:
+    if "reward" in config and "group_size" in config:
         if (run_dir / "model").is_dir() and not (run_dir / "checkpoints").is_dir():
             return "cer_warmup", "cer_warmup"
         reward = section(config, "reward")
@@ -149,10 +149,10 @@ def recognise(config: dict[str, Any], run_dir: Path) -> tuple[str, str] | None:
         if not isinstance(fn, str):
             raise MalformedKey(f"`reward.fn` must be a name, not {fn!r:.60}")
         return "cer", f"cer/{fn.rpartition(':')[2] or reward.get('type', 'cer')}"
-    if "teacher" in config and "train_files" in assets:
+    if "teacher" in config and "train" in assets:
         method = "eviback" if section(config, "teacher").get("enabled", True) else "search_r1"
         return method, method
-    if "world" in config and "questions_per_step" in config:
+    if "world" in assets and "questions_per_step" in config:
         return "grpo", "grpo"
     if "world" in config and "batch_size" in config and "out" in config:
         return "warmup", "warmup"
@@ -243,7 +243,8 @@ def starting_model(run: Run) -> str | None:
     """The model a run started from (resolved), to pair it with the baseline that produced it."""
     c = run.config
     if run.method == "grpo":
-        start = c.get("model") or str(Path(c.get("world", "")) / "model")
+        assets = c.get("assets") or {}
+        start = assets.get("model") or str(Path(assets.get("world", "")) / "model")
     elif run.method in ("warmup", "cer_warmup"):
         return str((run.path / "model").resolve())
     else:
@@ -266,14 +267,12 @@ def baseline_arm(run: Run) -> str | None:
 
 def benchmark_files(run: Run) -> dict[str, str]:
     """The files the run's evaluator reads, by benchmark name."""
-    c, assets = run.config, run.config.get("assets") or {}
+    assets = run.config.get("assets") or {}
     if run.kind == "search":
-        return {"tiny_test": str(Path(c.get("world", "runs/tinyworld/seed0")) / "test.jsonl")}
-    if run.kind == "eviback":
-        return dict(assets.get("eval_files") or {})
-    if run.kind == "cer":
-        return dict(assets.get("benchmarks") or {})
-    return dict(assets.get("eval_files") or {}) or {"dev": assets.get("dev_file", "")}
+        return {"tiny_test": str(Path(assets.get("world", "runs/tinyworld/seed0")) / "test.jsonl")}
+    if run.kind in ("eviback", "cer"):
+        return dict(assets.get("eval") or {})
+    return dict(assets.get("eval") or {}) or {"dev": assets.get("dev", "")}
 
 
 # ---- the cache and the evaluation ----------------------------------------------------------
@@ -462,10 +461,10 @@ def _eval_search(cfg: Any, method: str, model: str, out: Path) -> dict[str, Any]
     from common.rl_loop import EngineConfig, build_engine, evaluate
     from common.train.distributed import init_distributed
 
-    world = Path(cfg.world)
+    world = Path(cfg.assets.world if method == "grpo" else cfg.world)
     test = world / "test.jsonl"
     corpus = Path(cfg.path("corpus")) if method == "grpo" else world / "corpus.jsonl"
-    url = cfg.retrieval_url if method == "grpo" else ""
+    url = cfg.assets.retrieval_url if method == "grpo" else ""
     for need in [test] + ([] if url else [corpus]):
         if not need.is_file():
             raise FileNotFoundError(
@@ -518,7 +517,7 @@ def _eval_eviback(cfg: Any, model: str, out: Path) -> dict[str, Any]:
             }
         )
     return {
-        name: {"file": cfg.assets.eval_files.get(name, ""), "rows": rows}
+        name: {"file": cfg.assets.eval.get(name, ""), "rows": rows}
         for name, rows in grouped.items()
     }
 
@@ -697,7 +696,7 @@ def beside_published(
         if "benchmarks" not in entry:  # not evaluated (its config may not even be readable)
             continue
         run = by_name[entry["run"]]
-        start = (run.config.get("assets") or {}).get("model") or run.config.get("model")
+        start = (run.config.get("assets") or {}).get("model")
         for package, doc in published.items():
             for table in doc.get("tables", []):
                 metric = table.get("metric")

@@ -311,7 +311,7 @@ def fake_world(tmp_path: Path) -> Path:
 
 
 def test_search_grpo_config_error_is_one_line_exit_2(capsys, tmp_path, fake_world) -> None:
-    line = _grpo_main(capsys, tmp_path, f"world={fake_world}", "eval_every=-1")
+    line = _grpo_main(capsys, tmp_path, f"assets.world={fake_world}", "eval_every=-1")
     assert line == (
         "search_grpo: error: config key 'eval_every' (from the command line): -1 is out of "
         "range; allowed: >= 0"
@@ -319,12 +319,14 @@ def test_search_grpo_config_error_is_one_line_exit_2(capsys, tmp_path, fake_worl
 
 
 def test_search_grpo_missing_input_names_the_real_key(capsys, tmp_path, fake_world) -> None:
-    line = _grpo_main(capsys, tmp_path, f"world={tmp_path / 'none'}")
-    assert line.startswith("search_grpo: error: model not found at") and "`model=...`" in line
+    line = _grpo_main(capsys, tmp_path, f"assets.world={tmp_path / 'none'}")
+    assert (
+        line.startswith("search_grpo: error: model not found at") and "`assets.model=...`" in line
+    )
     (fake_world / "train.jsonl").unlink()
-    line = _grpo_main(capsys, tmp_path, f"world={fake_world}")
+    line = _grpo_main(capsys, tmp_path, f"assets.world={fake_world}")
     assert f"train not found at {fake_world / 'train.jsonl'}" in line
-    assert "`train_file=...`" in line
+    assert "`assets.train=...`" in line
 
 
 def test_search_grpo_bad_qa_file_is_one_line_before_any_model_loads(tmp_path, fake_world) -> None:
@@ -333,7 +335,7 @@ def test_search_grpo_bad_qa_file_is_one_line_before_any_model_loads(tmp_path, fa
     bad.write_text('{"id": "a", "question": "q", "golden_answers": ["x"]}\n{"id": "b"}\n')
     run_dir = tmp_path / "run"
     # the world's model folder is empty: had anything tried to load it, the error would differ
-    args = [f"world={fake_world}", f"train_file={bad}", f"run_dir={run_dir}"]
+    args = [f"assets.world={fake_world}", f"assets.train={bad}", f"run_dir={run_dir}"]
     done = subprocess.run(
         [sys.executable, "-m", "common.search_grpo", *args],
         cwd=ROOT,

@@ -36,7 +36,7 @@ EXPECTED = {
         "warmup.train.total_steps",
         "warmup.train.seed",
     },
-    ArcoConfig: {"train.lr", "train.grad_accum", "train.total_steps", "train.seed"},
+    ArcoConfig: {"train.lr", "train.grad_accum", "train.total_steps", "train.seed", "steps"},
 }
 INSTEAD = {  # the keys each refusal names for the user to set instead
     (GRPOConfig, "train.seed"): "set seed instead",
@@ -48,6 +48,7 @@ INSTEAD = {  # the keys each refusal names for the user to set instead
     (ArcoConfig, "train.lr"): "set rl.pi_lr_sparse, rl.mu_lr, rl.head_lr, warmup.pi_lr, "
     "warmup.mu_lr, warmup.head_lr instead",
     (ArcoConfig, "train.total_steps"): "set rl.sparse_steps, rl.dense_steps instead",
+    (ArcoConfig, "steps"): "set rl.sparse_steps, rl.dense_steps instead",
 }
 CASES = [(cls, key) for cls, keys in EXPECTED.items() for key in sorted(keys)]
 

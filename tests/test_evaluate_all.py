@@ -13,7 +13,7 @@ import yaml
 from arco.config import ArcoConfig
 from cer.config import CERConfig
 from common.config import dump_config, load_config
-from common.search_grpo import GRPOConfig
+from common.search_grpo import GRPOAssetsConfig, GRPOConfig
 from common.warmup import WarmupConfig
 from eviback.config import EviBackConfig
 from experiments.evaluate_all import (
@@ -57,7 +57,11 @@ def _runs(tmp: Path) -> Path:
     for name, seed in (("grpo/s0", 0), ("grpo/s1", 1)):
         run = runs / name
         dump_config(
-            GRPOConfig(world=str(world), model=str(ws / "model"), run_dir=str(run), seed=seed),
+            GRPOConfig(
+                assets=GRPOAssetsConfig(world=str(world), model=str(ws / "model")),
+                run_dir=str(run),
+                seed=seed,
+            ),
             run / "config.yaml",
         )
         _checkpoint(run, 30)
@@ -87,7 +91,10 @@ def _runs(tmp: Path) -> Path:
     (runs / "other").mkdir()
     (runs / "other" / "config.yaml").write_text("foo: 1\n")
     untrained = runs / "grpo" / "untrained"
-    dump_config(GRPOConfig(world=str(world), run_dir=str(untrained)), untrained / "config.yaml")
+    dump_config(
+        GRPOConfig(assets=GRPOAssetsConfig(world=str(world)), run_dir=str(untrained)),
+        untrained / "config.yaml",
+    )
     (runs / "tinyworld").mkdir()  # no config.yaml: not a run
     return runs
 
@@ -135,7 +142,7 @@ def test_discovery_and_recognition(tmp_path):
     ],
 )
 def test_a_cer_run_is_labelled_by_its_reward_fn_when_one_replaces_the_type(reward, arm, tmp_path):
-    config = {"reward": reward, "assets": {"benchmarks": {"dev": "dev.jsonl"}}}
+    config = {"reward": reward, "group_size": 8, "assets": {"eval": {"dev": "dev.jsonl"}}}
     assert recognise(config, tmp_path) == ("cer", arm)
 
 
@@ -337,12 +344,12 @@ def test_a_real_grpo_run_is_evaluated_once(tmp_path, tiny_world):
     (world / "corpus.jsonl").symlink_to(Path(tiny_world) / "corpus.jsonl")
     run = tmp_path / "runs" / "grpo"
     cfg = load_config(GRPOConfig, ROOT / "common/configs/grpo_tiny.yaml",
-                      [f"world={world}", f"run_dir={run}", "model=''"])  # fmt: skip
+                      [f"assets.world={world}", f"run_dir={run}", "assets.model=''"])  # fmt: skip
     dump_config(cfg, run / "config.yaml")
     evi = tmp_path / "runs" / "eviback"
     cfg = load_config(EviBackConfig, ROOT / "eviback/configs/tiny.yaml",
                       [f"run_dir={evi}", f"assets.corpus={world / 'corpus.jsonl'}",
-                       f"assets.eval_files={{tiny_test: {world / 'test.jsonl'}}}",
+                       f"assets.eval={{tiny_test: {world / 'test.jsonl'}}}",
                        "assets.eval_quotas={tiny_test: 5}"])  # fmt: skip
     dump_config(cfg, evi / "config.yaml")
     for folder in (run, evi):

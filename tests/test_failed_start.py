@@ -34,8 +34,8 @@ def arco_start(world: Path, tmp: Path, monkeypatch, *more: str):
     (warm / "arco.json").write_text(json.dumps({"lora": {"r": 4}, "k": 3}))
     over = [
         f"assets.model={world / 'model'}",
-        f"assets.train_file={world / 'train.jsonl'}",
-        f"assets.dev_file={world / 'dev.jsonl'}",
+        f"assets.train={world / 'train.jsonl'}",
+        f"assets.dev={world / 'dev.jsonl'}",
         f"assets.corpus={world / 'corpus.jsonl'}",
         f"warmup_dir={warm}",
         f"run_dir={tmp / 'run'}",
@@ -53,8 +53,8 @@ def eviback_start(world: Path, tmp: Path, monkeypatch, *more: str):
     monkeypatch.setattr(eviback.trainer, "build_engine", fail)
     over = [
         f"assets.model={world / 'model'}",
-        f"assets.train_files={{tiny: {world / 'train.jsonl'}}}",
-        f"assets.dev_files={{tiny: {world / 'dev.jsonl'}}}",
+        f"assets.train={{tiny: {world / 'train.jsonl'}}}",
+        f"assets.dev={{tiny: {world / 'dev.jsonl'}}}",
         f"assets.corpus={world / 'corpus.jsonl'}",
         f"run_dir={tmp / 'run'}",
         "steps=2",
@@ -74,8 +74,8 @@ def grpo_start(world: Path, tmp: Path, monkeypatch, *more: str):
 
     monkeypatch.setattr(grpo, "build_engine", fail)
     over = [
-        f"world={world}",
-        f"model={world / 'model'}",
+        f"assets.world={world}",
+        f"assets.model={world / 'model'}",
         f"run_dir={tmp / 'run'}",
         "questions_per_step=2",
         "n=4",

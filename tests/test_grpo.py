@@ -16,8 +16,8 @@ CONFIG = ROOT / "common" / "configs" / "grpo_tiny.yaml"
 
 def small_run(world: Path, run_dir: Path, backend: str) -> list[str]:
     return [
-        f"world={world}",
-        f"model={world / 'model'}",
+        f"assets.world={world}",
+        f"assets.model={world / 'model'}",
         f"run_dir={run_dir}",
         "steps=2",
         "questions_per_step=2",

@@ -320,7 +320,7 @@ def one_grpo_step(world: Path, run_dir: Path, *reward: str) -> tuple[dict, dict]
     from common.train import read_metrics
 
     over = [
-        f"world={world}", f"model={world / 'model'}", f"run_dir={run_dir}", "steps=1",
+        f"assets.world={world}", f"assets.model={world / 'model'}", f"run_dir={run_dir}", "steps=1",
         "questions_per_step=2", "n=4", "eval_every=0", "loss.micro_batch_size=4",
         "engine.backend=hf", *reward,
     ]  # fmt: skip

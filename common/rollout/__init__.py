@@ -1,29 +1,34 @@
-"""Rollout generation: engines (vLLM, HF) and the multi-turn search agent."""
+"""Rollout generation: engines (vLLM, HF) and the multi-turn search agent.
 
-from common.rollout.agent import AgentConfig, build_prompt_ids, run_agent
-from common.rollout.engine import Completion, GenerationEngine, SamplingConfig
-from common.rollout.hf_engine import HFEngine
-from common.rollout.protocols import get_protocol
-from common.rollout.trajectory import Step, Trajectory
+The names below load on first use (PEP 562): importing ``common.rollout.agent`` for
+``AgentConfig`` loads no engine, torch or vLLM.
+"""
 
-__all__ = [
-    "AgentConfig",
-    "Completion",
-    "GenerationEngine",
-    "HFEngine",
-    "SamplingConfig",
-    "Step",
-    "Trajectory",
-    "build_prompt_ids",
-    "get_protocol",
-    "run_agent",
-]
+from importlib import import_module
+from typing import Any
+
+_LAZY = {
+    "AgentConfig": "common.rollout.agent",
+    "build_prompt_ids": "common.rollout.agent",
+    "run_agent": "common.rollout.agent",
+    "Completion": "common.rollout.engine",
+    "GenerationEngine": "common.rollout.engine",
+    "SamplingConfig": "common.rollout.engine",
+    "HFEngine": "common.rollout.hf_engine",
+    "get_protocol": "common.rollout.protocols",
+    "Step": "common.rollout.trajectory",
+    "Trajectory": "common.rollout.trajectory",
+    "VLLMEngine": "common.rollout.vllm_engine",
+}
+
+__all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    # vllm is heavy and optional at import time; load it only when asked for.
-    if name == "VLLMEngine":
-        from common.rollout.vllm_engine import VLLMEngine
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'common.rollout' has no attribute {name!r}")
 
-        return VLLMEngine
-    raise AttributeError(name)
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -24,7 +24,6 @@ from common.retrieval.base import Doc, Retriever
 from common.rollout.engine import Completion, GenerationEngine, SamplingConfig, mix_seed
 from common.rollout.protocols import BUDGET_STATEMENT, get_protocol
 from common.rollout.trajectory import Step, Trajectory
-from common.train.distributed import all_reduce_values, current_rank, is_multi_rank
 
 INVALID_EOS = ("continue", "end")
 
@@ -101,6 +100,8 @@ def encode_text(tokenizer, text: str) -> list[int]:
 def _any_alive_globally(alive: bool) -> bool:
     """Whether any rank has a live trajectory: the ranks take their turns together, so an engine
     whose calls are collective (a ZeRO-3 model's gathers) is called as often on every rank."""
+    from common.train.distributed import all_reduce_values  # torch: loaded when the agent runs
+
     return bool(all_reduce_values([1 if alive else 0], op="max")[0])
 
 
@@ -126,6 +127,8 @@ def run_agent(
     of them are done, while the other questions still roll out (once per question, in the order
     they finish; all remaining ones before returning).
     """
+    from common.train.distributed import current_rank, is_multi_rank  # torch, when it runs
+
     timings = timings if timings is not None else {}
     protocol = get_protocol(cfg.protocol)
     if cfg.invalid_eos not in INVALID_EOS:

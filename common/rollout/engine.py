@@ -9,9 +9,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
+if TYPE_CHECKING:  # annotations only: the agent's config loads without torch
+    import torch
 
 
 @dataclass

@@ -1,26 +1,37 @@
-"""The training engine: DeepSpeed or plain torch, LoRA adapters, reference model, checkpoints, logs."""
+"""The training engine: DeepSpeed or plain torch, LoRA adapters, reference model, checkpoints, logs.
 
-from common.train.checkpoint import find_latest_checkpoint, load_checkpoint, save_checkpoint
-from common.train.config import TrainConfig
-from common.train.engine import TrainEngine, load_for_training
-from common.train.export import export_hf_state_dict, iter_named_weights
-from common.train.logging import MetricsLogger, progress, read_metrics, write_env_json
-from common.train.lora import build_lora_model
-from common.train.reference import ReferenceModel
+The names below load on first use (PEP 562): importing ``common.train.config`` (a config
+module) does not load torch, transformers, peft or deepspeed.
+"""
 
-__all__ = [
-    "MetricsLogger",
-    "ReferenceModel",
-    "TrainConfig",
-    "TrainEngine",
-    "build_lora_model",
-    "export_hf_state_dict",
-    "find_latest_checkpoint",
-    "iter_named_weights",
-    "load_for_training",
-    "load_checkpoint",
-    "progress",
-    "read_metrics",
-    "save_checkpoint",
-    "write_env_json",
-]
+from importlib import import_module
+from typing import Any
+
+_LAZY = {
+    "find_latest_checkpoint": "common.train.checkpoint",
+    "load_checkpoint": "common.train.checkpoint",
+    "save_checkpoint": "common.train.checkpoint",
+    "TrainConfig": "common.train.config",
+    "TrainEngine": "common.train.engine",
+    "load_for_training": "common.train.engine",
+    "export_hf_state_dict": "common.train.export",
+    "iter_named_weights": "common.train.export",
+    "MetricsLogger": "common.train.logging",
+    "progress": "common.train.logging",
+    "read_metrics": "common.train.logging",
+    "write_env_json": "common.train.logging",
+    "build_lora_model": "common.train.lora",
+    "ReferenceModel": "common.train.reference",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'common.train' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

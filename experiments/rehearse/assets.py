@@ -3,7 +3,7 @@
 One function per config family writes every file its ``assets`` section names into an out folder
 and returns the overrides (dotted key -> path) that point the config at them:
 
-    eviback_data(config, out, rows)   # FlashRAG jsonl: train_files, dev_files, eval_files (corpus)
+    eviback_data(config, out, rows)   # FlashRAG jsonl: train, dev, eval mappings (corpus)
     cer_data(config, out, rows)       # MATH train / WebInstruct, MATH500, AMC, AIME, MMLU-Pro, SuperGPQA
     arco_data(config, out, rows)      # HotpotQA JSON, 2WikiMultiHopQA JSON, MuSiQue jsonl (corpus)
 
@@ -177,21 +177,21 @@ def _flashrag_pool(source: str) -> list[Row]:
     return pools[name]()
 
 
-EVIBACK_DATA = ("train_files", "dev_files", "eval_files", "corpus")
+EVIBACK_DATA = ("train", "dev", "eval", "corpus")
 EVIBACK_OTHER = (
     "model", "train_quotas", "eval_quotas", "selection", "train_selection_seed",
     "eval_selection_seed", "release_names", "retrieval_url", "teacher_endpoint", "teacher_model",
-    "controller_endpoint", "controller_model", "train_where", "dev_where",
+    "controller_endpoint", "controller_model", "api_key_env", "train_where", "dev_where",
 )  # fmt: skip
 
 
 def eviback_data(config: Mapping[str, Any], out: Path, rows: int) -> dict[str, str]:
-    """Write FlashRAG jsonl for every source of ``assets.train_files`` / ``dev_files`` /
-    ``eval_files`` (``rows`` rows each) and, when ``assets.corpus`` is set, the stand-in corpus;
-    returns ``{"assets.train_files.nq": path, ...}``."""
+    """Write FlashRAG jsonl for every source of ``assets.train`` / ``dev`` / ``eval`` (source
+    name -> file mappings; ``rows`` rows each) and, when ``assets.corpus`` is set, the stand-in
+    corpus; returns ``{"assets.train.nq": path, ...}``."""
     assets = _assets(config, "eviback", EVIBACK_DATA, EVIBACK_OTHER)
     overrides: dict[str, str] = {}
-    for group in ("train_files", "dev_files", "eval_files"):
+    for group in ("train", "dev", "eval"):
         for source, configured in _mapping(assets, group, "eviback").items():
             key = f"assets.{group}.{source}"
             try:
@@ -227,7 +227,7 @@ _CER_FORMATS = {
     "math": "math", "answer": "math500", "webinstruct": "webinstruct", "mmlu_pro": "mmlu_pro",
     "supergpqa": "supergpqa",
 }  # fmt: skip
-CER_DATA = ("train", "dev", "benchmarks", "warmup")
+CER_DATA = ("train", "dev", "eval", "warmup")
 CER_OTHER = ("model", "init_model", "train_format", "train_filter", "how_to_get")
 
 
@@ -239,10 +239,10 @@ def cer_layout(name: str) -> str | None:
 
 def cer_data(config: Mapping[str, Any], out: Path, rows: int) -> dict[str, str]:
     """Write ``assets.train`` (MATH train or WebInstruct-verified as ``train_format`` says, else
-    as its file name says), ``dev``, every ``benchmarks`` entry and a set ``warmup`` (MATH
+    as its file name says), ``dev``, every ``eval`` entry and a set ``warmup`` (MATH
     layout, with solutions) in their hub layouts, ``rows`` rows each (WebInstruct with
     ``train_filter: webinstruct_paper``: ``rows`` rows the filter keeps, then two it drops);
-    returns ``{"assets.train": path, "assets.benchmarks.math500": path, ...}``."""
+    returns ``{"assets.train": path, "assets.eval.math500": path, ...}``."""
     assets = _assets(config, "cer", CER_DATA, CER_OTHER)
     out = Path(out)
 
@@ -272,8 +272,8 @@ def cer_data(config: Mapping[str, Any], out: Path, rows: int) -> dict[str, str]:
         wanted["assets.warmup"] = ("math", assets["warmup"])
     if "dev" in assets:
         wanted["assets.dev"] = (layout_of("assets.dev", str(assets["dev"])), assets["dev"])
-    for name, configured in _mapping(assets, "benchmarks", "cer").items():
-        key = f"assets.benchmarks.{name}"
+    for name, configured in _mapping(assets, "eval", "cer").items():
+        key = f"assets.eval.{name}"
         wanted[key] = (layout_of(key, str(name), str(configured)), configured)
 
     overrides = {}
@@ -298,7 +298,7 @@ def _paper_subset(row: Row) -> bool:
 
 # --- ARCO ------------------------------------------------------------------------------------
 
-ARCO_DATA = ("train_file", "dev_file", "eval_files", "corpus")
+ARCO_DATA = ("train", "dev", "eval", "corpus")
 ARCO_OTHER = (
     "model", "retrieval_url", "teacher_endpoint", "teacher_model", "annotator_endpoint",
     "annotator_model", "api_key_env", "train_where", "dev_where", "eval_where",
@@ -321,18 +321,18 @@ def _arco_pool(layout: str) -> list[Row]:
 
 
 def arco_data(config: Mapping[str, Any], out: Path, rows: int) -> dict[str, str]:
-    """Write ``assets.train_file``, ``dev_file`` and every ``eval_files`` entry in the original
+    """Write ``assets.train``, ``dev`` and every ``eval`` entry in the original
     layout their names point to (HotpotQA / 2WikiMultiHopQA: a JSON list of rows with 10-or-so
     context paragraphs and supporting facts; MuSiQue: jsonl with ``paragraphs``), ``rows`` rows
     each, and the stand-in corpus when ``assets.corpus`` is set; returns the overrides."""
     assets = _assets(config, "arco", ARCO_DATA, ARCO_OTHER)
     out = Path(out)
     wanted: dict[str, tuple[tuple[str, ...], Any]] = {}
-    for key in ("train_file", "dev_file"):
+    for key in ("train", "dev"):
         if assets.get(key):
             wanted[f"assets.{key}"] = ((str(assets[key]),), assets[key])
-    for name, configured in _mapping(assets, "eval_files", "arco").items():
-        wanted[f"assets.eval_files.{name}"] = ((str(name), str(configured)), configured)
+    for name, configured in _mapping(assets, "eval", "arco").items():
+        wanted[f"assets.eval.{name}"] = ((str(name), str(configured)), configured)
     overrides = {}
     for key, (names, configured) in wanted.items():
         layout = next((arco_layout(n) for n in names if arco_layout(n)), None)

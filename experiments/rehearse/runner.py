@@ -250,6 +250,13 @@ def _args(s: Setup, stage: str, values: dict[str, Any]) -> list[str]:
     return args + overrides(values)
 
 
+def _sources(files: Any, split: str) -> list[str]:
+    """EviBack's source names of ``assets.<split>``: a mapping's keys; one file is ``split``."""
+    if isinstance(files, dict):
+        return list(files)
+    return [split] if files else []
+
+
 def eviback_plan(s: Setup) -> list[Stage]:
     run = s.runs / "eviback"
     ape_dir = run / "ape"
@@ -260,8 +267,8 @@ def eviback_plan(s: Setup) -> list[Stage]:
         "assets.teacher_endpoint": s.endpoint_url,
         "assets.controller_endpoint": s.endpoint_url,
         "assets.controller_model": files.get("controller_model") or "standin-controller",
-        "assets.train_quotas": {k: 4 for k in files.get("train_files", {})},
-        "assets.eval_quotas": {k: 2 for k in files.get("eval_files", {})},
+        "assets.train_quotas": {k: 4 for k in _sources(files.get("train"), "train")},
+        "assets.eval_quotas": {k: 2 for k in files.get("eval", {})},
         "teacher.timeout": CLIENT_TIMEOUT_S,
         "teacher.retries": 1,
         "questions_per_step": 2 * s.ranks,

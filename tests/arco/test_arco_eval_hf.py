@@ -34,8 +34,8 @@ def test_arco_eval_of_an_hf_run_evaluates_the_checkpoint_with_hf(tiny_world, tmp
             str(ROOT / "arco" / "configs" / "tiny.yaml"),
             "engine.backend=hf",
             f"run_dir={run}",
-            f"assets.dev_file={dev}",
-            "assets.eval_files={}",
+            f"assets.dev={dev}",
+            "assets.eval={}",
             f"assets.corpus={tiny_world / 'corpus.jsonl'}",
         ]
     )

@@ -21,10 +21,10 @@ def overrides(world: Path, out: Path, backend: str = "vllm") -> list[str]:
     """The tiny config shrunk to seconds: 8 questions played twice, 1 sparse + 1 dense step."""
     return [
         f"assets.model={world / 'model'}",
-        f"assets.train_file={world / 'train.jsonl'}",
-        f"assets.dev_file={world / 'dev.jsonl'}",
+        f"assets.train={world / 'train.jsonl'}",
+        f"assets.dev={world / 'dev.jsonl'}",
         f"assets.corpus={world / 'corpus.jsonl'}",
-        f"assets.eval_files={{tiny_test: {world / 'test.jsonl'}}}",
+        f"assets.eval={{tiny_test: {world / 'test.jsonl'}}}",
         f"warmup_dir={out / 'warmup'}",
         f"run_dir={out / 'run'}",
         f"engine.backend={backend}",

@@ -145,7 +145,7 @@ def test_the_search_grpo_loop_trains_on_mu_s_dense_advantages(tiny_world, mu_fol
     run_dir = tmp_path / "run"
     args = json.dumps({"folder": str(folder), "config": str(CONFIG), "overrides": over})
     cli = [
-        f"world={tiny_world}", f"model={tiny_world / 'model'}", f"run_dir={run_dir}", "steps=1",
+        f"assets.world={tiny_world}", f"assets.model={tiny_world / 'model'}", f"run_dir={run_dir}", "steps=1",
         "questions_per_step=2", "n=4", "eval_every=0", "loss.micro_batch_size=4",
         "engine.backend=hf", "reward.advantage=arco.advantages:DenseAdvantages",
         "reward.step_scorer=arco.step_scorer:RubricSteps", f"reward.step_scorer_args={args}",

@@ -50,7 +50,7 @@ def test_two_deepspeed_ranks_with_vllm_lora_end_with_identical_weights(
     cfg = load_config(ArcoConfig, CONFIG, over)
     # μ's forwards took the shared-prefix trunk (the default) on both ranks, in bf16
     assert cfg.rubric.shared_prefix and "shared_prefix" not in " ".join(over)
-    train_set = load_qa(cfg.assets.train_file)
+    train_set = load_qa(cfg.assets.train)
     batches = [json.loads(line) for line in (tmp_path / "run" / "batches.jsonl").open()]
     assert batches == [
         {

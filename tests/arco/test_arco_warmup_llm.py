@@ -136,7 +136,7 @@ def teacher_server():
 def overrides(world: Path, out: Path, url: str) -> list[str]:
     return [
         f"assets.model={world / 'model'}",
-        f"assets.train_file={SAMPLE}",
+        f"assets.train={SAMPLE}",
         f"assets.teacher_endpoint={url}/player/v1",
         "assets.teacher_model=player",
         f"assets.annotator_endpoint={url}/annotator/v1",
@@ -321,7 +321,7 @@ def test_llm_teacher_without_endpoint_stops_before_any_model_loads(
             "warmup",
             "--config",
             str(CONFIG),
-            f"assets.train_file={SAMPLE}",
+            f"assets.train={SAMPLE}",
             "env.setting=distractor",
             "warmup.teacher=llm",
             "assets.teacher_endpoint=''",

@@ -28,15 +28,15 @@ def test_questions_keeps_the_rows_whose_metadata_matches_as_text(tmp_path):
     train = _write(tmp_path / "train.jsonl", [1, 3, 2, 3, 3])
     dev = _write(tmp_path / "dev.jsonl", [3, 1])
     assets = AssetsConfig(
-        train_file=str(train), dev_file=str(dev), train_where={"hops": ["3"]},
+        train=str(train), dev=str(dev), train_where={"hops": ["3"]},
         dev_where={"hops": [3], "type": ["bridge"]},
     )  # fmt: skip
     assert [q.id for q in assets.questions("train")] == ["train:q1", "train:q3", "train:q4"]
     assert [q.id for q in assets.questions("dev")] == ["dev:q0"]
-    assert len(AssetsConfig(train_file=str(train)).questions("train")) == 5  # no filter: all
-    # arco eval: each benchmark kept by eval_where; without eval_files, the dev set (dev_where)
+    assert len(AssetsConfig(train=str(train)).questions("train")) == 5  # no filter: all
+    # arco eval: each benchmark kept by eval_where; without assets.eval, the dev set (dev_where)
     assert {k: [q.id for q in v] for k, v in assets.benchmarks().items()} == {"dev": ["dev:q0"]}
-    both = AssetsConfig(eval_files={"a": str(train), "b": str(dev)}, eval_where={"hops": ["3"]})
+    both = AssetsConfig(eval={"a": str(train), "b": str(dev)}, eval_where={"hops": ["3"]})
     assert {k: len(v) for k, v in both.benchmarks().items()} == {"a": 3, "b": 1}
 
 
@@ -56,7 +56,7 @@ def test_the_long_setting_loads_with_its_filters_and_budget():
     cfg = load_config(ArcoConfig, ROOT / "arco" / "configs" / "tiny_long.yaml", [])
     kinds = {"relation": ["director_birth_country", "founder_birth_country"]}
     assert cfg.assets.train_where == cfg.assets.dev_where == cfg.assets.eval_where == kinds
-    assert "renamed1" in cfg.assets.train_file and "renamed1" in cfg.assets.corpus  # the world
+    assert "renamed1" in cfg.assets.train and "renamed1" in cfg.assets.corpus  # the world
     assert (
         cfg.assets.model
         == load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml", []).assets.model

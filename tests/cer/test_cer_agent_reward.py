@@ -202,7 +202,7 @@ def test_one_search_grpo_step_trains_with_it(tiny_world, tmp_path):
 
     run_dir = tmp_path / "run"
     over = [
-        f"world={tiny_world}", f"model={tiny_world / 'model'}", f"run_dir={run_dir}",
+        f"assets.world={tiny_world}", f"assets.model={tiny_world / 'model'}", f"run_dir={run_dir}",
         "steps=1", "questions_per_step=2", "n=4", "eval_every=0", "loss.micro_batch_size=4",
         "engine.backend=hf", "reward.fn=cer.rewards.search_agent:AgentCER",
     ]  # fmt: skip

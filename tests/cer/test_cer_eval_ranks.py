@@ -21,7 +21,7 @@ TINY = "cer/configs/tiny.yaml"
 def overrides(task: Path, out: Path) -> list[str]:
     return [
         f"assets.model={task / 'model'}",
-        f"assets.benchmarks.tiny_test={task / 'test.jsonl'}",
+        f"assets.eval.tiny_test={task / 'test.jsonl'}",
         f"run_dir={out}",
         f"eval.out={out / 'eval'}",
         "eval.k=2",

@@ -93,8 +93,8 @@ def test_rules_choose_the_verifier():
 @pytest.mark.parametrize("path", PAPER_CONFIGS, ids=lambda p: p.stem)
 def test_paper_configs_evaluate_all_six_benchmarks(path):
     cfg = load_config(CERConfig, path)
-    assert set(cfg.assets.benchmarks) == SIX  # whatever the training data
-    assert all(f"data/cer/{name}.jsonl" == p for name, p in cfg.assets.benchmarks.items())
+    assert set(cfg.assets.eval) == SIX  # whatever the training data
+    assert all(f"data/cer/{name}.jsonl" == p for name, p in cfg.assets.eval.items())
     assert all(f"{name}.jsonl" in cfg.assets.how_to_get for name in SIX)
     assert cfg.eval.k == 16 and cfg.eval.k_by_benchmark == {"mmlu_pro": 1, "supergpqa": 1}
     r = cfg.reward

@@ -48,7 +48,7 @@ def config(task: Path, run_dir: Path, *extra: str) -> CERConfig:
             f"assets.warmup={task / 'warmup.jsonl'}",
             f"assets.train={task / 'train.jsonl'}",
             f"assets.dev={task / 'dev.jsonl'}",
-            f"assets.benchmarks.tiny_test={task / 'test.jsonl'}",
+            f"assets.eval.tiny_test={task / 'test.jsonl'}",
             f"run_dir={run_dir}",
             "steps=3", "save_every=1", "keep_checkpoints=3", "eval_every=2", "eval_questions=2",
             "prompts_per_step=2", "group_size=4", "loss.micro_batch_size=8",

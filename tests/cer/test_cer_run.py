@@ -34,7 +34,7 @@ def tiny_config(root: Path, *overrides: str) -> CERConfig:
             f"assets.warmup={task / 'warmup.jsonl'}",
             f"assets.train={task / 'train.jsonl'}",
             f"assets.dev={task / 'dev.jsonl'}",
-            f"assets.benchmarks.tiny_test={task / 'test.jsonl'}",
+            f"assets.eval.tiny_test={task / 'test.jsonl'}",
             f"assets.model={root / 'warmup' / 'model'}",
             f"warmup.out={root / 'warmup'}",
             "warmup.steps=20",
@@ -207,7 +207,7 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
     # eval picks up the run's latest checkpoint and writes JSON + markdown
     cfg.eval.k, cfg.eval.max_tokens = 2, 24
     # a benchmark of its own sample count (the paper configs: one sample on multiple choice)
-    cfg.assets.benchmarks["tiny_one"] = cfg.assets.benchmarks["tiny_test"]
+    cfg.assets.eval["tiny_one"] = cfg.assets.eval["tiny_test"]
     cfg.eval.k_by_benchmark = {"tiny_one": 1}
     results = run_eval(cfg)
     assert "avg@1" in results["tiny_one"] and "avg@2" not in results["tiny_one"]
@@ -348,7 +348,7 @@ def test_frozen_scorer_keeps_the_initial_policy_and_grpo_advantages(tiny_root):
         "eval_questions=2",
         "max_response_tokens=24",
         "reward.frozen_scorer=true",
-        "advantage=grpo",
+        "reward.advantage=grpo",
     )
     torch.set_num_threads(1)
     train_cer(cfg)
@@ -392,11 +392,11 @@ def test_missing_assets_are_named_with_how_to_get(tmp_path):
         [f"assets.model={tmp_path / 'nope'}", f"assets.train={tmp_path / 'math.jsonl'}"],
     )
     with pytest.raises(MissingAssetError) as err:
-        check_assets(cfg.assets, ["model", "train", "benchmarks"])
+        check_assets(cfg.assets, ["model", "train", "eval"])
     text = str(err.value)
     assert f"assets.model = '{tmp_path / 'nope'}'" in text
     assert f"assets.train = '{tmp_path / 'math.jsonl'}'" in text
-    assert "assets.benchmarks.aime24" in text and "huggingface-cli download" in text
+    assert "assets.eval.aime24" in text and "huggingface-cli download" in text
 
 
 def test_cli_reports_a_missing_model_before_loading(tmp_path, capsys):
@@ -433,4 +433,4 @@ def test_every_config_loads(config):
         assert cfg.assets.model == (
             "Qwen/Qwen3-4B-Base" if "4b" in config.name else "Qwen/Qwen3-8B-Base"
         )
-    assert cfg.loss.aggregation == "seq_mean_token_sum" and cfg.advantage == "rloo"
+    assert cfg.loss.aggregation == "seq_mean_token_sum" and cfg.reward.advantage == "rloo"

@@ -60,7 +60,7 @@ def test_allzero_config_extends_tiny_and_keeps_only_the_hard_relations(tmp_path)
     )  # fmt: skip
     assert (cfg.n, cfg.questions_per_step, cfg.steps) == (tiny.n, tiny.questions_per_step, 30)
     qa = str(qa_file(tmp_path / "train.jsonl"))
-    cfg = load_config(EviBackConfig, ALLZERO, [f"assets.train_files={{tiny: {qa}}}"])
+    cfg = load_config(EviBackConfig, ALLZERO, [f"assets.train={{tiny: {qa}}}"])
     # of the eleven rows: the year and number bridges and the four comparisons; not the single
     # hop, the city bridge, the 3-hop bridges nor yes/no
     kept = ["tiny:b2y", "tiny:c2", "tiny:b2n", "tiny:c2c", "tiny:c2f", "tiny:c2o"]
@@ -69,7 +69,7 @@ def test_allzero_config_extends_tiny_and_keeps_only_the_hard_relations(tmp_path)
     dev = load_questions({"tiny": qa}, {}, 0, where=cfg.assets.dev_where, where_key="dev_where")
     assert [ex.id for ex in dev] == kept
     # the default keeps all eleven
-    plain = load_config(EviBackConfig, TINY, [f"assets.train_files={{tiny: {qa}}}"])
+    plain = load_config(EviBackConfig, TINY, [f"assets.train={{tiny: {qa}}}"])
     assert len(select_questions(plain.assets, "train", 0)) == 11
 
 

@@ -320,7 +320,7 @@ def test_ape_questions_come_from_every_source(tmp_path):
 
     files = flashrag_files(tmp_path)
     cfg = load_config(EviBackConfig, DEFAULT_CONFIG, [
-        f"assets.train_files={{{', '.join(f'{k}: {v}' for k, v in files.items())}}}",
+        f"assets.train={{{', '.join(f'{k}: {v}' for k, v in files.items())}}}",
         "ape.questions=8",
     ])  # fmt: skip
     got = ape_questions(cfg)

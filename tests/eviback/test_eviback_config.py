@@ -19,7 +19,7 @@ def test_paper_configs(scale):
     assert c.assets.model == f"Qwen/Qwen3-{scale.upper()}"
     assert (c.n, c.questions_per_step, c.steps, c.train.lr, c.agent.topk) == (8, 64, 79, 1e-6, 5)
     assert c.assets.train_quotas == {"nq": 2040, "hotpotqa": 1416, "musique": 897, "2wiki": 747}
-    assert sum(c.assets.eval_quotas.values()) == 3500 and len(c.assets.eval_files) == 7
+    assert sum(c.assets.eval_quotas.values()) == 3500 and len(c.assets.eval) == 7
     assert (c.teacher.beta, c.teacher.gamma, c.teacher.lam, c.teacher.top_m) == (0.1, 0.1, 0.1, 5)
     # the release's loop: no KL loss, token-mean, 12,000 + 4,096 tokens, 1,024 a turn, 10 turns
     # at evaluation, weight decay 0.01, teacher timeout 180 s, seed 42, its question selection
@@ -63,12 +63,12 @@ def test_tiny_config_is_offline():
 
 def test_missing_assets_are_named_with_how_to_get_them(tiny_world, tmp_path, capsys):
     w = tiny_world
-    base = [f"assets.model={w / 'model'}", f"assets.train_files={{t: {w / 'train.jsonl'}}}",
-            f"assets.dev_files={{t: {w / 'dev.jsonl'}}}", f"assets.corpus={w / 'corpus.jsonl'}",
+    base = [f"assets.model={w / 'model'}", f"assets.train={{t: {w / 'train.jsonl'}}}",
+            f"assets.dev={{t: {w / 'dev.jsonl'}}}", f"assets.corpus={w / 'corpus.jsonl'}",
             f"run_dir={tmp_path / 'run'}"]  # fmt: skip
     cases = {
         "assets.model=runs/nowhere/model": "python -m eviback warmup",
-        f"assets.train_files={{nq: {tmp_path / 'nq.jsonl'}}}": "assets.train_files.nq",
+        f"assets.train={{nq: {tmp_path / 'nq.jsonl'}}}": "assets.train.nq",
         f"assets.corpus={tmp_path / 'none'}": "wiki-18-e5-index",
         "teacher.backend=llm": "assets.teacher_endpoint",
         f"teacher.policy_file={tmp_path / 'p.yaml'}": "python -m eviback ape",
@@ -82,7 +82,7 @@ def test_missing_assets_are_named_with_how_to_get_them(tiny_world, tmp_path, cap
     from eviback.assets import load_questions
 
     with pytest.raises(ValueError, match="quota t=1000000 exceeds"):
-        load_questions(cfg.assets.train_files, cfg.assets.train_quotas, 0)
+        load_questions(cfg.assets.train, cfg.assets.train_quotas, 0)
 
 
 def test_teacher_prompts_pick_the_hand_written_policy():

@@ -18,16 +18,16 @@ def _cfg(tmp_path, **assets) -> EviBackConfig:
 
 
 def test_every_missing_asset_is_listed(tmp_path):
-    cfg = _cfg(tmp_path, train_files={"nq": "no/nq.jsonl", "hotpotqa": "no/hotpot.jsonl"},
-               dev_files={"nq": "no/dev.jsonl"}, corpus="no/wiki")  # fmt: skip
+    cfg = _cfg(tmp_path, train={"nq": "no/nq.jsonl", "hotpotqa": "no/hotpot.jsonl"},
+               dev={"nq": "no/dev.jsonl"}, corpus="no/wiki")  # fmt: skip
     with pytest.raises(FileNotFoundError) as err:
         cfg.check_assets(("model", "train", "dev", "retrieval"))
     lines = str(err.value).splitlines()
     assert lines[0] == "4 inputs missing:"
     assert lines[1:5] == [
-        "  - assets.train_files.nq: no/nq.jsonl not found",
-        "  - assets.train_files.hotpotqa: no/hotpot.jsonl not found",
-        "  - assets.dev_files.nq: no/dev.jsonl not found",
+        "  - assets.train.nq: no/nq.jsonl not found",
+        "  - assets.train.hotpotqa: no/hotpot.jsonl not found",
+        "  - assets.dev.nq: no/dev.jsonl not found",
         "  - assets.corpus: no/wiki is neither a corpus file nor an index folder",
     ]
     assert lines[5:] == ["To get them:", f"  - {HOW_TO_GET['qa']}", f"  - {HOW_TO_GET['corpus']}"]
@@ -36,11 +36,11 @@ def test_every_missing_asset_is_listed(tmp_path):
 def test_one_missing_asset_keeps_its_message(tmp_path):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("")
-    cfg = _cfg(tmp_path, train_files={"nq": "no/nq.jsonl"}, dev_files={"nq": str(corpus)},
+    cfg = _cfg(tmp_path, train={"nq": "no/nq.jsonl"}, dev={"nq": str(corpus)},
                corpus=str(corpus))  # fmt: skip
-    with pytest.raises(FileNotFoundError, match="^assets.train_files.nq: no/nq.jsonl not found. "
+    with pytest.raises(FileNotFoundError, match="^assets.train.nq: no/nq.jsonl not found. "
                        "To get it: the tiny world"):  # fmt: skip
         cfg.check_assets()
-    cfg.assets.train_files = {}
-    with pytest.raises(ValueError, match="^assets.train_files is empty"):
+    cfg.assets.train = {}
+    with pytest.raises(ValueError, match="^assets.train is empty"):
         cfg.check_assets()

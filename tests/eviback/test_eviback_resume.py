@@ -24,8 +24,8 @@ def overrides(world: Path, run_dir: Path, *extra: str) -> list[str]:
     """3 steps of 2 questions x 2 rollouts, a checkpoint after each, dev (2 questions) at 0, 2, 3."""
     return [
         f"assets.model={world / 'model'}",
-        f"assets.train_files={{tiny: {world / 'train.jsonl'}}}",
-        f"assets.dev_files={{tiny: {world / 'dev.jsonl'}}}",
+        f"assets.train={{tiny: {world / 'train.jsonl'}}}",
+        f"assets.dev={{tiny: {world / 'dev.jsonl'}}}",
         f"assets.corpus={world / 'corpus.jsonl'}",
         f"run_dir={run_dir}",
         "steps=3", "save_every=1", "keep_checkpoints=3", "eval_every=2", "eval_questions=2",

@@ -73,8 +73,8 @@ def test_quota_over_the_distinct_answerable_questions_is_an_error(qa_file):
 
 def test_select_questions_uses_each_sets_seed(qa_file):
     cfg = load_config(EviBackConfig, None, [
-        f"assets.train_files={{nq: {qa_file}}}", "assets.train_quotas={nq: 2}",
-        f"assets.eval_files={{nq: {qa_file}}}", "assets.eval_quotas={nq: 2}",
+        f"assets.train={{nq: {qa_file}}}", "assets.train_quotas={nq: 2}",
+        f"assets.eval={{nq: {qa_file}}}", "assets.eval_quotas={nq: 2}",
     ])  # fmt: skip
     assert (cfg.assets.selection, cfg.assets.train_selection_seed) == ("sha256", 26041755)
     train = [ex.id for ex in select_questions(cfg.assets, "train", seed=0)]

@@ -31,10 +31,10 @@ def warm(tiny_world, tmp_path_factory):
 def overrides(world, model, run_dir, *extra: str) -> list[str]:
     return [
         f"assets.model={model}",
-        f"assets.train_files={{tiny: {world / 'train.jsonl'}}}",
-        f"assets.dev_files={{tiny: {world / 'dev.jsonl'}}}",
+        f"assets.train={{tiny: {world / 'train.jsonl'}}}",
+        f"assets.dev={{tiny: {world / 'dev.jsonl'}}}",
         # mappings merge with tiny.yaml's: give both of its benchmarks
-        f"assets.eval_files={{tiny_dev: {world / 'dev.jsonl'}, tiny_test: {world / 'test.jsonl'}}}",
+        f"assets.eval={{tiny_dev: {world / 'dev.jsonl'}, tiny_test: {world / 'test.jsonl'}}}",
         "assets.eval_quotas={tiny_dev: 3, tiny_test: 3}",
         f"assets.corpus={world / 'corpus.jsonl'}",
         f"run_dir={run_dir}",

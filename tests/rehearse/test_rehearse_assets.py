@@ -52,21 +52,21 @@ def test_eviback_configs(name, tmp_path):
     path = f"eviback/configs/{name}.yaml"
     overrides = eviback_data(loaded(EviBackConfig, path), tmp_path, ROWS)
     sources = {
-        "train_files": ["nq", "hotpotqa", "musique", "2wiki"],
-        "dev_files": ["hotpotqa", "nq"],
-        "eval_files": ["nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle"],
+        "train": ["nq", "hotpotqa", "musique", "2wiki"],
+        "dev": ["hotpotqa", "nq"],
+        "eval": ["nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle"],
     }
     assert set(overrides) == {f"assets.{g}.{s}" for g, ss in sources.items() for s in ss}
     a = overridden(EviBackConfig, path, overrides).assets
-    for group in ("train_files", "eval_files"):
+    for group in ("train", "eval"):
         files = getattr(a, group)
         # the release's draw: dedup by normalised question, SHA-256 rank; all 8 are distinct
         examples = load_questions(files, dict.fromkeys(files, ROWS), 42, "sha256", a.release_names)
         assert len(examples) == ROWS * len(files)
         assert all(set(ex.golden_answers) <= {*QA_ANSWERS, "Paris, France"} for ex in examples)
-    hotpot = load_qa(a.train_files["hotpotqa"], source="hotpotqa")
+    hotpot = load_qa(a.train["hotpotqa"], source="hotpotqa")
     assert all(ex.metadata["supporting_titles"] for ex in hotpot)  # the oracle's labels
-    musique = load_qa(a.train_files["musique"], source="musique")
+    musique = load_qa(a.train["musique"], source="musique")
     assert musique[0].golden_answers == ["Paris", "Paris, France"]
 
 
@@ -86,7 +86,7 @@ def test_cer_configs(name, train_layout, dev_choice, tmp_path):
     assert set(overrides) == {
         "assets.train",
         "assets.dev",
-        *(f"assets.benchmarks.{b}" for b in benches),
+        *(f"assets.eval.{b}" for b in benches),
     }
     a = overridden(CERConfig, path, overrides).assets
     train = load_math_examples(a.train, a.train_format).examples
@@ -97,7 +97,7 @@ def test_cer_configs(name, train_layout, dev_choice, tmp_path):
     assert {ex.answer for ex in train} <= set(MATH_ANSWERS)
     dev = load_math_examples(a.dev).examples
     assert {ex.answer for ex in dev} <= set(CHOICE_ANSWERS if dev_choice else MATH_ANSWERS)
-    for bench, file in a.benchmarks.items():
+    for bench, file in a.eval.items():
         examples = load_math_examples(file).examples
         choice = bench in ("mmlu_pro", "supergpqa")
         assert len(examples) == ROWS, bench
@@ -113,11 +113,11 @@ def test_cer_configs(name, train_layout, dev_choice, tmp_path):
 def test_arco_configs(model, data, suffix, tmp_path):
     path = f"arco/configs/{model}_{data}.yaml"
     overrides = arco_data(loaded(ArcoConfig, path), tmp_path, ROWS)
-    assert set(overrides) == {"assets.train_file", "assets.dev_file", f"assets.eval_files.{data}"}
+    assert set(overrides) == {"assets.train", "assets.dev", f"assets.eval.{data}"}
     assert all(p.endswith(suffix) for p in overrides.values())
     cfg = overridden(ArcoConfig, path, overrides)
-    cfg.check_assets(("train_file", "dev_file", "eval"))
-    for file in (cfg.assets.train_file, cfg.assets.dev_file, *cfg.assets.eval_files.values()):
+    cfg.check_assets(("train", "dev", "eval"))
+    for file in (cfg.assets.train, cfg.assets.dev, *cfg.assets.eval.values()):
         examples = load_qa(file)
         assert len(examples) == ROWS and len({ex.id for ex in examples}) == ROWS
         for ex in examples:
@@ -131,16 +131,14 @@ def test_arco_configs(model, data, suffix, tmp_path):
 
 
 def test_unknown_keys_are_named(tmp_path):
-    with pytest.raises(AssetsError, match=r"assets\.train_files\.squad: no stand-in FlashRAG"):
-        eviback_data({"assets": {"train_files": {"squad": "x.jsonl"}}}, tmp_path, 2)
+    with pytest.raises(AssetsError, match=r"assets\.train\.squad: no stand-in FlashRAG"):
+        eviback_data({"assets": {"train": {"squad": "x.jsonl"}}}, tmp_path, 2)
     with pytest.raises(AssetsError, match=r"assets\.extra_file is not a key"):
         arco_data({"assets": {"extra_file": "x.json"}}, tmp_path, 2)
-    with pytest.raises(
-        AssetsError, match=r"assets\.benchmarks\.gsm8k: cannot tell the data layout"
-    ):
-        cer_data({"assets": {"benchmarks": {"gsm8k": "data/gsm8k.jsonl"}}}, tmp_path, 2)
-    with pytest.raises(AssetsError, match=r"assets\.eval_files\.nq: cannot tell"):
-        arco_data({"assets": {"eval_files": {"nq": "data/nq.json"}}}, tmp_path, 2)
+    with pytest.raises(AssetsError, match=r"assets\.eval\.gsm8k: cannot tell the data layout"):
+        cer_data({"assets": {"eval": {"gsm8k": "data/gsm8k.jsonl"}}}, tmp_path, 2)
+    with pytest.raises(AssetsError, match=r"assets\.eval\.nq: cannot tell"):
+        arco_data({"assets": {"eval": {"nq": "data/nq.json"}}}, tmp_path, 2)
     with pytest.raises(AssetsError, match="still names defaults"):
         eviback_data({"defaults": "base.yaml", "assets": {}}, tmp_path, 2)
 
@@ -166,9 +164,7 @@ def test_corpus_and_config_corpus_key(tmp_path):
     text = " ".join(d.text for d in docs)
     assert all(a in text for a in QA_ANSWERS)
     assert [d.title for d in docs[:2]] == ["Evan Morris", "Horatio Hale"]
-    overrides = arco_data(
-        {"assets": {"corpus": "c.jsonl", "train_file": "hotpot.json"}}, tmp_path, 2
-    )
+    overrides = arco_data({"assets": {"corpus": "c.jsonl", "train": "hotpot.json"}}, tmp_path, 2)
     assert read_corpus(overrides["assets.corpus"]) == docs
 
 

@@ -103,7 +103,7 @@ def test_cross_method_targets_run_the_experiments_modules(target, marker):
     assert not any(" -m common.demo" in x for x in lines)
 
 
-def test_the_issue_26_settings_build_their_own_warmups():
+def test_the_hard_settings_build_their_own_warmups():
     def text(target: str) -> str:  # continuation lines joined
         return " ".join(x.rstrip("\\").strip() for x in dry_run("-B", target))
 

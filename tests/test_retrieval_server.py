@@ -193,8 +193,8 @@ def test_warm_up_query_uses_words_of_the_corpus(corpus, tiny_world):
     assert retriever.search(["warm up"], 1) == [[]]
 
 
-def test_readme_curl_example_works_on_the_seed_0_world(tiny_world, threaded_server):
-    readme = (ROOT / "README.md").read_text()
+def test_docs_curl_example_works_on_the_seed_0_world(tiny_world, threaded_server):
+    readme = (ROOT / "docs" / "retrieval.md").read_text()
     [(header, body)] = re.findall(r"curl -s \S+/retrieve -H '([^']*)' -d '([^']*)'", readme)
     assert "--corpus runs/tinyworld/seed0/corpus.jsonl" in readme
     url = threaded_server(BM25Retriever.from_corpus(tiny_world / "corpus.jsonl", backend="numpy"))

@@ -51,7 +51,7 @@ from arco.rubrics import (
 )
 from arco.step_tokens import arco_token_metrics
 from arco.steps import Episode, episode_from_trajectory
-from common.batches import BatchLog, check_micro_batches, data_world_size, per_rank, rank_slice
+from common.batches import check_micro_batches, data_world_size, per_rank, rank_slice
 from common.config import ConfigError
 from common.rewards import (
     RewardContext,
@@ -65,26 +65,20 @@ from common.rl_loop import (
     all_ranks_mean,
     dev_results_path,
     em_rewards,
-    end_of_step,
     evaluate,
     group_shares,
     identical_group_share,
-    logged_evals,
-    plot_curve,
     rollout_metrics,
 )
 from common.rollout import HFEngine, Trajectory, run_agent
 from common.rollout.batch import collate, padding_id
+from common.run import Run, StepRecord
 from common.train import (
-    MetricsLogger,
     TrainEngine,
-    load_checkpoint,
-    progress,
 )
 from common.train.engine import eval_mode
 from common.train.gpu_memory import phase_memory
 from common.train.memory_plan import announce_plan
-from common.train.run_folder import open_run_folder
 
 
 def build_engine(cfg: ArcoConfig, model: ArcoModel, tokenizer, seed: int):
@@ -111,7 +105,7 @@ def build_engine(cfg: ArcoConfig, model: ArcoModel, tokenizer, seed: int):
 
 class EngineNap:
     """A vLLM engine asleep while the training engine updates (``engine.sleep_during_update``,
-    as ``common.rl_loop.update_and_push``): ``sleep()`` before the update, and ``push_adapters``
+    as ``common.run.Run.update_and_push``): ``sleep()`` before the update, and ``push_adapters``
     wakes it before the new adapters go in. Idle on an HF engine (it is the training model)."""
 
     def __init__(self, cfg: ArcoConfig, engine):
@@ -664,8 +658,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
         meta = read_meta(cfg.warmup_dir)
         warm = SimpleNamespace(k=int(meta["k"]), rubric_meta=meta.get("rubric"))
         check_rubric_matches(cfg, warm, cfg.warmup_dir)
-    run_dir = Path(cfg.run_dir)
-    folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # lock, settings check
+    run = Run("arco", cfg)  # the run folder: lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
     announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
@@ -682,47 +675,23 @@ def train_arco(cfg: ArcoConfig) -> dict:
         model.freeze_rubric()
     lrs = {"policy": rl.pi_lr_sparse, "rubric": rl.mu_lr, "head": rl.head_lr}
     train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))
-    if train.is_main:
-        (run_dir / "samples").mkdir(parents=True, exist_ok=True)
     retriever, agent_cfg = build_environment(
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
     nap = EngineNap(cfg, engine)
     push_adapters(engine, model)
-    folder.begin()  # every load-time check passed: record the settings, trim the log
-    logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
-    evals: list[dict] = []
 
-    def run_eval(step: int) -> None:
-        m = evaluate(
-            engine,
-            tokenizer,
-            retriever,
-            dev_set,
-            agent_cfg,
-            train.rank,
-            train.world_size,
-            "policy",
-            results_path=dev_results_path(run_dir, step),
+    def dev_eval(step: int) -> dict[str, float]:
+        results = dev_results_path(run.dir, step)
+        rank, world = train.rank, train.world_size
+        return evaluate(
+            engine, tokenizer, retriever, dev_set, agent_cfg, rank, world, "policy", results
         )
-        evals.append({"step": step, **m})
-        if logger:
-            logger.log(step, {f"dev/{k}": v for k, v in m.items()})
-            print(f"[arco] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
 
-    start = 1
-    latest = folder.checkpoint
-    if latest is not None:
-        start = load_checkpoint(train, latest)["step"] + 1
-        push_adapters(engine, model)
-        evals.extend(logged_evals(run_dir / "metrics.jsonl", before=start))
-        if train.is_main:
-            print(f"[arco] resumed from {latest} at step {start}", flush=True)
-    elif cfg.eval_every:  # 0: no dev evaluation
-        run_eval(0)
-    batch_log = BatchLog(run_dir, start, train.is_main)
-    for step in progress(range(start, cfg.steps + 1), desc="arco", total=cfg.steps - start + 1):
+    def arco_step(step: int) -> StepRecord:
+        """π's rollouts -> μ's criteria and step scores -> sparse or dense advantages -> one
+        optimizer step on L_π + L_μ -> both adapters pushed (the module docstring's box)."""
         dense = step > rl.sparse_steps
         late = step > rl.pi_switch_step  # π's dense-phase lr and KL (outcome-only: ARCO's switch)
         train.set_group_lr("policy", rl.pi_lr_dense if late else rl.pi_lr_sparse)
@@ -787,7 +756,6 @@ def train_arco(cfg: ArcoConfig) -> dict:
         timings["push"] = time.perf_counter() - t0
         upd = {**mu_stats, **upd, **memory, **phase_memory("push")}
         timings["step"] = time.perf_counter() - t_step
-        batch_log.write(step, [q.id for q in qs], len(trajs))
         metrics = {
             "phase_dense": float(dense),
             "pi_late_schedule": float(late),
@@ -802,29 +770,15 @@ def train_arco(cfg: ArcoConfig) -> dict:
             ),
             **{f"time/{k}": v for k, v in timings.items()},
         }
-        metrics = all_ranks_mean(metrics, len(trajs))
-        if logger:
-            logger.log(step, metrics)
-            write_samples(
-                run_dir / "samples" / f"step_{step:05d}.json",
-                episodes,
-                items,
-                step_adv,
-                cfg.samples_per_step,
-                scores if step_scorer is not None else None,
-            )
-        end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
-    if logger:
-        logger.close()
-        if evals:
-            plot_curve(evals, run_dir / "dev_curve.png")
-    if not evals and cfg.eval_every:  # resumed at the end: evaluate once
-        run_eval(cfg.steps)
-    folder.close()
-    return {
-        "before": evals[0] if evals else None,
-        "after": evals[-1] if evals else None,
-        "evals": evals,
-        "run_dir": str(run_dir),
-        "model": train.model,
-    }
+        theirs = scores if step_scorer is not None else None
+        return StepRecord(
+            all_ranks_mean(metrics, len(trajs)),
+            [q.id for q in qs],
+            len(trajs),
+            lambda path: write_samples(
+                path, episodes, items, step_adv, cfg.samples_per_step, theirs
+            ),
+        )
+
+    run.begin(train, tokenizer, engine, dev_eval, push=lambda: push_adapters(engine, model))
+    return run.fit(arco_step)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -45,34 +44,26 @@ from cer.rewards.scoring import ScoreFn, hf_prefix_scorer, ignoring_alternatives
 from cer.rewards.scoring_tokens import counting_scorer
 from cer.rewards.verifree import verifree_batch
 from cer.rollout import sample_groups, step_sampling
-from common.batches import BatchLog, group_grad_accum, rank_questions
+from common.batches import group_grad_accum, rank_questions
 from common.rewards import RewardContext, Rewards, grpo, rloo
 from common.rl_loop import (
     all_ranks_mean,
     build_engine,
     dev_results_path,
-    end_of_step,
     gather_in_order,
     identical_group_share,
-    update_and_push,
     write_jsonl_atomic,
 )
 from common.rollout import HFEngine
-from common.rollout.batch import padding_id
 from common.rollout.engine import SamplingConfig
+from common.run import Run, StepRecord
 from common.token_counts import rollout_token_metrics
 from common.train import (
-    MetricsLogger,
     TrainEngine,
-    iter_named_weights,
-    load_checkpoint,
     load_for_training,
-    progress,
-    read_metrics,
 )
 from common.train.distributed import init_distributed
 from common.train.memory_plan import announce_plan
-from common.train.run_folder import open_run_folder
 
 ALL_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
 SIGNAL_TYPES = (*ALL_TYPES, REF_PROB)  # reward.signal: every type and pi(a*|s) on every group
@@ -143,7 +134,6 @@ def train_cer(cfg: CERConfig) -> dict:
     train_cfg.seed = cfg.seed
     train_cfg.total_steps = cfg.steps
     init_distributed()
-    run_dir = Path(cfg.run_dir)
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     # the data (prompt lengths need the tokenizer) before the run folder opens and any model loads
     a = cfg.assets
@@ -152,8 +142,7 @@ def train_cer(cfg: CERConfig) -> dict:
     )
     dev_set, dev_prompts = load_problems(a.dev, tokenizer, cfg.max_prompt_tokens)
     dev_set, dev_prompts = dev_set[: cfg.eval_questions], dev_prompts[: cfg.eval_questions]
-    # resume: continue after run_dir's latest complete checkpoint (none: start at step 0)
-    folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # recorded at begin()
+    run = Run("cer", cfg)  # the run folder: lock, settings check
     whole = cfg.reward.frozen_scorer or cfg.loss.kl_coef > 0  # copied whole below
     announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
     model = load_for_training(cfg.assets.model, train_cfg, partition=not whole)
@@ -163,8 +152,6 @@ def train_cer(cfg: CERConfig) -> dict:
     train = TrainEngine(model, train_cfg, reference=cfg.loss.kl_coef > 0)
     if frozen is not None:
         frozen.to(train.device)
-    if train.is_main:
-        (run_dir / "samples").mkdir(exist_ok=True)
     engine = build_engine(
         cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
     )
@@ -191,21 +178,12 @@ def train_cer(cfg: CERConfig) -> dict:
     dev_verifier = "+".join(sorted({verifier_name(ex, rules_of(cfg)) for ex in dev_set}))
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
-    folder.begin()  # every load-time check passed: record the settings, trim the log
-    if train.is_main and not cfg.resume and (run_dir / "checkpoints").is_dir():
-        # this start replaces the run: a later resume must not continue the earlier one
-        shutil.rmtree(run_dir / "checkpoints")
-        print(
-            f"[cer] resume=false: removed the earlier run's {run_dir / 'checkpoints'}", flush=True
-        )
-    logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
-    evals: list[dict] = []
     reward_rules = (cfg.reward.m_selection, rules_of(cfg))
     reward_fn, reward_name = cfg.reward.reward_fn(), cfg.reward.fn or cfg.reward.type
     # VeriFree as published trains the reference tokens too: only for its own reward
     verifree = isinstance(reward_fn, GroupReward) and reward_fn.type == "verifree"
 
-    def run_eval(step: int) -> None:
+    def dev_eval(step: int) -> dict[str, float]:
         shard = slice(train.rank, None, train.world_size)
         greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=cfg.max_response_tokens)
         m, rows = evaluate_problems(
@@ -216,31 +194,17 @@ def train_cer(cfg: CERConfig) -> dict:
         # Every rank's rows, in dev order (a collective: every rank calls it).
         results = gather_in_order(problem_results(rows), train.world_size)
         if train.is_main:
-            write_jsonl_atomic(dev_results_path(run_dir, step), results)
-        evals.append({"step": step, **m})
-        if logger:
-            logger.log(step, {f"dev/{k}": v for k, v in m.items()})
-            print(
-                f"[cer] step {step}: dev accuracy ({dev_verifier}) {m['accuracy']:.3f} "
-                f"(exact {m['exact_accuracy']:.3f}, boxed {m['boxed_rate']:.3f})",
-                flush=True,
-            )
+            write_jsonl_atomic(dev_results_path(run.dir, step), results)
+        return m
 
-    start = 1
-    if folder.checkpoint is not None:
-        # weights, optimizer, schedule, RNGs; the prompts and their sampling seeds are a
-        # function of (seed, step)
-        start = load_checkpoint(train, folder.checkpoint)["step"] + 1
-        if cfg.engine.backend == "vllm":  # the HF engine generates with train.model itself
-            engine.push_weights(iter_named_weights(train))
-        evals.extend(logged_dev_evals(run_dir / "metrics.jsonl", before=start))
-        if train.is_main:
-            print(f"[cer] resumed from {folder.checkpoint} at step {start}", flush=True)
-    elif cfg.eval_every:  # 0: no dev evaluation
-        run_eval(0)
-    batch_log = BatchLog(run_dir, start, train.is_main)
-    steps = range(start, cfg.steps + 1)
-    for step in progress(steps, desc=f"cer[{reward_name}]", total=len(steps)):
+    def accuracy_line(m: dict[str, float]) -> str:
+        return (
+            f"dev accuracy ({dev_verifier}) {m['accuracy']:.3f} "
+            f"(exact {m['exact_accuracy']:.3f}, boxed {m['boxed_rate']:.3f})"
+        )
+
+    def cer_step(step: int) -> StepRecord:
+        """B prompts x G samples -> reward by type -> RLOO advantages -> clipped update."""
         t_step = time.perf_counter()
         # this rank's contiguous share of the one-rank batch: a function of (seed, step)
         idx = rank_questions(step, train.rank, train.world_size, order, cfg.prompts_per_step)
@@ -291,18 +255,8 @@ def train_cer(cfg: CERConfig) -> dict:
         if verifree and cfg.reward.verifree_likelihood:
             # the reference replaces the answer and is trained too
             trained, trained_adv = verifree_batch(groups, reward, adv, tokenizer)
-        upd = update_and_push(
-            train,
-            engine,
-            trained,
-            trained_adv,
-            cfg.loss,
-            cfg.engine,
-            padding_id(tokenizer),
-            timings,
-        )
+        upd = run.update_and_push(trained, trained_adv, timings)
         timings["step"] = time.perf_counter() - t_step
-        batch_log.write(step, [train_set[i].id for i in idx], len(trained))
         per_group = reward.view(-1, cfg.group_size)
         metrics = {
             "reward": reward.mean().item(),
@@ -327,39 +281,21 @@ def train_cer(cfg: CERConfig) -> dict:
         if cfg.reward.signal:  # every rank's samples, pooled (a collective)
             signal = step_signal(rewards, ref_prob, trajs, cfg.reward.advantage, train.world_size)
             metrics.update(signal or {})
-        if logger:
-            logger.log(step, metrics)
-            write_samples(
-                run_dir / "samples" / f"step_{step:05d}.json",
-                shown,
-                shown_rewards,
-                shown_stats,
-                adv,
-                tokenizer,
-            )
-        end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
-    if not evals and cfg.eval_every:  # resumed after the last step, no evaluation logged
-        run_eval(cfg.steps)
-    if logger:
-        logger.close()
-        if evals:
-            plot_curve(evals, run_dir / "dev_curve.png", reward_name)
-        (run_dir / "dev_evals.json").write_text(json.dumps(evals, indent=1))
-    folder.close()
-    before, after = (evals[0], evals[-1]) if evals else (None, None)
-    return {"before": before, "after": after, "evals": evals, "run_dir": str(run_dir)}
+        return StepRecord(
+            metrics,
+            [train_set[i].id for i in idx],
+            len(trained),
+            lambda path: write_samples(path, shown, shown_rewards, shown_stats, adv, tokenizer),
+        )
 
+    def plot(evals: list[dict], path: Path) -> Path:
+        return plot_curve(evals, path, reward_name)
 
-def logged_dev_evals(path: Path, before: int) -> list[dict]:
-    """The dev evaluations (``dev/accuracy`` rows, prefix dropped) an earlier start of the run
-    logged before step ``before``: a resumed run's curve and result keep them."""
-    if not path.exists():
-        return []
-    return [
-        {"step": r["step"], **{k[4:]: v for k, v in r.items() if k.startswith("dev/")}}
-        for r in read_metrics(path)
-        if "dev/accuracy" in r and r["step"] < before
-    ]
+    run.begin(train, tokenizer, engine, dev_eval, describe=accuracy_line, plot=plot)
+    out = run.fit(cer_step, desc=f"cer[{reward_name}]")
+    if train.is_main:
+        (run.dir / "dev_evals.json").write_text(json.dumps(out["evals"], indent=1))
+    return out
 
 
 def write_samples(

@@ -1,17 +1,15 @@
-"""The building blocks of the RL loops: the engine, the clipped update and weight push, rollout
-metrics, evaluation, the evaluation/checkpoint schedule, samples and curves.
+"""The building blocks of the RL loops: the engine, the clipped update, rollout metrics,
+evaluation, samples and curves.
 
-``common/search_grpo.py`` (the reference GRPO loop) and the method trainers (``cer``, ``eviback``,
-``arco``) are thin loops over these pieces.
+``common/run.py`` (the run frame: folder, schedule, resume, checkpoints) and the step functions
+of ``common/search_grpo.py`` (the reference GRPO loop) and the method trainers (``cer``,
+``eviback``, ``arco``) are built from these pieces.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -29,9 +27,8 @@ from common.rollout import AgentConfig, HFEngine, Trajectory, run_agent
 from common.rollout.batch import collate
 from common.run_config import EngineConfig, LossConfig, RunLoopConfig  # noqa: F401
 from common.token_counts import SUMMED_PREFIXES
-from common.train import TrainEngine, iter_named_weights, read_metrics, save_checkpoint
+from common.train import TrainEngine, read_metrics
 from common.train.distributed import all_reduce_values, is_multi_rank
-from common.train.gpu_memory import phase_memory
 
 
 def build_engine(
@@ -193,54 +190,6 @@ def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
     return {k: t[i] / (1 if summed[i] else t[-1]) for i, k in enumerate(keys)}
 
 
-def update_and_push(
-    train: TrainEngine,
-    engine,
-    trajs: list[Trajectory],
-    advantages: torch.Tensor | list[list[float]],
-    loss: LossConfig,
-    engine_cfg: EngineConfig,
-    pad_id: int,
-    timings: dict[str, float],
-) -> dict[str, float]:
-    """``policy_update``, then the new weights into a vLLM engine (asleep during the update when
-    ``engine_cfg.sleep_during_update``; an HF engine shares the model). Adds ``update`` and
-    ``push`` seconds to ``timings``; returns the update's statistics and, on a GPU, the memory of
-    each phase (``common.train.gpu_memory``)."""
-    vllm = engine_cfg.backend == "vllm"
-    memory = phase_memory("rollout")  # generation and reward, since the last step's push
-    if vllm and engine_cfg.sleep_during_update and not engine.asleep:
-        engine.sleep()  # (CER puts it to sleep before its reward already)
-    t0 = time.perf_counter()
-    stats = policy_update(train, trajs, advantages, loss, pad_id)
-    timings["update"] = time.perf_counter() - t0
-    memory |= phase_memory("update")
-    t0 = time.perf_counter()
-    if vllm:  # an engine asleep is woken by the push, in TRL's order
-        engine.push_weights(iter_named_weights(train))
-    timings["push"] = time.perf_counter() - t0
-    return stats | memory | phase_memory("push")
-
-
-def end_of_step(
-    step: int, cfg: Any, train: TrainEngine, run_dir: Path, tokenizer, run_eval: Callable
-) -> None:
-    """The RL loops' schedule after step ``step``: ``run_eval(step)`` every ``cfg.eval_every``
-    steps and at the last one (``eval_every=0``: never); a checkpoint every ``cfg.save_every``
-    steps (0: none) and at the last one, keeping ``cfg.keep_checkpoints``."""
-    if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps):
-        run_eval(step)
-    if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-        save_checkpoint(
-            train,
-            run_dir,
-            step,
-            {"step": step, "seed": cfg.seed},
-            keep_last=cfg.keep_checkpoints,
-            tokenizer=tokenizer,
-        )
-
-
 def result_line(out: dict) -> str:
     """A trainer's summary: ``dev EM 0.100 -> 0.200, F1 ...; run_dir``, or that it had no dev
     evaluation (``eval_every=0``)."""
@@ -322,14 +271,19 @@ def dev_results_path(run_dir: Path, step: int) -> Path:
 
 
 def logged_evals(path: Path, before: int) -> list[dict]:
-    """Evaluations an earlier, interrupted run logged before step ``before``."""
+    """Evaluations (``dev/*`` rows, prefix dropped) an earlier, interrupted start of the run
+    logged before step ``before``: a resumed run's curve and result keep them."""
     if not path.exists():
         return []
-    rows = [r for r in read_metrics(path) if "dev/em" in r and r["step"] < before]
+    rows = [r for r in read_metrics(path) if r["step"] < before and any(map(is_dev, r))]
     return [
         {"step": r["step"], **{k[4:]: v for k, v in r.items() if k.startswith("dev/")}}
         for r in rows
     ]
+
+
+def is_dev(key: str) -> bool:
+    return key.startswith("dev/")
 
 
 def write_samples(path: Path, trajs: list[Trajectory], rewards: torch.Tensor, tokenizer) -> None:

@@ -3,8 +3,9 @@
     questions -> agent rollouts (vLLM) -> reward (EM) -> advantages (GRPO) -> clipped update
               -> weights pushed into the engine -> next rollouts
 
-It is one thin loop over ``common.rl_loop``, as the method trainers are; the reward and the
-estimator come from the config (``reward.fn``, ``reward.advantage``: ``common.rewards``). Run it with
+It is one step function in the run frame (``common.run``), as the method trainers are; the
+reward and the estimator come from the config (``reward.fn``, ``reward.advantage``:
+``common.rewards``). Run it with
 ``python -m common.search_grpo --config common/configs/grpo_tiny.yaml [key=value ...]``.
 """
 
@@ -13,9 +14,8 @@ from __future__ import annotations
 import random
 import sys
 import time
-from pathlib import Path
 
-from common.batches import BatchLog, group_grad_accum, rank_questions
+from common.batches import group_grad_accum, rank_questions
 from common.config import ConfigError, load_config
 from common.data import DataError, load_qa
 from common.grpo_config import GRPOAssetsConfig, GRPOConfig, GRPORewardConfig  # noqa: F401
@@ -32,30 +32,18 @@ from common.rl_loop import (
     all_ranks_mean,
     build_engine,
     dev_results_path,
-    end_of_step,
     evaluate,
     group_shares,
     identical_group_share,
-    logged_evals,
-    plot_curve,
     result_line,
     rollout_metrics,
-    update_and_push,
     write_samples,
 )
 from common.rollout import run_agent
-from common.rollout.batch import padding_id
+from common.run import Run, StepRecord
 from common.token_counts import rollout_token_metrics
-from common.train import (
-    MetricsLogger,
-    TrainEngine,
-    iter_named_weights,
-    load_checkpoint,
-    load_for_training,
-    progress,
-)
+from common.train import TrainEngine, load_for_training
 from common.train.memory_plan import announce_plan
-from common.train.run_folder import open_run_folder
 
 
 def train_grpo(cfg: GRPOConfig) -> dict:
@@ -72,14 +60,11 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     train_set = load_qa(cfg.path("train"))
     dev_set = load_qa(cfg.path("dev"))[: cfg.eval_questions]
     cfg.train.seed = cfg.seed
-    run_dir = Path(cfg.run_dir)
-    folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # lock, settings check
+    run = Run("grpo", cfg)  # the run folder: lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.path("model"))
     announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
     model = load_for_training(cfg.path("model"), cfg.train, partition=cfg.loss.kl_coef == 0)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
-    if train.is_main:
-        (run_dir / "samples").mkdir(exist_ok=True)
     engine = build_engine(
         cfg.engine, cfg.path("model"), train.model, tokenizer, cfg.seed + train.rank
     )
@@ -91,44 +76,19 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     rng = random.Random(cfg.seed)
     order = list(range(len(train_set)))
     rng.shuffle(order)
-    pad_id = padding_id(tokenizer)
     reward_fn, estimator = cfg.reward.reward_fn(), cfg.reward.estimator()
     step_scorer = cfg.reward.scorer()
     by_id = {q.id: q for q in train_set}  # a step scorer's ctx.extra['examples']
-    folder.begin()  # every load-time check passed: record the settings, trim the log
-    logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
-    evals = []
 
-    def run_eval(step: int) -> None:
-        m = evaluate(
-            engine,
-            tokenizer,
-            retriever,
-            dev_set,
-            cfg.agent,
-            train.rank,
-            train.world_size,
-            results_path=dev_results_path(run_dir, step),
+    def dev_eval(step: int) -> dict[str, float]:
+        results = dev_results_path(run.dir, step)
+        rank, world = train.rank, train.world_size
+        return evaluate(
+            engine, tokenizer, retriever, dev_set, cfg.agent, rank, world, results_path=results
         )
-        evals.append({"step": step, **m})
-        if logger:
-            logger.log(step, {f"dev/{k}": v for k, v in m.items()})
-            print(f"[grpo] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
 
-    start = 1
-    latest = folder.checkpoint
-    if latest is not None:
-        # the data order is a function of (seed, step), so the step is the data position
-        start = load_checkpoint(train, latest)["step"] + 1
-        if cfg.engine.backend == "vllm":
-            engine.push_weights(iter_named_weights(train))
-        evals.extend(logged_evals(run_dir / "metrics.jsonl", before=start))
-        if train.is_main:
-            print(f"[grpo] resumed from {latest} at step {start}", flush=True)
-    elif cfg.eval_every:  # 0: no dev evaluation
-        run_eval(0)
-    batch_log = BatchLog(run_dir, start, train.is_main)
-    for step in progress(range(start, cfg.steps + 1), desc="grpo", total=cfg.steps):
+    def grpo_step(step: int) -> StepRecord:
+        """n rollouts of each question -> rewards -> group advantages -> clipped update."""
         t_step = time.perf_counter()
         # this rank's contiguous share of the one-rank batch: a function of (seed, step)
         idx = rank_questions(step, train.rank, train.world_size, order, cfg.questions_per_step)
@@ -159,9 +119,8 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             out.metrics.update(step_scorer_metrics(step_scorer))
             timings["step_scorer"] = time.perf_counter() - t0
         adv = estimator(out, [t.group_id for t in trajs], step_scores)
-        upd = update_and_push(train, engine, trajs, adv, cfg.loss, cfg.engine, pad_id, timings)
+        upd = run.update_and_push(trajs, adv, timings)
         timings["step"] = time.perf_counter() - t_step
-        batch_log.write(step, [q.id for q in qs], len(trajs))
         metrics = {
             **rollout_metrics(trajs),
             "reward": rewards.mean().item(),
@@ -172,30 +131,16 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             **rollout_token_metrics(trajs),  # tokens/generation, shape/*: summed over ranks
             **{f"time/{k}": v for k, v in timings.items()},
         }
-        metrics = all_ranks_mean(metrics, len(trajs))
-        if logger:
-            logger.log(step, metrics)
-            write_samples(
-                run_dir / "samples" / f"step_{step:05d}.json",
-                trajs[: cfg.samples_per_step],
-                rewards,
-                tokenizer,
-            )
-        end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
-    if logger:
-        logger.close()
-        if evals:
-            plot_curve(evals, run_dir / "dev_curve.png")
-    if not evals and cfg.eval_every:  # resumed at the end: evaluate once
-        run_eval(cfg.steps)
-    folder.close()
-    return {
-        "before": evals[0] if evals else None,
-        "after": evals[-1] if evals else None,
-        "evals": evals,
-        "run_dir": str(run_dir),
-        "model": train.model,
-    }
+        shown = trajs[: cfg.samples_per_step]
+        return StepRecord(
+            all_ranks_mean(metrics, len(trajs)),
+            [q.id for q in qs],
+            len(trajs),
+            lambda path: write_samples(path, shown, rewards, tokenizer),
+        )
+
+    run.begin(train, tokenizer, engine, dev_eval)  # every load-time check passed
+    return run.fit(grpo_step)
 
 
 def main(argv: list[str] | None = None) -> int:

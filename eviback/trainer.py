@@ -7,7 +7,8 @@
 ``teacher.enabled=false`` leaves every reward at EM with scale 1: the Search-R1 GRPO baseline,
 same loop. The reward and the estimator come from the config (``reward.fn``, default EviBack's
 ``eviback.backoff:teacher_backoff_reward``; ``reward.advantage``, default ``backoff``), given the
-teacher's verdicts. The pieces that do not change between methods come from ``common.rl_loop``.
+teacher's verdicts. The frame that does not change between methods (run folder, evaluation,
+resume, checkpoints) is ``common.run``'s.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from common.batches import BatchLog, group_grad_accum, rank_questions
+from common.batches import group_grad_accum, rank_questions
 from common.config import ConfigError
 from common.data import QAExample
 from common.rewards import RewardContext, groups_of
@@ -32,27 +32,19 @@ from common.rl_loop import (
     all_ranks_mean,
     build_engine,
     dev_results_path,
-    end_of_step,
     evaluate,
     identical_group_share,
-    logged_evals,
-    plot_curve,
     rollout_metrics,
-    update_and_push,
 )
 from common.rollout import Trajectory, run_agent
-from common.rollout.batch import padding_id
+from common.run import Run, StepRecord
 from common.token_counts import SUMMED_PREFIXES, rollout_token_metrics
 from common.train import (
-    MetricsLogger,
     TrainEngine,
-    iter_named_weights,
-    load_checkpoint,
     load_for_training,
-    progress,
 )
 from common.train.memory_plan import announce_plan
-from common.train.run_folder import RunFolder, open_run_folder
+from common.train.run_folder import RunFolder
 from eviback.assets import build_retriever, build_teacher, load_questions, select_questions
 from eviback.backoff import Backoff, backoff_rewards, reward_of
 from eviback.config import EviBackConfig, TeacherConfig
@@ -181,23 +173,19 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     train_set = select_questions(a, "train", cfg.seed)
     dev_set = load_questions(a.files("dev"), {}, cfg.seed, where=a.dev_where, where_key="dev_where")
     dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
-    run_dir = Path(cfg.run_dir)
-    # resume: continue after run_dir's latest complete checkpoint (none: start at step 0)
-    folder = open_run_folder(run_dir, cfg, cfg.resume, begin=False)  # recorded at begin()
+    run = Run("eviback", cfg)  # the run folder: lock, settings check
     try:
-        policy_sha = check_policy_file(run_dir, cfg, folder)  # the frozen APE policy, unchanged
+        policy_sha = check_policy_file(run.dir, cfg, run.folder)  # the frozen APE policy, unchanged
     except ConfigError:
-        folder.close()
+        run.close()
         raise
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
     model = load_for_training(a.model, cfg.train, partition=cfg.loss.kl_coef == 0)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
-    if train.is_main:
-        (run_dir / "samples").mkdir(parents=True, exist_ok=True)
     engine = build_engine(cfg.engine, a.model, train.model, tokenizer, cfg.seed + train.rank)
     retriever = build_retriever(a)
-    teacher = build_teacher(a, cfg.teacher, run_dir / "teacher_cache")
+    teacher = build_teacher(a, cfg.teacher, run.dir / "teacher_cache")
     by_id = {ex.id: ex for ex in train_set}
     overlap = (
         TeacherOverlap(teacher, by_id, cfg.teacher.workers, cfg.em_well_formed)
@@ -207,43 +195,17 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
     reward_fn, estimator = reward_of(cfg.reward), cfg.reward.estimator()
-    folder.begin()  # every load-time check passed: record the settings, trim the log
-    if train.is_main:
-        start_afresh(run_dir, cfg.resume)
-        record_policy_file(run_dir, cfg.teacher.policy_file, policy_sha)
-    logger = MetricsLogger.from_config(run_dir, cfg.log, cfg) if train.is_main else None
-    evals: list[dict] = []
 
-    def run_eval(step: int) -> None:
-        m = evaluate(
-            engine,
-            tokenizer,
-            retriever,
-            dev_set,
-            cfg.agent,
-            train.rank,
-            train.world_size,
-            results_path=dev_results_path(run_dir, step),
+    def dev_eval(step: int) -> dict[str, float]:
+        results = dev_results_path(run.dir, step)
+        rank, world = train.rank, train.world_size
+        return evaluate(
+            engine, tokenizer, retriever, dev_set, cfg.agent, rank, world, results_path=results
         )
-        evals.append({"step": step, **m})
-        if logger:
-            logger.log(step, {f"dev/{k}": v for k, v in m.items()})
-            print(f"[eviback] step {step}: dev EM {m['em']:.3f} F1 {m['f1']:.3f}", flush=True)
 
-    start = 1
-    if folder.checkpoint is not None:
-        # weights, optimizer, schedule, RNGs; the questions are a function of (seed, step)
-        start = load_checkpoint(train, folder.checkpoint)["step"] + 1
-        if cfg.engine.backend == "vllm":  # the HF engine generates with train.model itself
-            engine.push_weights(iter_named_weights(train))
-        evals.extend(logged_evals(run_dir / "metrics.jsonl", before=start))
-        if train.is_main:
-            print(f"[eviback] resumed from {folder.checkpoint} at step {start}", flush=True)
-    elif cfg.eval_every:  # 0: no dev evaluation
-        run_eval(0)
-    batch_log = BatchLog(run_dir, start, train.is_main)
-    steps = range(start, cfg.steps + 1)
-    for step in progress(steps, desc="eviback", total=len(steps)):
+    def eviback_step(step: int) -> StepRecord:
+        """n rollouts of each question -> EM -> the teacher on all-zero groups' evidence ->
+        backoff rewards and λ-scaled advantages -> clipped update."""
         t_step = time.perf_counter()
         # this rank's contiguous share of the one-rank batch: a function of (seed, step)
         idx = rank_questions(step, train.rank, train.world_size, order, cfg.questions_per_step)
@@ -277,11 +239,8 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         b = out.extras.get("backoff") or replace(
             backoff_rewards(trajs, judged, stats, None, cfg.em_well_formed), rewards=out.values
         )
-        upd = update_and_push(
-            train, engine, trajs, adv, cfg.loss, cfg.engine, padding_id(tokenizer), timings
-        )
+        upd = run.update_and_push(trajs, adv, timings)
         timings["step"] = time.perf_counter() - t_step
-        batch_log.write(step, [q.id for q in qs], len(trajs))
         metrics = {
             **rollout_metrics(trajs),
             **identical_group_share(trajs, cfg.n),
@@ -294,28 +253,20 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         # tokens through the model (the teacher is external: teacher/tokens), every rank's summed
         counts = {k: v for k, v in upd.items() if k.startswith(SUMMED_PREFIXES)}
         metrics |= all_ranks_mean(counts | rollout_token_metrics(trajs), len(trajs))
-        if logger:
-            logger.log(step, metrics)
-            write_samples(
-                run_dir / "samples" / f"step_{step:05d}.json",
-                trajs,
-                b,
-                adv,
-                cfg.samples_per_step,
-                tokenizer,
-            )
-        end_of_step(step, cfg, train, run_dir, tokenizer, run_eval)
+        return StepRecord(
+            metrics,
+            [q.id for q in qs],
+            len(trajs),
+            lambda path: write_samples(path, trajs, b, adv, cfg.samples_per_step, tokenizer),
+        )
+
+    run.begin(train, tokenizer, engine, dev_eval)  # every load-time check passed
+    if train.is_main:
+        record_policy_file(run.dir, cfg.teacher.policy_file, policy_sha)
+    out = run.fit(eviback_step)
     if overlap:
         overlap.close()
-    if not evals and cfg.eval_every:  # resumed after the last step, no evaluation logged
-        run_eval(cfg.steps)
-    folder.close()
-    if logger:
-        logger.close()
-        if evals:
-            plot_curve(evals, run_dir / "dev_curve.png")
-    before, after = (evals[0], evals[-1]) if evals else (None, None)
-    return {"before": before, "after": after, "evals": evals, "run_dir": str(run_dir)}
+    return out
 
 
 POLICY_RECORD = "teacher_policy.json"
@@ -351,17 +302,6 @@ def record_policy_file(run_dir: Path, policy: str, sha: str | None) -> None:
         record.unlink(missing_ok=True)
         return
     record.write_text(json.dumps({"file": policy, "sha256": sha}) + "\n", encoding="utf-8")
-
-
-def start_afresh(run_dir: Path, resume: bool) -> None:
-    """``resume=false``: this start replaces the run in ``run_dir``, so the earlier run's
-    checkpoints go too (a later resume would otherwise continue the earlier run under this
-    one's log). The teacher cache stays: it is keyed by each request's whole content."""
-    ckpts = run_dir / "checkpoints"
-    if resume or not ckpts.is_dir():
-        return
-    shutil.rmtree(ckpts)
-    print(f"[eviback] resume=false: removed the earlier run's {ckpts}", flush=True)
 
 
 def write_samples(

@@ -4,7 +4,10 @@ baseline on the same questions, the papers' numbers beside them.
     python -m experiments.evaluate_all [RUN_OR_FOLDER ...] [--out runs/eval] [--step N] [--ranks N]
 
 Every folder under the given ones (default ``runs/``) that holds a ``config.yaml`` is a run; its
-method comes from the config's keys (``recognise``): the reference GRPO loop and its warmup
+trainer is the one its ``run.json`` names (written by ``common.run.Run``; a folder without one, a
+warmup or a run from before run.json, has its trainer guessed from the config's keys, and the
+guesses are counted), its method and arm come from the config (``recognise``): the reference
+GRPO loop and its warmup
 (``common.search_grpo``, ``common.warmup``), EviBack and its Search-R1 baseline
 (``teacher.enabled=false``), CER by reward type and its warmup, ARCO and its outcome-only
 and PRM baselines (``method=outcome_only|prm``). The run's final checkpoint (``--step N``:
@@ -46,6 +49,8 @@ from experiments.compare import paired_bootstrap
 from experiments.method_kinds import COLUMNS, KIND, PAIRED
 
 CACHE_VERSION = 1
+RUN_FILE = "run.json"  # common.train.run_folder.RUN_FILE: the trainer that wrote the run
+WARMUPS = ("warmup", "cer_warmup")  # no run.json: their trainers are not run frames
 SKIP_DIRS = {"checkpoints", "dev_results", "samples", "model", "tensorboard", "wandb", "eval"}
 
 # metric -> (per-question field summed, per-question field it is divided by; None: a mean)
@@ -85,6 +90,7 @@ class Run:
     model: Path | None = None
     problem: str | None = None
     notes: list[str] = field(default_factory=list)  # e.g. an unreadable cache record, redone
+    guessed: bool = False  # no run.json: the trainer was guessed from the config's keys
 
     @property
     def kind(self) -> str | None:
@@ -129,11 +135,51 @@ def section(config: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
-def recognise(config: dict[str, Any], run_dir: Path) -> tuple[str, str] | None:
-    """``(method, arm)`` from the keys each trainer's config has, or None; a section that is
-    not a mapping (``rl: 5``) or a ``method`` that is not a name is a ``MalformedKey``."""
+TRAINERS = ("grpo", "eviback", "cer", "arco")  # run.json's methods (common.run.Run)
+
+
+def recorded_trainer(run_dir: Path) -> str | None:
+    """The trainer ``run_dir/run.json`` names (None: no run.json); an unreadable file or an
+    unknown name is a ``MalformedKey``."""
+    path = run_dir / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        method = json.loads(path.read_text(encoding="utf-8")).get("method")
+    except (OSError, ValueError, AttributeError) as err:
+        raise MalformedKey(f"{RUN_FILE} unreadable: {err}") from None
+    if method not in TRAINERS:
+        raise MalformedKey(f"{RUN_FILE}: method {method!r:.60} is none of {', '.join(TRAINERS)}")
+    return method
+
+
+def guess_trainer(config: dict[str, Any], run_dir: Path) -> str | None:
+    """The trainer whose config has these keys (a folder without run.json: a warmup, or a run
+    written before run.json), or None."""
     assets = section(config, "assets")
     if "rubric" in config and "warmup_dir" in config:
+        return "arco"
+    if "reward" in config and "group_size" in config:
+        if (run_dir / "model").is_dir() and not (run_dir / "checkpoints").is_dir():
+            return "cer_warmup"
+        return "cer"
+    if "teacher" in config and "train" in assets:
+        return "eviback"
+    if "world" in assets and "questions_per_step" in config:
+        return "grpo"
+    if "world" in config and "batch_size" in config and "out" in config:
+        return "warmup"
+    return None
+
+
+def recognise(
+    config: dict[str, Any], run_dir: Path, trainer: str | None = None
+) -> tuple[str, str] | None:
+    """``(method, arm)`` of a run of ``trainer`` (run.json's; None: ``guess_trainer``), from
+    its config, or None; a section that is not a mapping (``rl: 5``) or a ``method`` that is
+    not a name is a ``MalformedKey``."""
+    trainer = trainer or guess_trainer(config, run_dir)
+    if trainer == "arco":
         chosen = config.get("method", "arco")  # older runs: outcome-only had rl.dense_steps=0
         if not isinstance(chosen, str):
             raise MalformedKey(f"`method` must be a name, not {chosen!r:.60}")
@@ -141,21 +187,17 @@ def recognise(config: dict[str, Any], run_dir: Path) -> tuple[str, str] | None:
             chosen = "outcome_only"
         method = {"outcome_only": "arco_outcome_only", "prm": "arco_prm"}.get(chosen, "arco")
         return method, method
-    if "reward" in config and "group_size" in config:
-        if (run_dir / "model").is_dir() and not (run_dir / "checkpoints").is_dir():
-            return "cer_warmup", "cer_warmup"
+    if trainer == "cer":
         reward = section(config, "reward")
         fn = reward.get("fn") or ""  # reward.fn replaces the type's reward: label the run by it
         if not isinstance(fn, str):
             raise MalformedKey(f"`reward.fn` must be a name, not {fn!r:.60}")
         return "cer", f"cer/{fn.rpartition(':')[2] or reward.get('type', 'cer')}"
-    if "teacher" in config and "train" in assets:
+    if trainer == "eviback":
         method = "eviback" if section(config, "teacher").get("enabled", True) else "search_r1"
         return method, method
-    if "world" in assets and "questions_per_step" in config:
-        return "grpo", "grpo"
-    if "world" in config and "batch_size" in config and "out" in config:
-        return "warmup", "warmup"
+    if trainer in ("grpo", "warmup", "cer_warmup"):
+        return trainer, trainer
     return None
 
 
@@ -199,10 +241,16 @@ def load_run(path: Path, root: Path | None = None, step: int | None = None) -> R
         return run
     run.config = config
     try:
-        found = recognise(config, path)
+        trainer = recorded_trainer(path)
+    except MalformedKey as err:
+        run.problem = str(err)
+        return run
+    try:
+        found = recognise(config, path, trainer)
     except MalformedKey as err:
         run.problem = f"config.yaml: {err}"
         return run
+    run.guessed = trainer is None and found is not None and found[0] not in WARMUPS
     if found is None:
         run.problem = "config.yaml matches no trainer (search_grpo, warmup, eviback, cer, arco)"
         return run
@@ -739,6 +787,7 @@ def build_report(
         rows.append(entry)
     return {
         "unreadable_cache_records": sum(len(r.notes) for r in runs),
+        "trainer_guessed": sum(r.guessed for r in runs),
         "beside_published": beside_published(runs, rows, published),
         "resamples": resamples,
         "confidence": 0.95,
@@ -878,6 +927,13 @@ def evaluate_all(
     redone = sum(len(r.notes) for r in runs)
     if redone:
         print(f"[eval-all] {redone} unreadable cache record(s) evaluated again", flush=True)
+    guessed = sum(r.guessed for r in runs)
+    if guessed:
+        print(
+            f"[eval-all] {guessed} run folder(s) without run.json: trainer guessed from the "
+            "config's keys",
+            flush=True,
+        )
     report = build_report(runs, records, resamples, load_published(project_root or Path.cwd()))
     write_report(report, out)
     if plots:

@@ -13,14 +13,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import transformers
 
 from arco.config import ArcoConfig
 from cer.config import CERConfig
 from common.config import ConfigError, _in_range, describe_config, load_config, range_text
-from common.rl_loop import end_of_step
+from common.run import schedule
 from common.search_grpo import GRPOConfig
-from common.train import TrainConfig, TrainEngine, find_latest_checkpoint
 from common.warmup import WarmupConfig
 from eviback.config import EviBackConfig
 
@@ -256,35 +254,13 @@ def test_every_ranged_field_rejects_values_outside_and_its_default_is_inside(
         assert str(e.value).startswith(f"config key {shown!r} (from the command line)")
 
 
-def tiny_qwen3() -> transformers.Qwen3ForCausalLM:
-    config = transformers.Qwen3Config(
-        vocab_size=97,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-    )
-    return transformers.Qwen3ForCausalLM(config)
-
-
-class _NoTrain:
-    """Stands in for the engine where no checkpoint is due."""
-
-
-def test_end_of_step_eval_every_zero_never_evaluates(tmp_path) -> None:
-    engine = TrainEngine(tiny_qwen3(), TrainConfig(lr=0.1))
-    cfg = SimpleNamespace(eval_every=0, save_every=0, steps=3, seed=0, keep_checkpoints=1)
-    evaluated: list[int] = []
-    for step in range(1, cfg.steps + 1):  # the old schedule raised ZeroDivisionError at step 1
-        end_of_step(step, cfg, engine, tmp_path, None, evaluated.append)
-    assert evaluated == []
-    assert find_latest_checkpoint(tmp_path).name.endswith("3")  # the last step still saves
-    cfg = SimpleNamespace(eval_every=2, save_every=0, steps=5, seed=0, keep_checkpoints=1)
-    for step in range(1, 5):  # the last step (5) saves; steps 1-4 only evaluate
-        end_of_step(step, cfg, _NoTrain(), tmp_path, None, evaluated.append)
-    assert evaluated == [2, 4]
+def test_eval_every_zero_never_evaluates_and_the_last_step_still_saves() -> None:
+    cfg = SimpleNamespace(
+        eval_every=0, save_every=0, steps=3
+    )  # the old schedule: ZeroDivisionError
+    assert [schedule(step, cfg) for step in (1, 2, 3)] == [(False, False)] * 2 + [(False, True)]
+    cfg = SimpleNamespace(eval_every=2, save_every=0, steps=5)
+    assert [schedule(step, cfg)[0] for step in range(1, 6)] == [False, True, False, True, True]
 
 
 def _grpo_main(capsys, tmp_path: Path, *overrides: str) -> str:

@@ -146,6 +146,27 @@ def test_a_cer_run_is_labelled_by_its_reward_fn_when_one_replaces_the_type(rewar
     assert recognise(config, tmp_path) == ("cer", arm)
 
 
+def test_run_json_names_the_trainer_and_the_guesses_without_it_are_counted(tmp_path):
+    runs = _runs(tmp_path)
+    # a CER run with a model/ folder and no checkpoint looks like a warmup by its keys alone
+    (runs / "cer" / "exact" / "model").mkdir()
+    shutil.rmtree(runs / "cer" / "exact" / "checkpoints")
+    (runs / "cer" / "exact" / "run.json").write_text(json.dumps({"method": "cer"}))
+    (runs / "grpo" / "s1" / "run.json").write_text(json.dumps({"method": "sft"}))
+    by_name = {r.name: r for r in (load_run(p, runs) for p in discover([runs]))}
+    exact = by_name["cer/exact"]
+    assert (exact.arm, exact.guessed) == ("cer/exact", False)
+    assert "no complete checkpoint" in exact.problem
+    assert (
+        "run.json: method 'sft' is none of grpo, eviback, cer, arco" in by_name["grpo/s1"].problem
+    )
+    # the other trainers' runs have no run.json (written before it); warmups never have one
+    assert sorted(n for n, r in by_name.items() if r.guessed) == [
+        "arco/outcome", "arco/prm", "arco/tiny", "cer/cer", "eviback/base", "eviback/tiny",
+        "grpo/s0", "grpo/untrained",
+    ]  # fmt: skip
+
+
 # per-question rows of the fake evaluations: (em, f1, valid, searches, duplicates, forced)
 EVIBACK = [(1, 1.0, 1, 2, 1, 0), (0, 0.5, 1, 1, 0, 0), (1, 1.0, 1, 3, 1, 0), (0, 0.0, 0, 0, 0, 1)]
 BASELINE = [(0, 0.0, 1, 1, 0, 0), (0, 0.5, 1, 1, 0, 0), (1, 1.0, 1, 1, 0, 0), (0, 0.0, 0, 0, 0, 1)]

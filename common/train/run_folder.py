@@ -9,6 +9,8 @@ other ranks only learn where to resume from):
     config_changes.jsonl  one row per accepted change: {time, from_step, changes, config}
     env.json              the environment of the first start
     env_history.jsonl     one row per start: {time, from_step, **environment}
+    run.json              the method's trainer: {method, config_class, version, commit}
+                          (written by ``common.run.Run``; what ``experiments.evaluate_all`` reads)
     metrics.jsonl         trimmed on every start to the rows of the steps it resumes after
 
 A start whose settings differ from the folder's (config.yaml, or the last accepted change) stops
@@ -49,6 +51,7 @@ CONFIG_FILE = "config.yaml"
 CHANGES_FILE = "config_changes.jsonl"
 ENV_FILE = "env.json"
 ENV_HISTORY_FILE = "env_history.jsonl"
+RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
 # Per-step files a run rewrites as it goes: those after the resume point are removed on start.
 PER_STEP_FOLDERS = ("samples", "dev_results")
@@ -135,18 +138,22 @@ class RunFolder:
     config: dict | None = None  # the settings to record (None: no settings check)
     allow_config_change: bool = False
     begun: bool = False
+    method: dict | None = None  # run.json's record (None: none written, e.g. a warmup)
 
     def begin(self) -> None:
         """Record this start: config.yaml on the first start (or the accepted change in
-        config_changes.jsonl), a row of env_history.jsonl, metrics.jsonl trimmed to the resume
-        point. Call it once the start has passed every check that can fail before its first
+        config_changes.jsonl), a row of env_history.jsonl, run.json (with ``method``),
+        metrics.jsonl trimmed to the resume point. Call it once the start has passed every check that can fail before its first
         step; a second call does nothing. Rank 0 only (other ranks: nothing to do)."""
         if self.begun or self.lock is None:
             self.begun = True
             return
         if self.config is not None:
             check_settings(self.path, self.config, self.start_step, self.allow_config_change)
-        write_environment(self.path, self.start_step)
+        env = write_environment(self.path, self.start_step)
+        if self.method is not None:
+            record = {**self.method, "commit": env["git"]["commit"]}
+            _write_atomic(self.path / RUN_FILE, json.dumps(record, indent=1) + "\n")
         trim_run(self.path, self.start_step - 1)
         self.begun = True
 
@@ -162,6 +169,7 @@ def open_run_folder(
     resume: bool = True,
     allow_config_change: bool | None = None,
     begin: bool = True,
+    method: str | None = None,
 ) -> RunFolder:
     """Take ``run_dir`` for a run with config ``cfg`` (a config dataclass; None: no settings
     check, for a folder every start rewrites whole), before any model loads.
@@ -173,7 +181,8 @@ def open_run_folder(
     Raises ``RunFolderError`` (a ``ConfigError``) when another run holds the folder or the
     settings differ without ``allow_config_change``. begin=False: check only (the lock, the
     settings against the folder's); nothing is written until ``folder.begin()``, which the
-    trainers call right before their first step.
+    trainers call right before their first step. method: the trainer's name ("grpo",
+    "eviback", "cer", "arco"), recorded with ``cfg``'s class in run.json at ``begin()``.
     """
     path = Path(run_dir)
     checkpoint = find_latest_checkpoint(path) if resume else None
@@ -185,6 +194,8 @@ def open_run_folder(
         allow_config_change = bool(getattr(cfg, "allow_config_change", False))
     folder.lock = RunLock.acquire(path)
     folder.allow_config_change = allow_config_change
+    if method is not None:
+        folder.method = run_record(method, cfg)
     try:
         if cfg is not None:
             folder.config = redact_secrets(config_to_dict(cfg))
@@ -203,6 +214,22 @@ def open_run_folder(
         folder.close()
         raise
     return folder
+
+
+def run_record(method: str, cfg: Any) -> dict:
+    """run.json's fields but the commit: the method, its config class, the package version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        package = version("rlrewards")
+    except PackageNotFoundError:
+        package = None
+    kind = type(cfg)
+    return {
+        "method": method,
+        "config_class": f"{kind.__module__}.{kind.__qualname__}",
+        "version": package,
+    }
 
 
 def checkpoint_step(checkpoint: Path) -> int:
@@ -314,13 +341,15 @@ def _show(value: Any) -> str:
     return repr(value) if isinstance(value, _Absent) else json.dumps(value)
 
 
-def write_environment(run_dir: Path, start_step: int) -> None:
-    """env.json on the first start (kept after); every start appends a row to env_history.jsonl."""
+def write_environment(run_dir: Path, start_step: int) -> dict:
+    """env.json on the first start (kept after); every start appends a row to env_history.jsonl.
+    Returns this start's environment."""
     env = environment()
     if not (run_dir / ENV_FILE).exists():
         _write_atomic(run_dir / ENV_FILE, json.dumps(env, indent=1))
     with (run_dir / ENV_HISTORY_FILE).open("a", encoding="utf-8") as f:
         f.write(json.dumps({"time": _now(), "from_step": start_step, **env}) + "\n")
+    return env
 
 
 def trim_run(run_dir: Path, last_step: int) -> None:
@@ -366,6 +395,7 @@ def _now() -> str:
 __all__ = [
     "RunFolder",
     "RunFolderError",
+    "RUN_FILE",
     "RunLock",
     "check_settings",
     "config_diff",

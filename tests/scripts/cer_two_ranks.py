@@ -5,9 +5,9 @@ Launched once by tests/cer/test_cer_run.py, one start of the ranks for both two-
     deepspeed --num_gpus 2 cer_two_ranks.py --config cer/configs/tiny.yaml OVERRIDES...
 
 Training: the `cer train` command line (``cer.cli.main``) on the overrides; after every step
-(``end_of_step``, where the run's evaluations and checkpoints happen) each rank prints a digest of
-its live weights, ``rank R step S weights SHA``, and checks that every rank has the same one (the
-initial weights print as step 0).
+(``common.run.Run.end_of_step``, where the run's evaluations and checkpoints happen) each rank
+prints a digest of its live weights, ``rank R step S weights SHA``, and checks that every rank
+has the same one (the initial weights print as step 0).
 
 Scoring: the ranks score different CER groups with ``hf_prefix_scorer`` on a ZeRO-3 model (rank 0
 three groups, rank 1 one), so they need different numbers of forwards; ``sync_ranks=True`` pads
@@ -26,6 +26,7 @@ import torch.distributed as dist
 import transformers
 
 import cer.trainer
+import common.run
 from cer.cli import main as cer_main
 from cer.rewards.scoring import hf_prefix_scorer
 from common.train import TrainConfig, TrainEngine
@@ -51,22 +52,22 @@ def check_same_weights(step: int, model: torch.nn.Module) -> None:
 def train_checking_weights(argv: list[str]) -> int:
     """``cer train`` with the weights compared across ranks before the first and after each
     step."""
-    end_of_step = cer.trainer.end_of_step
+    end_of_step = common.run.Run.end_of_step
     make_score_fn = cer.trainer.make_score_fn
 
     def first(cfg, engine, model, *rest, **kw):  # built once, after the engine wraps the model
         check_same_weights(0, model)
         return make_score_fn(cfg, engine, model, *rest, **kw)
 
-    def after(step, cfg, train, *rest):
-        end_of_step(step, cfg, train, *rest)
-        check_same_weights(step, train.model)
+    def after(run, step):
+        end_of_step(run, step)
+        check_same_weights(step, run.train.model)
 
-    cer.trainer.make_score_fn, cer.trainer.end_of_step = first, after
+    cer.trainer.make_score_fn, common.run.Run.end_of_step = first, after
     try:
         return cer_main(["train", *argv])
     finally:
-        cer.trainer.make_score_fn, cer.trainer.end_of_step = make_score_fn, end_of_step
+        cer.trainer.make_score_fn, common.run.Run.end_of_step = make_score_fn, end_of_step
 
 
 def groups(rank: int) -> tuple[list[list[int]], list[list[int]]]:

@@ -1,0 +1,236 @@
+"""The frame every RL trainer runs in (the reference GRPO loop, EviBack, CER, ARCO), written once,
+as verl's ``fit()`` and TRL's ``Trainer`` are: the trainer loads its models and hands the frame
+one function, its step.
+
+    run = Run("grpo", cfg)                       # the run folder: lock, settings check
+    ... tokenizer, model, TrainEngine, engine ...  # whatever can fail, before anything is written
+    run.begin(train, tokenizer, engine, evaluate)  # settings, env, run.json, log: this start counts
+    out = run.fit(step)                            # resume or step-0 eval, steps, schedule, curve
+
+``fit`` resumes after the folder's latest checkpoint (weights, optimizer, RNGs; the weights pushed
+into the engine; the evaluations logged before re-read) or evaluates before training; then, per
+step: ``step(s)`` -> ``StepRecord``, batches.jsonl, ``check_step`` (every rank), metrics.jsonl and
+samples/ (main rank), and ``end_of_step`` (evaluation and checkpoint by ``schedule``). At the end:
+an evaluation if none was logged, the dev curve, the folder released. Rank 0 writes; every rank
+runs the collectives (evaluation, checkpoint, batches.jsonl) in the same order.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from common.batches import BatchLog
+from common.rl_loop import logged_evals, plot_curve, policy_update
+from common.rollout import Trajectory
+from common.rollout.batch import padding_id
+from common.run_config import RunLoopConfig
+from common.train import (
+    MetricsLogger,
+    TrainEngine,
+    iter_named_weights,
+    load_checkpoint,
+    progress,
+    save_checkpoint,
+)
+from common.train.gpu_memory import phase_memory
+from common.train.run_folder import METRICS_FILE, open_run_folder
+
+
+@dataclass
+class StepRecord:
+    """What a trainer's step hands the frame."""
+
+    metrics: dict[str, float]  # the step's metrics as logged (the trainer averages over ranks)
+    question_ids: list[str]  # this rank's questions of the step (batches.jsonl)
+    trajectories: int  # this rank's trajectories in the update (batches.jsonl)
+    samples: Callable[[Path], None]  # writes the step's readable samples there (main rank)
+
+
+def em_f1_line(m: dict[str, float]) -> str:
+    """The printed line of a search agent's dev evaluation."""
+    return f"dev EM {m['em']:.3f} F1 {m['f1']:.3f}"
+
+
+def schedule(step: int, cfg: RunLoopConfig) -> tuple[bool, bool]:
+    """(evaluate, checkpoint) after step ``step``: an evaluation every ``cfg.eval_every`` steps
+    and at the last one (``eval_every=0``: never); a checkpoint every ``cfg.save_every`` steps
+    (0: none) and at the last one."""
+    last = step == cfg.steps
+    evaluate = bool(cfg.eval_every) and (step % cfg.eval_every == 0 or last)
+    save = bool(cfg.save_every) and step % cfg.save_every == 0 or last
+    return evaluate, save
+
+
+class Run:
+    """One start of an RL run: its folder, engine, logger, evaluations, resume and checkpoints.
+
+    ``method`` ("grpo", "eviback", "cer", "arco") is recorded in run.json and names the run's
+    printed lines. Constructing it opens the run folder (``open_run_folder(begin=False)``: the
+    lock and the settings check; nothing written) before any model loads.
+    """
+
+    def __init__(self, method: str, cfg: RunLoopConfig):
+        self.method, self.cfg = method, cfg
+        self.dir = Path(cfg.run_dir)
+        self.folder = open_run_folder(self.dir, cfg, cfg.resume, begin=False, method=method)
+        self.evals: list[dict] = []
+        self.logger: MetricsLogger | None = None
+        # The run's guards, called on every rank with each step's metrics before they are logged
+        # and the step is checkpointed (``check_step``).
+        self.step_checks: list[Callable[[int, dict[str, float]], None]] = []
+
+    def begin(
+        self,
+        train: TrainEngine,
+        tokenizer,
+        engine,
+        evaluate: Callable[[int], dict[str, float]],
+        *,
+        push: Callable[[], None] | None = None,
+        describe: Callable[[dict[str, float]], str] = em_f1_line,
+        plot: Callable[[list[dict], Path], Path] = plot_curve,
+    ) -> None:
+        """Record this start once every load-time check passed (``RunFolder.begin``: settings,
+        environment, run.json, the log trimmed to the resume point); on the main rank a
+        ``resume=false`` start removes the earlier run's checkpoints, and the logger opens.
+
+        evaluate(step): the dev metrics (every rank calls it; it writes its own per-question
+        results). push(): the training weights into the engine after a checkpoint loads
+        (default: a vLLM engine's ``push_weights``; an HF engine is the training model).
+        describe: the printed line of an evaluation; plot: the dev curve, at the end.
+        """
+        self.train, self.tokenizer, self.engine = train, tokenizer, engine
+        self.evaluate, self.describe, self.plot = evaluate, describe, plot
+        self.push = push or self.push_weights
+        self.pad_id = padding_id(tokenizer)
+        self.folder.begin()
+        if train.is_main:
+            self.start_afresh()
+            (self.dir / "samples").mkdir(parents=True, exist_ok=True)
+            self.logger = MetricsLogger.from_config(self.dir, self.cfg.log, self.cfg)
+
+    def fit(self, step: Callable[[int], StepRecord], desc: str | None = None) -> dict:
+        """Run the steps from the resume point to ``cfg.steps``; returns the dev evaluations
+        (``before``: the first, ``after``: the last, ``evals``), the run folder and the model."""
+        cfg = self.cfg
+        start = self.resume()
+        batch_log = BatchLog(self.dir, start, self.train.is_main)
+        steps = range(start, cfg.steps + 1)
+        for s in progress(steps, desc=desc or self.method, total=len(steps)):
+            record = step(s)
+            batch_log.write(s, record.question_ids, record.trajectories)
+            self.check_step(s, record.metrics)
+            if self.logger:
+                self.logger.log(s, record.metrics)
+                record.samples(self.dir / "samples" / f"step_{s:05d}.json")
+            self.end_of_step(s)
+        if not self.evals and cfg.eval_every:  # resumed after the last step, no evaluation logged
+            self.run_eval(cfg.steps)
+        self.close()
+        return {
+            "before": self.evals[0] if self.evals else None,
+            "after": self.evals[-1] if self.evals else None,
+            "evals": self.evals,
+            "run_dir": str(self.dir),
+            "model": self.train.model,
+        }
+
+    def resume(self) -> int:
+        """The first step of this start: after the folder's latest checkpoint (weights, optimizer,
+        schedule, RNGs; the data is a function of (seed, step)), its weights pushed into the
+        engine and the evaluations logged before it re-read; else 1, after the step-0
+        evaluation."""
+        latest = self.folder.checkpoint
+        if latest is None:
+            if self.cfg.eval_every:  # 0: no dev evaluation
+                self.run_eval(0)
+            return 1
+        start = load_checkpoint(self.train, latest)["step"] + 1
+        self.push()
+        self.evals.extend(logged_evals(self.dir / METRICS_FILE, before=start))
+        if self.train.is_main:
+            print(f"[{self.method}] resumed from {latest} at step {start}", flush=True)
+        return start
+
+    def check_step(self, step: int, metrics: dict[str, float]) -> None:
+        """Every rank, each step, before its metrics are logged and it is checkpointed: the run's
+        guards (``step_checks``; e.g. failure thresholds, non-finite values, health checks)
+        raise here, so a step they refuse is neither logged nor saved."""
+        for check in self.step_checks:
+            check(step, metrics)
+
+    def end_of_step(self, step: int) -> None:
+        """The evaluation and the checkpoint ``schedule`` asks for after ``step``."""
+        evaluate, save = schedule(step, self.cfg)
+        if evaluate:
+            self.run_eval(step)
+        if save:
+            save_checkpoint(
+                self.train,
+                self.dir,
+                step,
+                {"step": step, "seed": self.cfg.seed},
+                keep_last=self.cfg.keep_checkpoints,
+                tokenizer=self.tokenizer,
+            )
+
+    def run_eval(self, step: int) -> None:
+        """Evaluate (every rank), keep the result, log it as ``dev/*`` (main rank)."""
+        m = self.evaluate(step)
+        self.evals.append({"step": step, **m})
+        if self.logger:
+            self.logger.log(step, {f"dev/{k}": v for k, v in m.items()})
+            print(f"[{self.method}] step {step}: {self.describe(m)}", flush=True)
+
+    def update_and_push(
+        self,
+        trajs: list[Trajectory],
+        advantages: torch.Tensor | list[list[float]],
+        timings: dict[str, float],
+    ) -> dict[str, float]:
+        """``policy_update`` (``cfg.loss``), then the new weights into a vLLM engine (asleep
+        during the update when ``engine.sleep_during_update``; an HF engine shares the model).
+        Adds ``update`` and ``push`` seconds to ``timings``; returns the update's statistics
+        and, on a GPU, the memory of each phase (``common.train.gpu_memory``)."""
+        engine, engine_cfg = self.engine, self.cfg.engine
+        vllm = engine_cfg.backend == "vllm"
+        memory = phase_memory("rollout")  # generation and reward, since the last step's push
+        if vllm and engine_cfg.sleep_during_update and not engine.asleep:
+            engine.sleep()  # (CER puts it to sleep before its reward already)
+        t0 = time.perf_counter()
+        stats = policy_update(self.train, trajs, advantages, self.cfg.loss, self.pad_id)
+        timings["update"] = time.perf_counter() - t0
+        memory |= phase_memory("update")
+        t0 = time.perf_counter()
+        if vllm:  # an engine asleep is woken by the push, in TRL's order
+            self.push_weights()
+        timings["push"] = time.perf_counter() - t0
+        return stats | memory | phase_memory("push")
+
+    def push_weights(self) -> None:
+        """The training weights into a vLLM engine (an HF engine generates with them)."""
+        if self.cfg.engine.backend == "vllm":
+            self.engine.push_weights(iter_named_weights(self.train))
+
+    def start_afresh(self) -> None:
+        """``resume=false``: this start replaces the run, so the earlier run's checkpoints go too
+        (a later resume would otherwise continue the earlier run under this one's log)."""
+        ckpts = self.dir / "checkpoints"
+        if self.cfg.resume or not ckpts.is_dir():
+            return
+        shutil.rmtree(ckpts)
+        print(f"[{self.method}] resume=false: removed the earlier run's {ckpts}", flush=True)
+
+    def close(self) -> None:
+        """The logger closed, the dev curve drawn (main rank), the folder released."""
+        if self.logger:
+            self.logger.close()
+            if self.evals:
+                self.plot(self.evals, self.dir / "dev_curve.png")
+        self.folder.close()

@@ -15,40 +15,42 @@ import random
 import sys
 import time
 
-from common.batches import group_grad_accum, rank_questions
 from common.config import ConfigError, load_config
-from common.data import DataError, load_qa
+from common.data import DataError
 from common.grpo_config import GRPOAssetsConfig, GRPOConfig, GRPORewardConfig  # noqa: F401
-from common.retrieval.bm25 import BM25Retriever
-from common.retrieval.client import HTTPRetriever
-from common.rewards import (
-    RewardContext,
-    check_step_scores,
-    groups_of,
-    step_layout,
-    step_scorer_metrics,
-)
-from common.rl_loop import (
-    all_ranks_mean,
-    build_engine,
-    dev_results_path,
-    evaluate,
-    group_shares,
-    identical_group_share,
-    result_line,
-    rollout_metrics,
-    write_samples,
-)
-from common.rollout import run_agent
-from common.run import Run, StepRecord
-from common.token_counts import rollout_token_metrics
-from common.train import TrainEngine, load_for_training
-from common.train.memory_plan import announce_plan
 
 
 def train_grpo(cfg: GRPOConfig) -> dict:
     """Run the loop; returns the first and last evaluation."""
+    # imported here, not above: `--help` and a bad setting answer without torch
     from transformers import AutoTokenizer
+
+    from common.batches import group_grad_accum, rank_questions
+    from common.data import load_qa
+    from common.retrieval.bm25 import BM25Retriever
+    from common.retrieval.client import HTTPRetriever
+    from common.rewards import (
+        RewardContext,
+        check_step_scores,
+        groups_of,
+        step_layout,
+        step_scorer_metrics,
+    )
+    from common.rl_loop import (
+        all_ranks_mean,
+        build_engine,
+        dev_results_path,
+        evaluate,
+        group_shares,
+        identical_group_share,
+        rollout_metrics,
+        write_samples,
+    )
+    from common.rollout import run_agent
+    from common.run import Run, StepRecord
+    from common.token_counts import rollout_token_metrics
+    from common.train import TrainEngine, load_for_training
+    from common.train.memory_plan import announce_plan
 
     # the batch is global: each rank's share, checked before any load (GRPOConfig.DERIVED)
     cfg.train.grad_accum = group_grad_accum(
@@ -164,11 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, FileNotFoundError) as e:
         print(f"search_grpo: error: {e}", file=sys.stderr)
         return 2
+    from common.rl_loop import result_line
+
     print(result_line(out))
     return 0
 
 
 if __name__ == "__main__":
-    from common.train.distributed import exit_process
+    from common.launcher import run_command
 
-    exit_process(main())
+    run_command(main)

@@ -43,6 +43,7 @@ HELP = [
     ("eviback.cli", ["warmup", "--help"]),
     ("eviback.cli", ["train", "--help"]),
     ("common.warmup", ["--help"]),
+    ("common.search_grpo", ["--help"]),
 ]
 BAD_KEY = [
     ("arco.cli", ["train", "key_that_does_not_exist=1"]),
@@ -50,6 +51,7 @@ BAD_KEY = [
     ("eviback.cli", ["train", "key_that_does_not_exist=1"]),
     ("eviback.cli", ["warmup", "key_that_does_not_exist=1"]),
     ("common.warmup", ["key_that_does_not_exist=1"]),
+    ("common.search_grpo", ["key_that_does_not_exist=1"]),
     ("eviback.cli", ["train", "assets.train_files={nq: nq.jsonl}"]),  # a renamed key
 ]
 CONFIG_MODULES = [
@@ -152,17 +154,3 @@ def test_console_script_help_time_and_any_directory(name, tmp_path):
         )
         assert done.returncode == 2
         assert "unknown config key 'key_that_does_not_exist'" in done.stderr, done.stderr
-
-
-def test_search_grpo_help_time():
-    """Timed only: ``python -m common.search_grpo`` runs the trainer module, whose imports are the
-    loop's (torch); its config (``common.grpo_config``) is torch-free."""
-    start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "common.search_grpo", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert done.returncode == 0 and "assets.world" in done.stdout
-    print(f"\npython -m common.search_grpo --help: {time.perf_counter() - start:.2f} s")

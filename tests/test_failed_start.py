@@ -70,9 +70,10 @@ def eviback_start(world: Path, tmp: Path, monkeypatch, *more: str):
 
 
 def grpo_start(world: Path, tmp: Path, monkeypatch, *more: str):
+    import common.rl_loop
     import common.search_grpo as grpo
 
-    monkeypatch.setattr(grpo, "build_engine", fail)
+    monkeypatch.setattr(common.rl_loop, "build_engine", fail)  # train_grpo imports it when it runs
     over = [
         f"assets.world={world}",
         f"assets.model={world / 'model'}",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from common.model_id import model_reason
 from common.rewards import REWARDS, OutcomeReward, load_part
@@ -88,6 +88,13 @@ class RewardConfig:
             "(common.rewards; ctx.extra holds score_fn); empty = type"
         },
     )
+    fn_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "keyword arguments for a reward fn that is a class, e.g. reward.fn="
+            "common.reward_adapters:TRLReward reward.fn_args.function=trl.rewards:accuracy_reward"
+        },
+    )
     m: int | None = field(
         default=None,
         metadata={"help": "solutions CER averages over (null = the whole group G)", "ge": 1},
@@ -156,12 +163,12 @@ class RewardConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.fn:
+        if self.fn or self.fn_args:
             self.reward_fn()
 
     def reward_fn(self) -> OutcomeReward:
         """The outcome reward (``common.rewards.OutcomeReward``) ``fn``, else ``type``, names."""
-        return load_part(self.fn or self.type, "reward.fn", "reward", BUILTIN_REWARDS)
+        return load_part(self.fn or self.type, "reward.fn", "reward", BUILTIN_REWARDS, self.fn_args)
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """Math and multiple-choice examples for CER, and their loaders.
 
 ``load_math_examples(path, format="auto")`` reads a jsonl, JSON (a list, or one object a line) or
-parquet file, or ``hf://owner/name[:config]@split`` from the hub. Formats, picked from the keys
-of the first row when ``auto``:
+parquet file, or ``hf://owner/name[:config]@split`` from the hub, or takes the rows of a
+``datasets.Dataset`` or a list of dicts in place of a file (named ``<Dataset>, row N`` or
+``<list>, row N`` in errors; no source in the ids unless ``source`` is given). Formats, picked
+from the keys of the first row when ``auto``:
 
 - ``math``: the MATH train split ``{problem, level, type, solution}``; the gold is the last boxed
   answer of the solution. Rows whose solution has no box are left out and listed in
@@ -28,13 +30,16 @@ from __future__ import annotations
 import logging
 import re
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cer.rewards.answer import last_boxed
-from common.data import DataError, hub_rows, read_json_rows
+from common.data import DataError, hub_rows, in_memory_rows, read_json_rows
+
+if TYPE_CHECKING:  # datasets is heavy: imported only where a hub split is loaded
+    from datasets import Dataset
 
 FORMATS = ("math", "answer", "webinstruct", "mmlu_pro", "supergpqa")
 ROW_VERIFIERS = ("alias",)  # values of an answer row's optional "verifier" field
@@ -60,12 +65,21 @@ class Loaded:
     skipped: list[str] = field(default_factory=list)
 
 
-def load_math_examples(path: str | Path, format: str = "auto", source: str | None = None) -> Loaded:
-    """Load a file (or ``hf://owner/name[:config]@split``) in one of ``FORMATS``."""
+def load_math_examples(
+    path: str | Path | Dataset | Sequence[Mapping[str, Any]],
+    format: str = "auto",
+    source: str | None = None,
+) -> Loaded:
+    """Load a file (or ``hf://owner/name[:config]@split``, a ``datasets.Dataset``, a list of
+    dicts) in one of ``FORMATS``."""
     if format != "auto" and format not in FORMATS:
         raise DataError(f"unknown format {format!r}; known: auto, {', '.join(FORMATS)}")
-    match = _HF_PATH.fullmatch(str(path))
-    if match:
+    memory = in_memory_rows(path)
+    match = None if memory is not None else _HF_PATH.fullmatch(str(path))
+    if memory is not None:
+        where, rows = memory
+        source = "" if source is None else source
+    elif match:
         rows, where = hub_rows(match["id"], match["config"], match["split"]), str(path)
         source = match["id"].rsplit("/", 1)[-1] if source is None else source
     elif str(path).startswith("hf://"):

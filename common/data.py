@@ -1,7 +1,8 @@
 """QA examples and their loaders.
 
-``load_qa(path)`` reads a JSON list or a jsonl file; ``format="auto"`` picks the format from the
-keys of the first row:
+``load_qa(path)`` reads a JSON list or a jsonl file, or takes the rows of a ``datasets.Dataset``
+or a list of dicts in place of a file; ``format="auto"`` picks the format from the keys of the
+first row:
 
 - ``flashrag``: ``{id, question, golden_answers, metadata}`` (what ``write_qa_jsonl`` writes);
   ``supporting_titles`` is added from FlashRAG's HotpotQA / 2Wiki ``supporting_facts`` and
@@ -22,19 +23,25 @@ MuSiQue ``idx`` and ``is_supporting``) and ``supporting_titles``; HotpotQA and 2
 An example's id is ``"{source}:{original id}"`` (the row's 0-based index when it has none), where
 ``source`` defaults to the file's stem; ``source=""`` keeps the ids as written, so a file written by
 ``write_qa_jsonl`` loads back equal. A bad row is a ``DataError`` naming the file, the 1-based line
-and the field.
+and the field. Rows given in memory are named ``<Dataset>, row N`` or ``<list>, row N`` (1-based),
+and their ids keep no source unless ``source`` is given.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # datasets is heavy: imported only where a hub split is loaded
+    from datasets import Dataset
 
 FORMATS = ("flashrag", "hotpotqa", "2wiki", "musique", "simple")
 _HF_PATH = re.compile(r"hf://(?P<id>[^:@]+)(?::(?P<config>[^@]+))?@(?P<split>.+)")
@@ -53,8 +60,16 @@ class QAExample:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def load_qa(path: str | Path, format: str = "auto", source: str | None = None) -> list[QAExample]:
-    """Load a QA file in one of ``FORMATS`` (or ``hf://owner/name[:config]@split`` from the hub)."""
+def load_qa(
+    path: str | Path | Dataset | Sequence[Mapping[str, Any]],
+    format: str = "auto",
+    source: str | None = None,
+) -> list[QAExample]:
+    """Load a QA file in one of ``FORMATS`` (or ``hf://owner/name[:config]@split`` from the hub),
+    or the rows of a ``datasets.Dataset`` or a list of dicts (``in_memory_rows``)."""
+    memory = in_memory_rows(path)
+    if memory is not None:
+        return _parse_rows(memory[1], memory[0], format, "" if source is None else source)
     match = _HF_PATH.fullmatch(str(path))
     if match:
         return load_hf_qa(match["id"], match["split"], match["config"], format, source)
@@ -91,7 +106,9 @@ def check_where(where: Mapping[str, Sequence[str]], name: str) -> None:
 
 
 def load_qa_where(
-    path: str | Path, where: Mapping[str, Sequence[str]], name: str = "where"
+    path: str | Path | Dataset | Sequence[Mapping[str, Any]],
+    where: Mapping[str, Sequence[str]],
+    name: str = "where",
 ) -> list[QAExample]:
     """``load_qa(path)`` kept by ``where`` (``keep_where``; all rows when empty). A value that
     matches no row, or a filter that keeps none, is a ``DataError`` naming ``name`` (the config
@@ -102,10 +119,11 @@ def load_qa_where(
     matched: set[tuple[str, str]] = set()
     kept = keep_where(examples, where, matched)
     unmatched = [f"{k}={v}" for k, vs in where.items() for v in vs if (k, str(v)) not in matched]
+    label = data_label(path)
     if unmatched:
-        raise DataError(f"{name}: {', '.join(unmatched)} matches no question in {path}")
+        raise DataError(f"{name}: {', '.join(unmatched)} matches no question in {label}")
     if not kept:
-        raise DataError(f"{name}: no question of {path} matches every key of {dict(where)}")
+        raise DataError(f"{name}: no question of {label} matches every key of {dict(where)}")
     return kept
 
 
@@ -139,6 +157,44 @@ def hub_rows(dataset_id: str, config: str | None, split: str) -> list[tuple[str,
             "Without network (or with HF_HUB_OFFLINE / HF_DATASETS_OFFLINE set) only datasets "
             "already in the local cache load; download it first or point to a local file."
         ) from None
+    return _numbered(rows)
+
+
+def data_label(data: Any) -> str:
+    """How messages name a data source: a path as written, ``<Dataset>`` or ``<list>``."""
+    if isinstance(data, str | os.PathLike):
+        return str(data)
+    return "<list>" if isinstance(data, list | tuple) else "<Dataset>"
+
+
+def in_memory_rows(data: Any) -> tuple[str, list[tuple[str, Any]]] | None:
+    """``(where, rows)`` for data given in place of a file: a ``datasets.Dataset`` (``<Dataset>``)
+    or a list of dicts (``<list>``), each row labelled ``row N`` (1-based) as a hub split's are;
+    None for a path. A ``DatasetDict``, an empty one or another type is a ``DataError``."""
+    if isinstance(data, str | os.PathLike):
+        return None
+    datasets = sys.modules.get("datasets")  # a Dataset means the package is loaded
+    if datasets is not None and isinstance(
+        data, datasets.DatasetDict | datasets.IterableDatasetDict
+    ):
+        raise DataError(
+            f"a DatasetDict of the splits {sorted(data)}: pass one split, e.g. data['train']"
+        )
+    if not (
+        isinstance(data, list | tuple)
+        or (datasets is not None and isinstance(data, datasets.Dataset))
+    ):
+        raise DataError(
+            f"expected a file path, a datasets.Dataset or a list of dicts, got {type(data).__name__}"
+        )
+    where = data_label(data)
+    rows = _numbered(data)
+    if not rows:
+        raise DataError(f"{where}: no rows")
+    return where, rows
+
+
+def _numbered(rows: Any) -> list[tuple[str, Any]]:
     return [(f"row {i + 1}", row) for i, row in enumerate(rows)]
 
 

@@ -19,7 +19,7 @@ Built-ins here: the rewards ``exact_match`` and ``f1`` (the search agent's), the
 in ``cer.rewards.groups``, EviBack's backoff in ``eviback.backoff``). A config names one by a
 built-in name or an import path, ``reward.fn=package.module:Name`` (a class is instantiated,
 with the keyword arguments of a ``*_args`` mapping where the config has one, e.g.
-``reward.step_scorer_args``); ``load_part`` resolves and checks it when the config is built. A user's
+``reward.fn_args``, ``reward.step_scorer_args``); ``load_part`` resolves and checks it when the config is built. A user's
 reward, in ``my_rewards.py`` on the path::
 
     import torch
@@ -299,18 +299,25 @@ class RewardConfig:
     advantage: str = field(
         default="grpo", metadata={"help": "advantage estimator: grpo | rloo | package.module:Name"}
     )
+    fn_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "keyword arguments for a reward that is a class, e.g. reward.fn="
+            "common.reward_adapters:TRLReward reward.fn_args.function=trl.rewards:accuracy_reward"
+        },
+    )
 
     def __post_init__(self) -> None:
         # an import path is resolved now, so a typo fails before any model loads; a built-in
         # name resolves when the trainer asks (tests/test_cli_fast.py: all do), so building
         # the defaults (a CLI's --help) imports no reward module and no torch
-        if self.fn not in self.REWARDS:
+        if self.fn not in self.REWARDS or self.fn_args:
             self.reward_fn()
         if self.advantage not in self.ESTIMATORS:
             self.estimator()
 
     def reward_fn(self) -> OutcomeReward:
-        return load_part(self.fn, "reward.fn", "reward", self.REWARDS)
+        return load_part(self.fn, "reward.fn", "reward", self.REWARDS, self.fn_args)
 
     def estimator(self) -> AdvantageEstimator:
         return load_part(self.advantage, "reward.advantage", "estimator", self.ESTIMATORS)

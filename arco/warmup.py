@@ -600,16 +600,20 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, dtype=cfg.train.weights_dtype()
     )
     model.rubric_meta = rubric_settings(cfg)
-    # train.seed, lr and grad_accum: ArcoConfig.DERIVED; weight_decay, max_grad_norm and the
-    # schedule are RL's keys, the warmup's own are under warmup
+    # the warmup's optimizer: train.weight_decay, max_grad_norm and the schedule are RL's keys,
+    # the warmup's own are under warmup; a copy, so the run's config keeps what the user set
+    # (train.seed, lr and grad_accum: ArcoConfig.DERIVED)
     cfg.train.seed = cfg.seed
-    cfg.train.lr = w.pi_lr
-    cfg.train.weight_decay = w.weight_decay
-    cfg.train.max_grad_norm = w.max_grad_norm
-    cfg.train.scheduler = "constant"
-    cfg.train.grad_accum = 1
+    warm_train = replace(
+        cfg.train,
+        lr=w.pi_lr,
+        weight_decay=w.weight_decay,
+        max_grad_norm=w.max_grad_norm,
+        scheduler="constant",
+        grad_accum=1,
+    )
     lrs = {"policy": w.pi_lr, "rubric": w.mu_lr, "head": w.head_lr}
-    train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))
+    train = TrainEngine(model, warm_train, param_groups=model.groups(lrs))
     logger = MetricsLogger.from_config(out, cfg.log, cfg) if train.is_main else None
     retriever, agent_cfg = build_environment(
         cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url

@@ -55,7 +55,11 @@ def warmed(tiny_world, tmp_path_factory) -> Path:
     from arco.warmup import run_warmup
 
     out = tmp_path_factory.mktemp("arco")
-    run_warmup(load_config(ArcoConfig, CONFIG, overrides(tiny_world, out)))
+    # RL's optimizer keys set apart from the warmup's (warmup.*), which the warmup trains with
+    rl_keys = ["train.weight_decay=0.02", "train.max_grad_norm=0.5"]
+    cfg = load_config(ArcoConfig, CONFIG, overrides(tiny_world, out) + rl_keys)
+    run_warmup(cfg)
+    assert (cfg.train.weight_decay, cfg.train.max_grad_norm) == (0.02, 0.5)  # not overwritten
     return out
 
 

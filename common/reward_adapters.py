@@ -39,7 +39,6 @@ function and the group; an exception from the function carries a note naming bot
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 import numbers
@@ -47,7 +46,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from common.rewards import Group, RewardContext, Rewards
+from common.rewards import Group, RewardContext, Rewards, import_object
 
 if TYPE_CHECKING:  # torch loads where a reward runs, not when a config names one
     from torch import Tensor
@@ -274,9 +273,7 @@ def _resolve(
         if not (sep and module and attr):
             raise ValueError(f"function={function!r} is not of the form package.module:name")
         try:
-            obj: Any = importlib.import_module(module)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
+            obj: Any = import_object(module, attr)
         except Exception as e:  # noqa: BLE001 - any failure to import is the user's to see
             raise ValueError(
                 f"function={function!r} does not import: {type(e).__name__}: {e}".splitlines()[0]

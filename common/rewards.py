@@ -223,6 +223,15 @@ ESTIMATORS = {"grpo": "common.rewards:grpo", "rloo": "common.rewards:rloo"}
 PROTOCOLS = {"reward": OutcomeReward, "step scorer": StepScorer, "estimator": AdvantageEstimator}
 
 
+def import_object(module: str, name: str) -> Any:
+    """``module``'s attribute ``name`` (dotted names walk into it): what ``package.module:Name``
+    names. Raises what the import or the lookup raises."""
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def load_part(
     spec: str,
     key: str,
@@ -243,9 +252,7 @@ def load_part(
             f"{key}={spec!r} is neither a built-in ({', '.join(builtins)}) nor package.module:Name"
         )
     try:
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
+        obj: Any = import_object(module, name)
     except Exception as e:  # noqa: BLE001 - any failure to import is the user's to see
         raise ValueError(
             f"{key}={spec!r} does not import: {type(e).__name__}: {e}".splitlines()[0]

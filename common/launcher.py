@@ -33,10 +33,25 @@ def without_local_rank(argv: Sequence[str] | None = None) -> list[str]:
     return out
 
 
+class RunStopped(RuntimeError):
+    """A guard stopped a run (a failing teacher or server, non-finite numbers): the message is
+    the one line that says why; the checkpoints saved before it are intact. Every rank raises it
+    at the same step, so no rank waits in a collective."""
+
+
+STOPPED_EXIT_CODE = 3
+
+
 def run_command(main: Callable[[], int]) -> NoReturn:
     """A package's console script and ``python -m``: ``main()``, then ``exit_process`` with its
-    code (a launcher's rank leaves without C++'s static teardown, common.train.distributed)."""
-    code = main()
+    code (a launcher's rank leaves without C++'s static teardown, common.train.distributed).
+    A ``RunStopped`` is printed in one line (by rank 0) and exits with ``STOPPED_EXIT_CODE``."""
+    try:
+        code = main()
+    except RunStopped as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"stopped: {e}", file=sys.stderr, flush=True)
+        code = STOPPED_EXIT_CODE
     if "torch" not in sys.modules:  # --help, a config error: no process group to leave
         sys.exit(code)
     from common.train.distributed import exit_process

@@ -5,12 +5,16 @@
 
 ``chat_many`` never raises: a request that still fails after its retries comes back as a
 ``ChatResult`` with ``error`` set. Requests run on a thread pool, at most ``max_concurrency`` in
-flight per client (across concurrent ``chat_many`` calls too). Connection errors, timeouts, 429
-and 5xx are retried with exponential backoff ``backoff · 2^attempt`` seconds (or the server's
-``Retry-After`` when longer); other 4xx answers and malformed bodies are not. Successful results
-are cached on disk, one JSON file per request, keyed by the sha256 of (base_url, model,
-messages, sampling parameters, cache tag). The API key is read from the environment variable
-``api_key_env`` and never appears in repr, logs, errors or the cache.
+flight per client (across concurrent ``chat_many`` calls too). Connection errors, timeouts, 429,
+5xx and malformed bodies (not JSON, no ``choices``) are retried with exponential backoff
+``backoff · 2^attempt`` seconds (or the server's ``Retry-After`` when longer); other 4xx answers
+are not. ``timeout`` bounds each network wait; ``deadline`` bounds a whole attempt, so a server
+that trickles bytes cannot hold a request past it. Successful results are cached on disk, one
+JSON file per request, keyed by the sha256 of (base_url, model, messages, sampling parameters,
+cache tag); a reply the caller's ``accept`` refuses (e.g. a verdict that does not parse) is
+counted (``stats.rejected``) and never cached. ``probe()`` asks the server before a run loads
+anything: it answers, and it serves ``model``. The API key is read from the environment
+variable ``api_key_env`` and never appears in repr, logs, errors or the cache.
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from common.launcher import RunStopped
 from common.redact import redact
 
 log = logging.getLogger(__name__)
@@ -49,6 +55,11 @@ class ChatResult:
     completion_tokens: int = 0
     latency_s: float = 0.0
     cached: bool = False
+    rejected: bool = False  # the caller's ``accept`` refused the text (not cached)
+
+
+class EndpointError(RunStopped):
+    """The endpoint cannot serve the run (``probe``): not answering, or not serving the model."""
 
 
 @dataclass
@@ -60,6 +71,7 @@ class ClientStats:
     requests: int = 0  # HTTP attempts, retries included
     retries: int = 0
     failures: int = 0  # items that came back with an error
+    rejected: int = 0  # replies the caller's ``accept`` refused
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_s: float = 0.0
@@ -91,6 +103,7 @@ class LLMClient:
     api_key_env: str = "OPENAI_API_KEY"
     max_concurrency: int = 8
     timeout: float = 60.0
+    deadline: float | None = None  # seconds for a whole attempt; None: 3 x timeout
     retries: int = 3
     backoff: float = 1.0
     cache_dir: str | Path | None = None
@@ -107,6 +120,10 @@ class LLMClient:
             raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
         if self.retries < 0:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
+        if self.deadline is None:
+            self.deadline = 3 * self.timeout
+        if self.deadline <= 0:
+            raise ValueError(f"deadline must be > 0 seconds, got {self.deadline}")
         self.base_url = self.base_url.rstrip("/")
         # Kept off the dataclass fields so that repr, asdict and the cache key never see it.
         self.__key = os.environ.get(self.api_key_env) or None
@@ -149,31 +166,86 @@ class LLMClient:
         }
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
-    def chat_many(self, messages_list: list[Messages], cache_tag: str = "") -> list[ChatResult]:
+    def chat_many(
+        self,
+        messages_list: list[Messages],
+        cache_tag: str = "",
+        accept: Callable[[str], bool] | None = None,
+    ) -> list[ChatResult]:
         """One ``ChatResult`` per message list, in order. A failed request gives a result with
-        ``error`` set; only malformed input (a caller's bug) raises, before any request."""
+        ``error`` set; only malformed input (a caller's bug) raises, before any request.
+        ``accept(text)``: False marks the result ``rejected`` and keeps it out of the cache (a
+        cached entry it refuses is asked again)."""
         for i, messages in enumerate(messages_list):
             _check_messages(messages, i)
         if not messages_list:
             return []
         workers = min(self.max_concurrency, len(messages_list))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm") as pool:
-            return list(pool.map(lambda m: self._chat_one(m, cache_tag), messages_list))
+            results = list(pool.map(lambda m: self._chat_one(m, cache_tag, accept), messages_list))
+        rejected = sum(r.rejected for r in results)
+        if rejected:
+            log.warning(
+                "%d of %d replies from %s (model %s) were refused by the caller's check and not "
+                "cached; first: %r",
+                rejected, len(results), redact(self.base_url), self.model,
+                next(r.text for r in results if r.rejected)[:200],
+            )  # fmt: skip
+        return results
 
     def chat(self, messages: Messages, cache_tag: str = "") -> ChatResult:
         return self.chat_many([messages], cache_tag)[0]
 
+    def probe(self, timeout: float = 10.0) -> None:
+        """Raise ``EndpointError`` in one line unless the server answers and serves ``model``:
+        ``GET /models`` lists it (OpenAI, vLLM), or, where the server has no model list, a
+        one-token chat request succeeds. Call before any model loads."""
+        url = f"{self.base_url}/models"
+        where = f"{redact(self.base_url)} (model {self.model})"
+        try:
+            response = self._http.get(url, timeout=timeout)
+        except httpx.HTTPError as e:
+            raise EndpointError(f"{where} is not answering: {type(e).__name__}: {e}") from e
+        if response.status_code == 200:
+            try:
+                served = [m["id"] for m in response.json()["data"]]
+            except (ValueError, KeyError, TypeError):
+                served = None
+            if served is not None:
+                if self.model not in served:
+                    raise EndpointError(f"{where}: the server serves {served}, not {self.model!r}")
+                return
+        elif response.status_code in (401, 403):
+            raise EndpointError(
+                f"{where} refused the credentials (HTTP {response.status_code}): set "
+                f"{self.api_key_env}"
+            )
+        body = {"model": self.model, "messages": [{"role": "user", "content": "ping"}],
+                "max_tokens": 1}  # fmt: skip
+        try:
+            self._request(body)
+        except _Failure as e:
+            raise EndpointError(f"{where} cannot answer a chat request: {e}") from e
+
     # --- one request ---------------------------------------------------------------------
 
-    def _chat_one(self, messages: Messages, cache_tag: str) -> ChatResult:
+    def _chat_one(
+        self, messages: Messages, cache_tag: str, accept: Callable[[str], bool] | None
+    ) -> ChatResult:
         key = self.cache_key(messages, cache_tag)
         cached = self._cache_read(key)
+        if cached is not None and accept is not None and not accept(cached.text or ""):
+            cached = None  # written before the check existed: asked again
         with self._lock:
             self.stats.calls += 1
             self.stats.cache_hits += cached is not None
         if cached is not None:
             return cached
         result = self._request_with_retries(messages)
+        if result.error is None and accept is not None and not accept(result.text or ""):
+            with self._lock:
+                self.stats.rejected += 1
+            return replace(result, rejected=True)
         if result.error is None:
             self._cache_write(key, result)
         return result
@@ -209,23 +281,34 @@ class LLMClient:
 
     def _request(self, body: dict[str, Any]) -> dict[str, Any]:
         url = f"{self.base_url}/chat/completions"
+        end = time.monotonic() + self.deadline
         try:
-            response = self._http.post(url, json=body)
+            with self._http.stream("POST", url, json=body) as response:
+                raw = bytearray()
+                for chunk in response.iter_bytes():
+                    raw += chunk
+                    if time.monotonic() > end:
+                        raise _Failure(
+                            f"no whole answer within the {self.deadline:g}s deadline at {url} "
+                            f"({len(raw)} bytes read)",
+                            True,
+                        )
         except httpx.TimeoutException as e:
             raise _Failure(
                 f"timeout after {self.timeout}s ({type(e).__name__}) at {url}", True
             ) from e
         except httpx.TransportError as e:
             raise _Failure(f"connection error at {url}: {type(e).__name__}: {e}", True) from e
+        text_body = raw.decode("utf-8", errors="replace")
         if response.status_code != 200:
             retry = response.status_code in _RETRY_STATUS
             raise _Failure(
-                f"HTTP {response.status_code} from {url}: {response.text[:300]}",
+                f"HTTP {response.status_code} from {url}: {text_body[:300]}",
                 retry,
                 _retry_after(response) if retry else 0.0,
             )
         try:
-            data = response.json()
+            data = json.loads(text_body)
             text = data["choices"][0]["message"]["content"]
             usage = data.get("usage") or {}
             prompt, completion = (
@@ -233,9 +316,10 @@ class LLMClient:
                 int(usage.get("completion_tokens", 0)),
             )
         except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise _Failure(f"malformed response from {url}: {type(e).__name__}: {e}", False) from e
+            # a proxy's or an overloaded server's broken answer: another attempt may succeed
+            raise _Failure(f"malformed response from {url}: {type(e).__name__}: {e}", True) from e
         if not isinstance(text, str):
-            raise _Failure(f"response from {url} has no message content", False)
+            raise _Failure(f"response from {url} has no message content", True)
         return {"text": text, "prompt": prompt, "completion": completion}
 
     def _account(self, result: dict[str, Any], latency: float) -> None:

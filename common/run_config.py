@@ -55,6 +55,14 @@ class SearchAssetsConfig(AssetsConfig):
         default="",
         metadata={"help": "a Search-R1 /retrieve server (replaces corpus when set)"},
     )
+    retrieval_max_wait_s: float = field(
+        default=300.0,
+        metadata={
+            "help": "seconds the run waits for a retrieval server that stopped answering before "
+            "it stops in one line (a restart takes 13-22 s)",
+            "gt": 0,
+        },
+    )
 
 
 @dataclass

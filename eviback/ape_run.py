@@ -262,6 +262,7 @@ def run_ape(cfg: EviBackConfig) -> dict:
             labeller = llm_client(
                 a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache", a.api_key_env
             )
+            labeller.probe()  # before the policy model loads for the rollouts
         rows, counts = rollout_benchmark(cfg, labeller)
         write_benchmark(bench, rows)
         counts_file.write_text(json.dumps(counts, indent=2))
@@ -270,10 +271,12 @@ def run_ape(cfg: EviBackConfig) -> dict:
     teacher = llm_client(
         a.teacher_endpoint, a.teacher_model, cfg.teacher, out / "cache", a.api_key_env
     )
+    teacher.probe()
     if a.controller_endpoint:
         controller = llm_client(
             a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache", a.api_key_env
         )
+        controller.probe()
         prompts_a, n_a = controller_candidates(controller, "A", cfg.ape.candidates_a, cfg.seed)
         prompts_b, n_b = controller_candidates(controller, "B", cfg.ape.candidates_b, cfg.seed)
         written_a = controller_written(controller, "A", cfg.ape.written_a)

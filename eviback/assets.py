@@ -136,7 +136,7 @@ def build_retriever(assets: AssetsConfig) -> Retriever:
     if assets.retrieval_url:
         from common.retrieval.client import HTTPRetriever
 
-        return HTTPRetriever(assets.retrieval_url)
+        return HTTPRetriever(assets.retrieval_url, max_wait=assets.retrieval_max_wait_s)
     from common.retrieval.index_folder import is_index_folder, load_index
 
     if is_index_folder(assets.corpus):
@@ -161,7 +161,9 @@ def llm_client(
         api_key_env=api_key_env,
         max_concurrency=teacher.max_concurrency,
         timeout=teacher.timeout,
+        deadline=teacher.deadline,
         retries=teacher.retries,
+        backoff=teacher.backoff,
         cache_dir=cache_dir,
         temperature=teacher.temperature,
         top_p=teacher.top_p,
@@ -182,9 +184,14 @@ def teacher_policy(teacher: TeacherConfig) -> TeacherPolicy:
 
 
 def build_teacher(
-    assets: AssetsConfig, teacher: TeacherConfig, cache_dir: str | Path | None
+    assets: AssetsConfig,
+    teacher: TeacherConfig,
+    cache_dir: str | Path | None,
+    probe: bool = False,
 ) -> Teacher | None:
-    """None when the teacher is off (the Search-R1 baseline)."""
+    """None when the teacher is off (the Search-R1 baseline). ``probe``: an LLM teacher's
+    endpoint must answer and serve ``assets.teacher_model`` (``LLMClient.probe``; an
+    ``EndpointError`` in one line otherwise)."""
     if not teacher.enabled:
         return None
     if teacher.backend == "oracle":
@@ -192,4 +199,6 @@ def build_teacher(
     client = llm_client(
         assets.teacher_endpoint, assets.teacher_model, teacher, cache_dir, assets.api_key_env
     )
+    if probe:
+        client.probe()
     return TwoStageTeacher(client, teacher_policy(teacher))

@@ -50,6 +50,7 @@ class Backoff:
     stats: TeacherStats
     all_zero_groups: int
     groups: int
+    missing_groups: int = 0  # all-zero groups left at EM: a verdict of theirs failed to come
 
 
 def backoff_rewards(
@@ -63,6 +64,10 @@ def backoff_rewards(
     r_i = β·supported_i + γ·eligible_i·F1(teacher answer_i, gold), scale λ. ``cfg`` None (no
     teacher): EM, scale 1. ``em_gate``: EM counts only from a well-formed trajectory
     (``actor_em``), so a malformed correct rollout earns 0 and leaves its group all-zero.
+
+    A failed request (``Verdict.failed``: no answer after the retries) is a missing verdict,
+    not "insufficient evidence": its group is rewarded as if the teacher were off for it (EM,
+    scale 1; all-zero, so it moves nothing) and counted in ``missing_groups``.
     """
     groups: dict[str, list[int]] = {}
     for i, t in enumerate(trajs):
@@ -71,9 +76,13 @@ def backoff_rewards(
     facts = [rollout_facts(t) for t in trajs]
     all_zero = [g for g, idx in groups.items() if not any(em[i] for i in idx)]
     rewards, scales, fell_back = list(em), [1.0] * len(trajs), [False] * len(trajs)
+    missing = 0
     if cfg is not None:
         for idx in groups.values():
             final = [judged[i].final if judged[i] else None for i in idx]
+            if any(v is not None and v.failed for v in final):
+                missing += 1  # the teacher off for this group: EM, scale 1
+                continue
             r, fb = group_rewards(
                 [em[i] for i in idx],
                 [is_supported(v) for v in final],
@@ -94,6 +103,7 @@ def backoff_rewards(
         stats,
         len(all_zero),
         len(groups),
+        missing,
     )
 
 
@@ -111,6 +121,8 @@ def backoff_metrics(b: Backoff) -> dict[str, float]:
         "teacher/A": s.ambiguous / judged,
         "teacher/invalid": s.invalid / judged,
         "teacher/failures": s.failures,
+        "teacher/failure_share": s.failure_share,
+        "teacher/missing_groups": b.missing_groups,
         "teacher/tokens": s.prompt_tokens + s.completion_tokens,
         "teacher/latency_s": s.latency_s,
         "backoff_reward_mean": sum(fallback) / len(fallback) if fallback else 0.0,

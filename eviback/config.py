@@ -160,8 +160,26 @@ class TeacherConfig:
         default=2,
         metadata={"help": "groups judged at once in the background (with overlap)", "ge": 1},
     )
-    timeout: float = field(default=60.0, metadata={"help": "seconds per teacher request", "gt": 0})
+    timeout: float = field(
+        default=60.0, metadata={"help": "seconds of each network wait of a request", "gt": 0}
+    )
+    deadline: float = field(
+        default=300.0,
+        metadata={"help": "seconds for a whole attempt, however slowly the server sends", "gt": 0},
+    )
     retries: int = field(default=3, metadata={"help": "retries of a failed request", "ge": 0})
+    backoff: float = field(
+        default=1.0, metadata={"help": "seconds before the first retry (doubling)", "ge": 0}
+    )
+    max_failure_share: float = field(
+        default=0.5,
+        metadata={
+            "help": "a step whose teacher requests fail or do not parse over this share (all "
+            "ranks) stops the run; 1 = never",
+            "ge": 0,
+            "le": 1,
+        },
+    )
     temperature: float = field(
         default=0.0, metadata={"help": "teacher sampling temperature", "ge": 0}
     )

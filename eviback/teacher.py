@@ -30,17 +30,21 @@ _CONTRACT = re.compile(
 
 @dataclass(frozen=True)
 class Verdict:
-    """A teacher's judgement of one item; ``error`` says why an invalid verdict is invalid."""
+    """A teacher's judgement of one item; ``error`` says why an invalid verdict is invalid.
+    ``failed``: no answer came back (the request failed after its retries), so there is no
+    verdict at all: the reward treats the item as missing (``eviback.backoff``), not as a
+    judgement of insufficient evidence."""
 
     valid: bool
     status: Status | None
     answer: str = ""
     reason: str = ""
     error: str = ""
+    failed: bool = False
 
 
-def _invalid(error: str) -> Verdict:
-    return Verdict(False, None, "", "", error)
+def _invalid(error: str, failed: bool = False) -> Verdict:
+    return Verdict(False, None, "", "", error, failed)
 
 
 def parse_verdict(text: str | None) -> Verdict:
@@ -151,7 +155,7 @@ class TeacherStats:
     items: int = 0
     calls_a: int = 0
     calls_b: int = 0
-    failures: int = 0  # backend errors, each also an invalid verdict
+    failures: int = 0  # backend errors (no answer), each also an invalid, failed verdict
     invalid_a: int = 0
     invalid_b: int = 0
     cached: int = 0
@@ -175,6 +179,11 @@ class TeacherStats:
     @property
     def calls(self) -> int:
         return self.calls_a + self.calls_b
+
+    @property
+    def failure_share(self) -> float:
+        """The share of requests that gave no usable verdict: failed, or did not parse."""
+        return (self.invalid_a + self.invalid_b) / self.calls if self.calls else 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "calls": self.calls}
@@ -213,6 +222,12 @@ class TeacherPolicy:
         return f"gated:{self.stage_a}+{self.stage_b}:gate={gate}:canon={int(self.canonicalize)}"
 
 
+def parses(text: str) -> bool:
+    """Whether a teacher reply keeps the verdict contract (an ``LLMClient``'s ``accept``: a reply
+    that does not parse is counted, warned about and never cached, so a resume asks again)."""
+    return parse_verdict(text).valid
+
+
 def as_backend(client_or_backend: Any) -> Backend:
     """A backend from an ``LLMClient`` (anything with ``chat_many``) or a backend callable."""
     chat_many = getattr(client_or_backend, "chat_many", None)
@@ -220,13 +235,14 @@ def as_backend(client_or_backend: Any) -> Backend:
         if not callable(client_or_backend):
             raise TypeError("a teacher backend must have chat_many() or be callable")
         return client_or_backend
-    return lambda batch: [(r.text, asdict(r)) for r in chat_many(batch)]
+    return lambda batch: [(r.text, asdict(r)) for r in chat_many(batch, accept=parses)]
 
 
 class TwoStageTeacher:
     """Runs Stage A on every item, Stage B on the gated ones, and merges (``merge_verdicts``).
 
-    A backend failure (text None) is a counted, invalid verdict; nothing raises for it.
+    A backend failure (text None) is a counted, invalid verdict marked ``failed`` (missing, not
+    a judgement); nothing raises for it.
     """
 
     def __init__(self, client_or_backend: Any, policy: TeacherPolicy):
@@ -285,7 +301,7 @@ class TwoStageTeacher:
             stats.cached += bool(meta.get("cached", False))
             if text is None:
                 stats.failures += 1
-                verdicts.append(_invalid(f"client: {meta.get('error') or 'no text'}"))
+                verdicts.append(_invalid(f"client: {meta.get('error') or 'no text'}", True))
             else:
                 verdicts.append(parse_verdict(text))
         return verdicts

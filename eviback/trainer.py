@@ -17,7 +17,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -27,6 +27,8 @@ import torch
 from common.batches import group_grad_accum, rank_questions
 from common.config import ConfigError
 from common.data import QAExample
+from common.launcher import RunStopped
+from common.redact import redact
 from common.rewards import RewardContext, groups_of
 from common.rl_loop import (
     all_ranks_mean,
@@ -43,6 +45,7 @@ from common.train import (
     TrainEngine,
     load_for_training,
 )
+from common.train.distributed import all_reduce_values
 from common.train.memory_plan import announce_plan
 from common.train.run_folder import RunFolder
 from eviback.assets import build_retriever, build_teacher, load_questions, select_questions
@@ -176,16 +179,19 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     run = Run("eviback", cfg)  # the run folder: lock, settings check
     try:
         policy_sha = check_policy_file(run.dir, cfg, run.folder)  # the frozen APE policy, unchanged
-    except ConfigError:
+        # every rank asks the endpoint before any model loads: it answers and serves the model
+        teacher = build_teacher(a, cfg.teacher, run.dir / "teacher_cache", probe=True)
+    except (ConfigError, RunStopped):
         run.close()
         raise
+    if teacher is not None:
+        run.step_checks.append(teacher_failure_check(cfg))
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
     model = load_for_training(a.model, cfg.train, partition=cfg.loss.kl_coef == 0)
     train = TrainEngine(model, cfg.train, reference=cfg.loss.kl_coef > 0)
     engine = build_engine(cfg.engine, a.model, train.model, tokenizer, cfg.seed + train.rank)
     retriever = build_retriever(a)
-    teacher = build_teacher(a, cfg.teacher, run.dir / "teacher_cache")
     by_id = {ex.id: ex for ex in train_set}
     overlap = (
         TeacherOverlap(teacher, by_id, cfg.teacher.workers, cfg.em_well_formed)
@@ -230,6 +236,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             else teacher_verdicts(trajs, by_id, teacher, cfg.em_well_formed)
         )
         timings["teacher"] = time.perf_counter() - t0
+        failed, calls = all_reduce_values([stats.invalid_a + stats.invalid_b, stats.calls])
         extra = {"judgements": judged, "teacher_stats": stats, "em_gate": cfg.em_well_formed,
                  "teacher": cfg.teacher if teacher is not None else None}  # fmt: skip
         ctx = RewardContext(train.model, tokenizer, engine, step, extra)
@@ -239,7 +246,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         b = out.extras.get("backoff") or replace(
             backoff_rewards(trajs, judged, stats, None, cfg.em_well_formed), rewards=out.values
         )
-        upd = run.update_and_push(trajs, adv, timings)
+        upd = run.update_and_push(trajs, adv, timings, rewards=out.values)
         timings["step"] = time.perf_counter() - t_step
         metrics = {
             **rollout_metrics(trajs),
@@ -250,6 +257,8 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             **{f"time/{k}": v for k, v in timings.items()},
         }
         metrics["backoff_adv_share"] = fallback_advantage_share(adv, b.fell_back)
+        if teacher is not None:  # over all ranks: the same on every rank (teacher_failure_check)
+            metrics["teacher/failure_share"] = failed / calls if calls else 0.0
         # tokens through the model (the teacher is external: teacher/tokens), every rank's summed
         counts = {k: v for k, v in upd.items() if k.startswith(SUMMED_PREFIXES)}
         metrics |= all_ranks_mean(counts | rollout_token_metrics(trajs), len(trajs))
@@ -267,6 +276,25 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     if overlap:
         overlap.close()
     return out
+
+
+def teacher_failure_check(cfg: EviBackConfig) -> Callable[[int, dict[str, float]], None]:
+    """A step check (``Run.step_checks``): the run stops when the share of the step's teacher
+    requests, over all ranks, that failed after their retries or did not parse exceeds
+    ``teacher.max_failure_share``. A teacher down, a wrong model name or a reply format the
+    parser never reads stops at the first step, not as the Search-R1 baseline at the end."""
+    limit, where = cfg.teacher.max_failure_share, cfg.assets.teacher_endpoint
+
+    def check(step: int, metrics: dict[str, float]) -> None:
+        share = metrics.get("teacher/failure_share", 0.0)
+        if share > limit:
+            raise RunStopped(
+                f"step {step}: {share:.0%} of the teacher's requests to {redact(where)} (model "
+                f"{cfg.assets.teacher_model}) failed or did not parse, over "
+                f"teacher.max_failure_share={limit:g}; the warnings above name the errors"
+            )
+
+    return check
 
 
 POLICY_RECORD = "teacher_policy.json"

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 import pytest
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from loopback_server import serve
 
-from common.llm_client import LLMClient
+from common.llm_client import EndpointError, LLMClient
 
 SECRET = "sk-test-0123456789-very-secret"
 
@@ -29,6 +29,9 @@ class ServerState:
     sleep_s: float = 0.0
     echo_auth: bool = False  # a 401 whose body echoes the Authorization header
     bad_body: bool = False  # a 200 without choices
+    bad_body_next: int = 0  # that many 200s that are not JSON, then answers
+    trickle_s: float = 0.0  # a valid answer sent a byte at a time, this many seconds apart
+    models: list[str] | None = None  # GET /v1/models lists these (None: 404)
     requests: int = 0
     concurrent: int = 0
     max_concurrent: int = 0
@@ -53,6 +56,9 @@ def make_app(state: ServerState) -> FastAPI:
                 return JSONResponse({"error": detail}, status_code=401)
             if state.bad_body:
                 return {"object": "chat.completion", "choices": []}
+            if state.bad_body_next > 0:
+                state.bad_body_next -= 1
+                return PlainTextResponse('{"choices": [{"message": {"content": "cut')
             if state.fail_next > 0:
                 state.fail_next -= 1
                 return JSONResponse({"error": "boom"}, status_code=state.fail_status)
@@ -62,11 +68,26 @@ def make_app(state: ServerState) -> FastAPI:
             text = f"echo {prompt}"
             usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())}
             message = {"role": "assistant", "content": text}
-            return {"choices": [{"index": 0, "message": message}], "usage": usage}
+            answer = {"choices": [{"index": 0, "message": message}], "usage": usage}
+            if state.trickle_s:
+                return StreamingResponse(trickle(json.dumps(answer), state.trickle_s))
+            return answer
         finally:
             state.concurrent -= 1
 
+    @app.get("/v1/models")
+    async def models():
+        if state.models is None:
+            return JSONResponse({"error": "no such route"}, status_code=404)
+        return {"object": "list", "data": [{"id": m, "object": "model"} for m in state.models]}
+
     return app
+
+
+async def trickle(text: str, every_s: float):
+    for ch in text:
+        await asyncio.sleep(every_s)
+        yield ch.encode()
 
 
 @pytest.fixture(scope="module")
@@ -162,11 +183,86 @@ def test_client_error_is_not_retried(srv):
     assert "HTTP 400" in r.error and state.requests == 1
 
 
-def test_malformed_body_is_an_error_and_not_retried(srv):
+def test_a_malformed_body_is_retried_and_the_next_answer_taken(srv):
+    state, url = srv
+    state.bad_body_next = 1  # one 200 whose body is cut JSON
+    c = client(url, retries=3)
+    [r] = c.chat_many([msgs("x")])
+    assert r.text == "echo x" and r.error is None
+    assert state.requests == 2 and c.stats.retries == 1 and c.stats.failures == 0
+
+
+def test_a_body_without_choices_every_time_is_an_error_after_the_retries(srv):
     state, url = srv
     state.bad_body = True
-    [r] = client(url, retries=3).chat_many([msgs("x")])
-    assert r.text is None and "malformed response" in r.error and state.requests == 1
+    c = client(url, retries=2)
+    [r] = c.chat_many([msgs("x")])
+    assert r.text is None and "malformed response" in r.error and state.requests == 3
+    assert c.stats.failures == 1
+
+
+def test_a_trickling_server_is_cut_at_the_deadline_though_no_read_times_out(srv):
+    state, url = srv
+    state.trickle_s = 0.05  # a byte every 50 ms: no wait reaches the 1 s timeout
+    c = client(url, timeout=1.0, deadline=0.6, retries=0)
+    start = time.perf_counter()
+    [r] = c.chat_many([msgs("x")])
+    took = time.perf_counter() - start
+    assert r.text is None and "0.6s deadline" in r.error
+    # the whole answer (~150 bytes) would take ~7.5 s; cut within a byte or two of 0.6 s
+    assert 0.6 <= took < 2.0
+    state.trickle_s = 0.0
+
+
+def test_accept_refuses_a_reply_which_is_counted_and_never_cached(srv, tmp_path):
+    state, url = srv
+    c = client(url, cache_dir=tmp_path)
+    wants_two = lambda text: text.endswith("two")  # noqa: E731
+    results = c.chat_many([msgs("one"), msgs("two")], accept=wants_two)
+    assert [(r.text, r.rejected) for r in results] == [("echo one", True), ("echo two", False)]
+    assert c.stats.rejected == 1 and c.stats.failures == 0
+    assert len(list(tmp_path.rglob("*.json"))) == 1  # only the accepted reply
+    again = c.chat_many([msgs("one"), msgs("two")], accept=wants_two)
+    assert [r.cached for r in again] == [False, True] and state.requests == 3
+
+
+def test_a_cached_reply_the_check_refuses_is_asked_again(srv, tmp_path):
+    state, url = srv
+    c = client(url, cache_dir=tmp_path)
+    c.chat_many([msgs("one")])  # cached before any check
+    [r] = c.chat_many([msgs("one")], accept=lambda text: False)
+    assert not r.cached and r.rejected and state.requests == 2
+
+
+def test_probe_passes_when_the_model_is_served(srv):
+    state, url = srv
+    state.models = ["other", "tiny"]
+    client(url).probe()
+    assert state.requests == 0  # the model list was enough
+
+
+def test_probe_names_the_served_models_when_the_model_is_not_among_them(srv):
+    state, url = srv
+    state.models = ["Qwen/Qwen3-8B"]
+    with pytest.raises(EndpointError, match=r"serves \['Qwen/Qwen3-8B'\], not 'tiny'"):
+        client(url).probe()
+
+
+def test_probe_without_a_model_list_sends_one_token_chat(srv):
+    state, url = srv  # GET /v1/models is a 404 here
+    client(url).probe()
+    assert state.requests == 1 and state.bodies[0]["max_tokens"] == 1
+    state.fail_next, state.fail_status = 1, 404
+    with pytest.raises(EndpointError, match="cannot answer a chat request: HTTP 404"):
+        client(url, retries=0).probe()
+
+
+def test_probe_of_a_closed_port_says_not_answering():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(EndpointError, match=r"127.0.0.1:\d+/v1 \(model tiny\) is not answering"):
+        client(f"http://127.0.0.1:{port}/v1").probe(timeout=2.0)
 
 
 def test_timeout_becomes_error_result(srv):

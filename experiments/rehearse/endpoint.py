@@ -51,7 +51,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -303,7 +303,11 @@ class StandinEndpoint:
     """The app and its counts; ``app`` is the FastAPI application."""
 
     def __init__(
-        self, shares: Shares = Shares(), seed: int = 0, timeout_delay_s: float = 5.0
+        self,
+        shares: Shares = Shares(),
+        seed: int = 0,
+        timeout_delay_s: float = 5.0,
+        served: Sequence[str] = (),
     ) -> None:
         if timeout_delay_s <= 0:
             raise ValueError(
@@ -314,6 +318,7 @@ class StandinEndpoint:
         self._seen: dict[str, int] = {}
         self._counts = {c: dict.fromkeys(OUTCOMES, 0) for c in (*CONTRACTS, UNRECOGNISED)}
         self._models: dict[str, int] = {}
+        self.served = tuple(served)  # listed by GET /v1/models beside "standin" and those asked
         self.app = self._build()
 
     def stats(self) -> dict[str, Any]:
@@ -351,7 +356,7 @@ class StandinEndpoint:
         @app.get("/v1/models")
         async def models() -> dict[str, Any]:
             with self._lock:
-                names = sorted({"standin", *self._models})
+                names = sorted({"standin", *self.served, *self._models})
             return {"object": "list", "data": [{"id": n, "object": "model"} for n in names]}
 
         @app.get("/stats")
@@ -438,11 +443,13 @@ def serve_endpoint(
     timeout_delay_s: float = 5.0,
     host: str = "127.0.0.1",
     port: int = 0,
+    served: Sequence[str] = (),
 ) -> Iterator[str]:
     """Serve the stand-in endpoint from a background thread on a socket bound up front
-    (``port=0``: a free one); yields the base URL ``http://host:port/v1`` and stops on exit."""
+    (``port=0``: a free one); yields the base URL ``http://host:port/v1`` and stops on exit.
+    ``served``: model names ``GET /v1/models`` lists (a client's probe looks for its model)."""
     endpoint = StandinEndpoint(
-        Shares(malformed, bad_body, http_500, http_503, timeout), seed, timeout_delay_s
+        Shares(malformed, bad_body, http_500, http_503, timeout), seed, timeout_delay_s, served
     )
     sock = socket.socket()
     try:
@@ -475,13 +482,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-delay", type=float, default=5.0, help="seconds a timeout waits")
+    parser.add_argument("--served-model", action="append", default=[], dest="served",
+                        help="a model name GET /v1/models lists (repeatable)")  # fmt: skip
     for name in FAILURES:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=0.0, dest=name,
                             help=f"share of requests answered with {name}")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         endpoint = StandinEndpoint(
-            Shares(*(getattr(args, n) for n in FAILURES)), args.seed, args.timeout_delay
+            Shares(*(getattr(args, n) for n in FAILURES)),
+            args.seed,
+            args.timeout_delay,
+            args.served,
         )
     except ValueError as e:
         parser.error(str(e))

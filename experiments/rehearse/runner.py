@@ -72,6 +72,14 @@ ENDPOINT_SHARES = {
 }
 
 
+def model_names(raw: Any) -> list[str]:
+    """Every ``*_model`` string of a raw config (the LLM endpoints' models), in order."""
+    if isinstance(raw, dict):
+        own = [v for k, v in raw.items() if k.endswith("_model") and isinstance(v, str)]
+        return own + [n for v in raw.values() for n in model_names(v)]
+    return [n for v in raw for n in model_names(v)] if isinstance(raw, list) else []
+
+
 class RehearsalError(RuntimeError):
     """The rehearsal could not be set up (before any stage ran)."""
 
@@ -641,7 +649,8 @@ def _prepared(
         url = None
         if needs_retrieval:
             url = stack.enter_context(_retrieval_server(out / "corpus", cache, fam == "eviback"))
-        endpoint_url = stack.enter_context(serve_endpoint(**ENDPOINT_SHARES, seed=0))
+        served = model_names(raw)  # what the clients' probes look for
+        endpoint_url = stack.enter_context(serve_endpoint(**ENDPOINT_SHARES, seed=0, served=served))
         stats = _stats_reader(endpoint_url)
         yield Setup(
             config,

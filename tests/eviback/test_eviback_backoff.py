@@ -140,3 +140,42 @@ def test_malformed_correct_rollout_earns_zero_and_keeps_the_backoff():
     forced = rollout("q2", 2, "Rome", [["x"]])
     forced.used_forced_turn = True
     assert actor_em(forced) == 1.0
+
+
+def test_a_failed_teacher_request_is_a_missing_verdict_and_its_group_moves_nothing():
+    """The first Stage-A request fails after its retries (no answer); the others say S. Before,
+    the failure was scored as "no support" (0) beside the group's supported rollouts (0.2):
+    a wrong reward. Now the group is left as if the teacher were off for it: EM (all 0), scale
+    1, no fallback, counted."""
+    from eviback.prompts import STAGE_A_DEFAULT, STAGE_B_DEFAULT
+    from eviback.teacher import TeacherPolicy, TwoStageTeacher
+
+    calls = []
+
+    def backend(batch):
+        out = []
+        for _ in batch:
+            calls.append(1)
+            if len(calls) == 1:
+                out.append((None, {"error": "HTTP 503 after 4 attempts"}))
+            else:
+                text = "<reason>r</reason><status>supported_answer</status><answer>Ann</answer>"
+                out.append((text, {}))
+        return out
+
+    teacher = TwoStageTeacher(backend, TeacherPolicy(STAGE_A_DEFAULT.id, STAGE_B_DEFAULT.id))
+    b = teacher_backoff(batch(), EXAMPLES, teacher, TeacherConfig(lam=0.1))
+    assert b.rewards.tolist() == [0, 0, 0, 0, 1, 0]
+    assert b.scales.tolist() == [1.0] * 6 and not any(b.fell_back)
+    assert b.missing_groups == 1 and b.all_zero_groups == 1
+    assert b.judgements[0].final.failed and not b.judgements[1].final.failed
+    m = backoff_metrics(b)
+    # 3 Stage-A requests (1 failed) + 2 Stage-B requests for the two S verdicts
+    assert (b.stats.calls_a, b.stats.calls_b, b.stats.failures) == (3, 2, 1)
+    assert m["teacher/missing_groups"] == 1 and m["teacher/failure_share"] == pytest.approx(1 / 5)
+
+    calls.clear()
+    calls.append(1)  # no failure this time: the same group falls back, 0.1 + 0.1·F1 = 0.2
+    b = teacher_backoff(batch(), EXAMPLES, teacher, TeacherConfig(lam=0.1))
+    assert b.missing_groups == 0 and b.fell_back[:4] == [True] * 4
+    assert b.rewards.tolist()[:3] == pytest.approx([0.2, 0.1, 0.2])

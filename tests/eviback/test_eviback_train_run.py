@@ -154,3 +154,54 @@ def test_the_backoff_over_a_cer_base_trains(tiny_world, warm, tmp_path):
     kept = [s for s in samples if not s["fell_back"] and s["answer"] is not None]
     # CER is soft: a kept rollout's reward is not its EM (a wrong answer earns π(a*|s) > 0)
     assert any(s["reward"] not in (0.0, 1.0) for s in kept) or not kept
+
+
+def llm_teacher(url: str, model: str = "judge") -> list[str]:
+    return ["teacher.backend=llm", f"assets.teacher_endpoint={url}",
+            f"assets.teacher_model={model}", "teacher.retries=1", "teacher.backoff=0.01",
+            "teacher.timeout=5"]  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", ["http_503", "malformed"])
+def test_a_teacher_that_fails_or_never_parses_stops_the_run_at_its_first_step(
+    tiny_world, warm, tmp_path, fault
+):
+    """Every teacher request fails (503 after its retries), or every reply breaks the verdict
+    contract: before, the run trained to the end as the Search-R1 baseline and exited 0."""
+    from common.launcher import RunStopped
+    from eviback.trainer import train_eviback
+    from experiments.rehearse.endpoint import serve_endpoint
+
+    run_dir = tmp_path / "run"
+    with serve_endpoint(**{fault: 1.0}, served=["judge"]) as url:
+        cfg = load_config(
+            EviBackConfig, DEFAULT_CONFIG, overrides(tiny_world, warm, run_dir, *llm_teacher(url))
+        )
+        with pytest.raises(RunStopped) as stop:
+            train_eviback(cfg)
+    assert str(stop.value).startswith("step 1: 100% of the teacher's requests to " + url)
+    assert "teacher.max_failure_share=0.5" in str(stop.value)
+    assert step_rows(run_dir) == []  # the refused step is neither logged
+    assert not (run_dir / "checkpoints").exists()  # nor saved
+    assert not list((run_dir / "teacher_cache").rglob("*.json"))  # no broken reply cached
+
+
+def test_a_wrong_teacher_model_name_stops_before_any_model_loads(tiny_world, tmp_path, monkeypatch):
+    from common.launcher import RunStopped
+    from eviback import trainer
+    from experiments.rehearse.endpoint import serve_endpoint
+
+    def no_load(*a, **k):
+        raise AssertionError("a model loaded before the teacher was probed")
+
+    monkeypatch.setattr(trainer, "load_for_training", no_load)
+    with serve_endpoint(served=["judge"]) as url:
+        cfg = load_config(
+            EviBackConfig,
+            DEFAULT_CONFIG,
+            overrides(
+                tiny_world, tiny_world / "model", tmp_path / "run", *llm_teacher(url, "jduge")
+            ),
+        )
+        with pytest.raises(RunStopped, match=r"serves \['judge', 'standin'\], not 'jduge'"):
+            trainer.train_eviback(cfg)

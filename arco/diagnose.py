@@ -259,7 +259,11 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     model, tokenizer = load_arco_folder(cfg, folder)
     pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
     retriever, agent_cfg = build_environment(
-        cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
+        cfg.env,
+        cfg.agent,
+        cfg.assets.corpus,
+        cfg.assets.retrieval_url,
+        cfg.assets.retrieval_max_wait_s,
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed)
     push_adapters(engine, model)

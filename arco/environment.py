@@ -56,12 +56,17 @@ class EnvironmentConfig:
 
 
 def build_environment(
-    cfg: EnvironmentConfig, agent: AgentConfig, corpus: str = "", retrieval_url: str = ""
+    cfg: EnvironmentConfig,
+    agent: AgentConfig,
+    corpus: str = "",
+    retrieval_url: str = "",
+    retrieval_max_wait_s: float = 300.0,
 ) -> tuple[Retriever, AgentConfig]:
     """The retriever and ``agent`` with the setting's protocol, budget and observations.
 
     Open: ``retrieval_url`` (a Search-R1 server) when given, else ``corpus`` (a corpus jsonl or
-    an index folder) in process; both come from the run's ``assets``.
+    an index folder) in process; both come from the run's ``assets``, as does
+    ``retrieval_max_wait_s`` (how long a server that stopped answering is waited for).
     Distractor: per-question BM25, top 1, ReAct, the paragraph's text without its title; the
     questions must carry ``metadata["paragraphs"]`` (``common.data.load_qa`` keeps them for
     HotpotQA, 2WikiMultiHopQA and MuSiQue files).
@@ -73,13 +78,13 @@ def build_environment(
 
         env_agent = replace(budget, protocol="react", topk=1, obs_titles=False)
         return PerQuestionRetriever(), env_agent
-    retriever = _corpus_retriever(corpus, retrieval_url)
+    retriever = _corpus_retriever(corpus, retrieval_url, retrieval_max_wait_s)
     return retriever, replace(budget, protocol=cfg.protocol, topk=cfg.topk)
 
 
-def _corpus_retriever(corpus: str, retrieval_url: str) -> Retriever:
+def _corpus_retriever(corpus: str, retrieval_url: str, max_wait: float) -> Retriever:
     if retrieval_url:
-        return HTTPRetriever(retrieval_url)
+        return HTTPRetriever(retrieval_url, max_wait=max_wait)
     if not corpus:
         raise ValueError("env.setting=open needs assets.corpus or assets.retrieval_url")
     from common.retrieval.index_folder import is_index_folder, load_index

@@ -43,7 +43,11 @@ def run_eval(
         model = AutoModelForCausalLM.from_pretrained(ckpt, dtype="auto").to(device).eval()
     engine = build_engine(cfg.engine, str(ckpt), model, tokenizer, cfg.seed + rank)
     retriever, agent_cfg = build_environment(
-        cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
+        cfg.env,
+        cfg.agent,
+        cfg.assets.corpus,
+        cfg.assets.retrieval_url,
+        cfg.assets.retrieval_max_wait_s,
     )
     out_dir = Path(out) if out else run_dir / "eval"
     results = {}

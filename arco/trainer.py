@@ -676,7 +676,11 @@ def train_arco(cfg: ArcoConfig) -> dict:
     lrs = {"policy": rl.pi_lr_sparse, "rubric": rl.mu_lr, "head": rl.head_lr}
     train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))
     retriever, agent_cfg = build_environment(
-        cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
+        cfg.env,
+        cfg.agent,
+        cfg.assets.corpus,
+        cfg.assets.retrieval_url,
+        cfg.assets.retrieval_max_wait_s,
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
     nap = EngineNap(cfg, engine)

@@ -175,6 +175,14 @@ class RunLoopConfig:
     samples_per_step: int = field(
         default=4, metadata={"help": "rollouts written to samples/ each step", "ge": 0}
     )
+    max_nonfinite_in_a_row: int = field(
+        default=3,
+        metadata={
+            "help": "stop the run after this many steps in a row whose update was skipped for a "
+            "non-finite reward, advantage, loss or gradient norm (0: never stop)",
+            "ge": 0,
+        },
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)

@@ -71,7 +71,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         cfg.engine, cfg.path("model"), train.model, tokenizer, cfg.seed + train.rank
     )
     retriever = (
-        HTTPRetriever(cfg.assets.retrieval_url)
+        HTTPRetriever(cfg.assets.retrieval_url, max_wait=cfg.assets.retrieval_max_wait_s)
         if cfg.assets.retrieval_url
         else BM25Retriever.from_corpus(cfg.path("corpus"))
     )
@@ -121,7 +121,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             out.metrics.update(step_scorer_metrics(step_scorer))
             timings["step_scorer"] = time.perf_counter() - t0
         adv = estimator(out, [t.group_id for t in trajs], step_scores)
-        upd = run.update_and_push(trajs, adv, timings)
+        upd = run.update_and_push(trajs, adv, timings, rewards=rewards)
         timings["step"] = time.perf_counter() - t_step
         metrics = {
             **rollout_metrics(trajs),

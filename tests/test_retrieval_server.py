@@ -16,7 +16,9 @@ import httpx
 import pytest
 import uvicorn
 
+from common.launcher import RunStopped
 from common.retrieval import BM25Retriever, Doc, HTTPRetriever, RetrievalError, read_corpus
+from common.retrieval.client import RetrievalOutage
 from common.retrieval.server import ServerLimits, create_app
 
 pytestmark = pytest.mark.slow
@@ -160,17 +162,19 @@ def test_bad_request_gets_4xx_and_server_keeps_serving(server, kwargs, status, d
 
 
 def test_body_over_the_limit_gets_413_before_it_is_read(server):
-    big = json.dumps({"queries": ["Ed Wood " * 250] * 600}).encode()  # 1.2 MB
+    limit = ServerLimits().max_body_bytes
+    big = json.dumps({"queries": ["Ed Wood " * 250] * 4500}).encode()  # 9 MB
+    assert len(big) > limit
     response = httpx.post(server + "/retrieve", content=big, headers=JSON)
     assert response.status_code == 413
     assert response.json()["detail"] == (
-        f"body: at most {2**20} bytes (max_body_bytes), got {len(big)} bytes"
+        f"body: at most {limit} bytes (max_body_bytes), got {len(big)} bytes"
     )
     # no Content-Length (chunked): cut off once past the limit
     chunks = (b" " * 10_000 for _ in range(1000))  # 10 MB
     response = httpx.post(server + "/retrieve", content=chunks, headers=JSON)
     assert response.status_code == 413
-    assert response.json()["detail"].startswith(f"body: at most {2**20} bytes")
+    assert response.json()["detail"].startswith(f"body: at most {limit} bytes")
     good = httpx.post(server + "/retrieve", json={"queries": ["Ed Wood"], "topk": 1})
     assert good.status_code == 200 and len(good.json()["result"][0]) == 1
 
@@ -349,3 +353,52 @@ def test_a_failed_search_is_a_500_on_a_connection_that_stays_open(threaded_serve
         conn.close()
     assert statuses == [500, 200]
     assert sockets[0] is sockets[1] is not None
+
+
+def test_the_default_limits_fit_together_the_largest_request_is_served(threaded_server):
+    """512 queries of 2,048 characters (the default max_queries and max_query_chars), each
+    character escaped as JSON's \\uXXXX: before, a 1 MiB body limit refused such a request."""
+    limits = ServerLimits()
+    url = threaded_server(FlakyRetriever(failures=0))
+    queries = ["\u00e9" * limits.max_query_chars] * limits.max_queries
+    body = json.dumps({"queries": queries, "topk": 1}).encode()  # ensure_ascii: 6 bytes a char
+    assert len(body) > 6 * 2**20
+    response = httpx.post(url + "/retrieve", content=body, headers=JSON, timeout=60)
+    assert response.status_code == 200 and len(response.json()["result"]) == limits.max_queries
+
+
+def test_a_query_over_the_servers_limit_is_cut_and_counted_not_a_422(threaded_server, caplog):
+    url = threaded_server(FlakyRetriever(failures=0))
+    with HTTPRetriever(url) as client:
+        docs = client.search(["x" * 3000, "short"], 1)
+    assert [len(d[0].text) for d in docs] == [2048, 5]  # the server saw the cut query
+    assert client.cut_queries == 1
+    assert "1 of 2 queries over 2048 characters cut" in caplog.text
+
+
+def test_an_outage_past_the_wait_stops_the_run_in_one_line(free_port):
+    url = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(RetrievalOutage) as stop:
+        HTTPRetriever(url, timeout=0.5, backoff=0.05, max_wait=0.6).search(["q"], 3)
+    assert 0.3 < time.monotonic() - start < 3
+    assert isinstance(stop.value, RunStopped)  # the command prints it and exits 3
+    message = str(stop.value)
+    assert "\n" not in message and f"{url}/retrieve failed" in message
+    assert "max_wait 0.6 s" in message and "ConnectError" in message
+
+
+def test_a_server_restarted_within_the_wait_is_waited_for(free_port):
+    """The server is down when the request starts and comes back 1.5 s later (a restart takes
+    13-22 s at paper scale): the search waits and succeeds, where it gave up after 3.5 s."""
+    port = free_port()
+    app = create_app(FlakyRetriever(failures=0), 1)
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    timer = threading.Timer(1.5, srv.run)
+    timer.start()
+    try:
+        client = HTTPRetriever(f"http://127.0.0.1:{port}", timeout=2, backoff=0.1, max_wait=30)
+        assert client.search(["back"], 1) == [[Doc("7", "T", "back", 1.5)]]
+    finally:
+        srv.should_exit = True
+        timer.join(timeout=15)

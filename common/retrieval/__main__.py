@@ -50,7 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-query-chars", type=int, default=2048, help="characters a query")
     srv.add_argument("--max-topk", type=int, default=100, help="largest topk a request may ask")
     srv.add_argument(
-        "--max-body-bytes", type=int, default=2**20, help="larger request bodies get a 413"
+        "--max-body-bytes",
+        type=int,
+        default=ServerLimits.max_body_bytes,
+        help="larger request bodies get a 413",
     )
     srv.add_argument("--no-mmap", action="store_true", help="read the index into memory")
     srv.add_argument(

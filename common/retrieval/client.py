@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import httpx
 
+from common.launcher import RunStopped
 from common.redact import redact
 from common.retrieval.base import CorpusError, Doc, parse_row
+
+log = logging.getLogger(__name__)
+
+MAX_QUERY_CHARS = 2048  # the server's default per-query limit (ServerLimits.max_query_chars)
+_MAX_BACKOFF_S = 30.0
 
 
 class RetrievalError(RuntimeError):
@@ -17,6 +24,11 @@ class RetrievalError(RuntimeError):
 
     def __init__(self, message: str):
         super().__init__(redact(message))
+
+
+class RetrievalOutage(RetrievalError, RunStopped):
+    """The server stayed unreachable (or answered 5xx) past the client's retries and total
+    wait: the run stops in one line; its checkpoints stay."""
 
 
 def parse_response(body: Any, num_queries: int, url: str) -> list[list[Doc]]:
@@ -58,27 +70,46 @@ def _detail(response: httpx.Response) -> str:
 class HTTPRetriever:
     """The `Retriever` protocol over HTTP: one request per `batch_size` queries.
 
-    Connection errors, timeouts and 5xx answers are retried `retries` times, waiting
-    `backoff * 2**attempt` seconds; a 4xx is not retried. Either way a failure is a
-    `RetrievalError` naming the URL.
+    Connection errors, timeouts and 5xx answers are retried, waiting `backoff * 2**attempt`
+    seconds (at most 30 s a wait), up to `retries` times and while the time since the first
+    failure stays under `max_wait` seconds (a server restart takes 13-22 s; the default waits
+    minutes). Past them, a `RetrievalOutage` (a `RunStopped`: one line, the run's checkpoints
+    intact). A 4xx is not retried: a `RetrievalError` naming the URL. A query longer than
+    `max_query_chars` (the server's limit) is cut to it and counted (`cut_queries`), so one
+    runaway policy query cannot end a run.
     """
 
     def __init__(
         self,
         url: str,
         timeout: float = 30.0,
-        retries: int = 3,
+        retries: int = 20,
         backoff: float = 0.5,
         batch_size: int = 512,
+        max_wait: float = 300.0,
+        max_query_chars: int = MAX_QUERY_CHARS,
     ):
         # Search-R1 configs give the endpoint itself; a bare server address works too.
         self.url = url if url.rstrip("/").endswith("/retrieve") else url.rstrip("/") + "/retrieve"
         self.retries = retries
         self.backoff = backoff
         self.batch_size = batch_size
+        self.max_wait = max_wait
+        self.max_query_chars = max_query_chars
+        self.cut_queries = 0
         self._client = httpx.Client(timeout=timeout)
 
     def search(self, queries: list[str], k: int) -> list[list[Doc]]:
+        long = [i for i, q in enumerate(queries) if len(q) > self.max_query_chars]
+        if long:
+            self.cut_queries += len(long)
+            log.warning(
+                "retrieval: %d of %d queries over %d characters cut to it (%d cut so far; the "
+                "first was %d characters)",
+                len(long), len(queries), self.max_query_chars, self.cut_queries,
+                len(queries[long[0]]),
+            )  # fmt: skip
+            queries = [q[: self.max_query_chars] for q in queries]
         out: list[list[Doc]] = []
         for start in range(0, len(queries), self.batch_size):
             out.extend(self._post(queries[start : start + self.batch_size], k))
@@ -86,7 +117,9 @@ class HTTPRetriever:
 
     def _post(self, queries: list[str], k: int) -> list[list[Doc]]:
         payload = {"queries": queries, "topk": k, "return_scores": True}
-        for attempt in range(self.retries + 1):
+        first_failure = None
+        attempt = 0
+        while True:
             try:
                 response = self._client.post(self.url, json=payload)
             except httpx.TransportError as e:
@@ -95,12 +128,20 @@ class HTTPRetriever:
                 if response.status_code < 500:
                     break
                 failure = f"HTTP {response.status_code}: {response.text[:200]}"
-            if attempt < self.retries:
-                time.sleep(self.backoff * 2**attempt)
-        else:
-            raise RetrievalError(
-                f"retrieval server {self.url} failed {self.retries + 1} times; last: {failure}"
-            )
+            now = time.monotonic()
+            first_failure = first_failure if first_failure is not None else now
+            delay = min(self.backoff * 2**attempt, _MAX_BACKOFF_S)
+            if attempt >= self.retries or now - first_failure + delay > self.max_wait:
+                raise RetrievalOutage(
+                    f"retrieval server {self.url} failed {attempt + 1} times over "
+                    f"{now - first_failure:.0f} s (retries {self.retries}, max_wait "
+                    f"{self.max_wait:g} s); last: {failure}"
+                )
+            if attempt == 0:
+                log.warning("retrieval server %s: %s; retrying for up to %g s",
+                            redact(self.url), failure, self.max_wait)  # fmt: skip
+            time.sleep(delay)
+            attempt += 1
         if response.status_code >= 400:
             raise RetrievalError(
                 f"{self.url} rejected the request (HTTP {response.status_code}): "

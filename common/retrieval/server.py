@@ -37,7 +37,9 @@ class ServerLimits:
     max_queries: int = 512
     max_query_chars: int = 2048
     max_topk: int = 100
-    max_body_bytes: int = 2**20  # 512 queries of 2048 characters need up to ~1.1 MB
+    # 512 queries of 2048 characters, each escaped as JSON's \uXXXX (6 bytes): 6 MiB and the
+    # envelope. The defaults fit together: any request within the other limits is accepted.
+    max_body_bytes: int = 8 * 2**20
 
 
 class RetrieveRequest(BaseModel):

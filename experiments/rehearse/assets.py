@@ -180,8 +180,9 @@ def _flashrag_pool(source: str) -> list[Row]:
 EVIBACK_DATA = ("train", "dev", "eval", "corpus")
 EVIBACK_OTHER = (
     "model", "train_quotas", "eval_quotas", "selection", "train_selection_seed",
-    "eval_selection_seed", "release_names", "retrieval_url", "teacher_endpoint", "teacher_model",
-    "controller_endpoint", "controller_model", "api_key_env", "train_where", "dev_where",
+    "eval_selection_seed", "release_names", "retrieval_url", "retrieval_max_wait_s",
+    "teacher_endpoint", "teacher_model", "controller_endpoint", "controller_model", "api_key_env",
+    "train_where", "dev_where",
 )  # fmt: skip
 
 
@@ -300,8 +301,9 @@ def _paper_subset(row: Row) -> bool:
 
 ARCO_DATA = ("train", "dev", "eval", "corpus")
 ARCO_OTHER = (
-    "model", "retrieval_url", "teacher_endpoint", "teacher_model", "annotator_endpoint",
-    "annotator_model", "api_key_env", "train_where", "dev_where", "eval_where",
+    "model", "retrieval_url", "retrieval_max_wait_s", "teacher_endpoint", "teacher_model",
+    "annotator_endpoint", "annotator_model", "api_key_env", "train_where", "dev_where",
+    "eval_where",
 )  # fmt: skip
 _ARCO_NAMES = (("hotpot", "hotpotqa"), ("2wiki", "2wiki"), ("musique", "musique"))
 

@@ -80,6 +80,9 @@ def model_names(raw: Any) -> list[str]:
     return [n for v in raw for n in model_names(v)] if isinstance(raw, list) else []
 
 
+STANDIN_CONTROLLER = "standin-controller"  # E2E-APE's controller where the config names none
+
+
 class RehearsalError(RuntimeError):
     """The rehearsal could not be set up (before any stage ran)."""
 
@@ -274,11 +277,12 @@ def eviback_plan(s: Setup) -> list[Stage]:
         "assets.retrieval_url": s.retrieval_url,
         "assets.teacher_endpoint": s.endpoint_url,
         "assets.controller_endpoint": s.endpoint_url,
-        "assets.controller_model": files.get("controller_model") or "standin-controller",
+        "assets.controller_model": files.get("controller_model") or STANDIN_CONTROLLER,
         "assets.train_quotas": {k: 4 for k in _sources(files.get("train"), "train")},
         "assets.eval_quotas": {k: 2 for k in files.get("eval", {})},
         "teacher.timeout": CLIENT_TIMEOUT_S,
         "teacher.retries": 1,
+        "teacher.backoff": 0.05,  # the failure paths run; the rehearsal does not sleep through them
         "questions_per_step": 2 * s.ranks,
         "eval_questions": 2,
         "eval_every": 2,
@@ -649,7 +653,7 @@ def _prepared(
         url = None
         if needs_retrieval:
             url = stack.enter_context(_retrieval_server(out / "corpus", cache, fam == "eviback"))
-        served = model_names(raw)  # what the clients' probes look for
+        served = [*model_names(raw), STANDIN_CONTROLLER]  # what the clients' probes look for
         endpoint_url = stack.enter_context(serve_endpoint(**ENDPOINT_SHARES, seed=0, served=served))
         stats = _stats_reader(endpoint_url)
         yield Setup(

@@ -10,7 +10,9 @@ from the keys of the first row when ``auto``:
   answer of the solution. Rows whose solution has no box are left out and listed in
   ``Loaded.skipped`` (and logged), never dropped silently.
 - ``answer``: MATH500 / AIME / AMC style ``{problem | question, answer}`` (a number answer is
-  written as text; ``27.0`` as ``27``). An optional ``verifier: "alias"`` (the tiny alias task)
+  written as text by ``common.data.answer_text``, the QA loaders' rule: ``27.0`` as ``27``,
+  ``1.5e3`` as ``1500``, ``0.25`` as ``0.25``; ``NaN``, ``Infinity`` and booleans are an error).
+  An optional ``verifier: "alias"`` (the tiny alias task)
   makes ``answer_forms`` (a list starting with the answer) the row's correct answers
   (``cer.rewards.groups.is_correct``).
 - ``webinstruct``: WebInstruct-verified ``{id, question, answer, answer_type, category,
@@ -22,7 +24,10 @@ Multiple-choice problems render their options as ``A. …`` lines under the ques
 the letter and ``metadata["multiple_choice"]`` is True. Every other key of a row is kept in
 ``metadata``. An example's id is ``"{source}:{row id}"`` (the row's 0-based index when it has
 none); ``source`` defaults to the file's stem. A bad row is a ``DataError`` naming the file, the
-line (or row) and the field.
+line (or row) and the field; a string with a lone surrogate (``"\\ud800"``, which JSON reads but no
+tokenizer takes) is one (``common.data.check_text``). ``max_chars`` (the prompt budget in
+characters, ``common.data.question_char_limit``; ``load_problems`` gives it) leaves a longer problem
+out as a counted skip in ``Loaded.skipped``, as over-long prompts are (``load_problems``).
 """
 
 from __future__ import annotations
@@ -36,7 +41,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cer.rewards.answer import last_boxed
-from common.data import DataError, hub_rows, in_memory_rows, read_json_rows
+from common.data import (
+    DataError,
+    TextTooLong,
+    answer_text,
+    check_text,
+    hub_rows,
+    in_memory_rows,
+    read_rows,
+)
 
 if TYPE_CHECKING:  # datasets is heavy: imported only where a hub split is loaded
     from datasets import Dataset
@@ -69,9 +82,11 @@ def load_math_examples(
     path: str | Path | Dataset | Sequence[Mapping[str, Any]],
     format: str = "auto",
     source: str | None = None,
+    max_chars: int | None = None,
 ) -> Loaded:
     """Load a file (or ``hf://owner/name[:config]@split``, a ``datasets.Dataset``, a list of
-    dicts) in one of ``FORMATS``."""
+    dicts) in one of ``FORMATS``; a problem over ``max_chars`` characters is skipped (counted in
+    ``Loaded.skipped``)."""
     if format != "auto" and format not in FORMATS:
         raise DataError(f"unknown format {format!r}; known: auto, {', '.join(FORMATS)}")
     memory = in_memory_rows(path)
@@ -85,7 +100,7 @@ def load_math_examples(
     elif str(path).startswith("hf://"):
         raise DataError(f"hub path {str(path)!r} is not of the form hf://owner/name[:config]@split")
     else:
-        rows, where = _file_rows(Path(path)), str(path)
+        rows, where = read_rows(Path(path)), str(path)
         source = Path(path).stem if source is None else source
     if not rows:
         raise DataError(f"{where}: no rows")
@@ -105,6 +120,11 @@ def load_math_examples(
         example = parse_row(row, at)
         if isinstance(example, str):
             loaded.skipped.append(f"{at}: {example}")
+            continue
+        try:
+            check_text(example.problem, f"{at}: problem", max_chars)
+        except TextTooLong as e:
+            loaded.skipped.append(str(e))
             continue
         example.id = f"{source}:{raw_id}" if source else str(raw_id)
         loaded.examples.append(example)
@@ -157,7 +177,7 @@ def _text(row: dict, key: str, at: str) -> str:
         raise DataError(f"{at}: missing field {key!r}")
     if not isinstance(row[key], str) or not row[key].strip():
         raise DataError(f"{at}: field {key!r} must be a non-empty string, got {row[key]!r}")
-    return row[key]
+    return check_text(row[key], f"{at}: field {key!r}")  # a lone surrogate is no text
 
 
 def _answer_text(row: dict, key: str, at: str) -> str:
@@ -166,9 +186,11 @@ def _answer_text(row: dict, key: str, at: str) -> str:
         if key not in row:
             raise DataError(f"{at}: missing field {key!r}")
         raise DataError(f"{at}: field {key!r} must be a string or a number, got {value!r}")
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    text = str(value).strip()
+    try:
+        text = answer_text(value)
+    except ValueError as e:  # NaN, Infinity
+        raise DataError(f"{at}: field {key!r}: {e}") from None
+    text = check_text(text, f"{at}: field {key!r}").strip()
     if not text:
         raise DataError(f"{at}: field {key!r} is empty")
     return text
@@ -273,16 +295,3 @@ _PARSERS: dict[str, Callable[[dict, str], MathExample | str]] = {
     "mmlu_pro": _parse_mmlu_pro,
     "supergpqa": _parse_supergpqa,
 }
-
-
-def _file_rows(path: Path) -> list[tuple[str, Any]]:
-    """(``"line N"`` or ``"row N"``, row) for each row of a jsonl, JSON or parquet file."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq  # a dependency of datasets
-
-        try:
-            table = pq.read_table(path)
-        except Exception as e:  # pyarrow raises several types for a missing or bad file
-            raise DataError(f"cannot read parquet file {path}: {e}") from None
-        return [(f"row {i + 1}", row) for i, row in enumerate(table.to_pylist())]
-    return read_json_rows(path)

@@ -37,6 +37,7 @@ from cer.rewards.groups import (
     verifier_name,
 )
 from cer.rollout import sample_groups
+from common.data import question_char_limit
 from common.rl_loop import build_engine, gather_in_order
 from common.rollout.engine import GenerationEngine, SamplingConfig
 from common.train import find_latest_checkpoint
@@ -49,8 +50,11 @@ def load_problems(
     path: str, tokenizer: Any, max_prompt_tokens: int, fmt: str = "auto", filt: str = "none"
 ) -> tuple[list[MathExample], list[list[int]]]:
     """Examples of ``path`` and their prompt ids; prompts over ``max_prompt_tokens`` are left
-    out with a warning that counts them (the paper drops them too)."""
-    examples = load_math_examples(path, fmt).examples
+    out with a warning that counts them (the paper drops them too). A problem over
+    ``question_char_limit(max_prompt_tokens)`` characters is left out before it is tokenized
+    (``load_math_examples``' ``max_chars``: counted in its own warning)."""
+    examples = load_math_examples(path, fmt, max_chars=question_char_limit(max_prompt_tokens))
+    examples = examples.examples
     if filt == "webinstruct_paper":
         examples = webinstruct_paper_filter(examples)
     kept, prompts = [], []

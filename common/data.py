@@ -25,12 +25,41 @@ An example's id is ``"{source}:{original id}"`` (the row's 0-based index when it
 ``write_qa_jsonl`` loads back equal. A bad row is a ``DataError`` naming the file, the 1-based line
 and the field. Rows given in memory are named ``<Dataset>, row N`` or ``<list>, row N`` (1-based),
 and their ids keep no source unless ``source`` is given.
+
+A file is parquet when its name ends in ``.parquet`` or it starts with parquet's magic bytes
+(``PAR1``): its rows are read with pyarrow and named ``row N`` (1-based), e.g. Search-R1's
+``train.parquet`` (``{id, question, golden_answers, data_source, prompt, reward_model, ...}``:
+FlashRAG's columns plus Search-R1's, read as ``flashrag``). Any other file is jsonl or a JSON list;
+one that is not UTF-8 text is a ``DataError`` naming the formats read.
+
+Bad rows are found at load, before any model or engine loads (``read_rows``, ``load_qa``):
+
+- text: every string of a row (keys included) must encode to UTF-8, which a lone surrogate such as
+  the escape ``"\\ud800"`` (``json.loads`` accepts it) does not; such a row cannot be tokenized or
+  written and is a ``DataError`` naming the file, the line and the field (``check_text``). The
+  question must be a non-empty string.
+- answers (``answer_text``, shared with ``cer.data``): a string as written; an int as its digits; a
+  float that is integral (and at most 2**53 in size) as the integer's digits (``27.0`` -> ``"27"``,
+  ``1.5e3`` -> ``"1500"``); any other float as Python's ``repr``, the shortest text that reads back
+  as the same float (``0.1`` -> ``"0.1"``, ``1e-05``, ``1e+20``). ``NaN`` and ``Infinity`` (which
+  Python's JSON reads) and ``true``/``false`` (yes/no? true/false?) are a ``DataError`` naming the
+  file, line and field: write such an answer as a string.
+- over-long questions: ``max_question_chars`` (none by default) is the caller's prompt budget in
+  characters (``question_char_limit``: its token budget times ``CHARS_PER_TOKEN_BOUND``). A longer
+  question is a counted skip, as CER leaves out prompts over ``max_prompt_tokens``
+  (``cer.evaluate.load_problems``): the row is left out, ``"<file>, line N: ..."`` appended to
+  ``skipped`` and a warning logged with the count and the first; a file with no row left is a
+  ``DataError``. The bound is generous, not exact: a question under it whose prompt is still over
+  the budget in tokens is not caught here (CER's token count catches it; a search agent's prompt
+  reaches the rollout); what it stops at load is the absurd row (a 1 MB question).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import math
 import os
 import re
 import sys
@@ -46,10 +75,93 @@ if TYPE_CHECKING:  # datasets is heavy: imported only where a hub split is loade
 FORMATS = ("flashrag", "hotpotqa", "2wiki", "musique", "simple")
 _HF_PATH = re.compile(r"hf://(?P<id>[^:@]+)(?::(?P<config>[^@]+))?@(?P<split>.+)")
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
+# the only way a decoded JSON string gets a surrogate: a \uD800-\uDFFF escape (a pair is joined)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+PARQUET_MAGIC = b"PAR1"
+# A generous bound on the characters of a token, averaged over a question: English text is about
+# 4 with the Qwen and Llama tokenizers; a question over budget x 8 characters cannot be a question
+# the budget was meant for.
+CHARS_PER_TOKEN_BOUND = 8
+_EXACT_INTS = 2**53  # floats up to this size are exact integers
+log = logging.getLogger(__name__)
 
 
 class DataError(ValueError):
     """A QA file or row that cannot be read."""
+
+
+class TextTooLong(DataError):
+    """A text over the caller's character bound (``check_text``): the loaders that skip over-long
+    prompts catch it and count the row."""
+
+
+def question_char_limit(*token_limits: int) -> int:
+    """The character bound of a question for a prompt budget of ``min(token_limits)`` tokens
+    (e.g. ``agent.max_context`` and ``engine.max_model_len``): that times
+    ``CHARS_PER_TOKEN_BOUND``."""
+    return min(token_limits) * CHARS_PER_TOKEN_BOUND
+
+
+def check_text(value: Any, where: str, max_chars: int | None = None) -> str:
+    """``value`` when it is text a tokenizer takes: a ``str`` that encodes to UTF-8 (no lone
+    surrogate) and, when ``max_chars`` is given, has at most that many characters. A
+    ``DataError`` starting with ``where`` (e.g. ``"q.jsonl, line 3: field 'question'"``)
+    otherwise; ``TextTooLong`` for the length alone."""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: expected text, got {_show(value)}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise DataError(
+                f"{where}: the lone surrogate {value[e.start]!r} at character {e.start} is not "
+                "text (a \\uD800-\\uDFFF escape without its pair): it cannot be encoded as "
+                "UTF-8 nor tokenized"
+            ) from None
+    if max_chars is not None and len(value) > max_chars:
+        raise TextTooLong(
+            f"{where}: {len(value):,} characters, over the bound of {max_chars:,} "
+            f"(the prompt budget in tokens x {CHARS_PER_TOKEN_BOUND})"
+        )
+    return value
+
+
+def check_strings(value: Any, where: str, path: str = "") -> None:
+    """``check_text`` on every string of a decoded row, dict keys included; the error names the
+    field (``field 'metadata.paragraphs[0].text'``)."""
+    if isinstance(value, str):
+        check_text(value, f"{where}: field {path or '<row>'!r}")
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            name = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str):
+                check_text(k, f"{where}: key of field {path or '<row>'!r}")
+            check_strings(v, where, name)
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            check_strings(v, where, f"{path}[{i}]")
+
+
+def answer_text(value: Any) -> str:
+    """A gold answer as text, the one rule of every loader: a string as it is; an int as its
+    digits; an integral float up to 2**53 in size as the integer's digits (``27.0`` -> ``"27"``,
+    ``1.5e3`` -> ``"1500"``); another float as its ``repr``, the shortest text that reads back as
+    the same float (``0.1`` -> ``"0.1"``, ``1e+20``). A ``ValueError`` for a bool, a
+    non-finite float (``NaN``, ``Infinity``: what would be the gold text "nan"?) or another type;
+    the caller adds the file, line and field."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"a boolean answer ({value!r}) is ambiguous: write it as a string")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"a non-finite number ({value!r}) is not an answer")
+        if value.is_integer() and abs(value) <= _EXACT_INTS:
+            return str(int(value))
+        return repr(value)
+    raise ValueError(f"expected a string or a number, got {_show(value)}")
 
 
 @dataclass
@@ -64,19 +176,25 @@ def load_qa(
     path: str | Path | Dataset | Sequence[Mapping[str, Any]],
     format: str = "auto",
     source: str | None = None,
+    max_question_chars: int | None = None,
+    skipped: list[str] | None = None,
 ) -> list[QAExample]:
-    """Load a QA file in one of ``FORMATS`` (or ``hf://owner/name[:config]@split`` from the hub),
-    or the rows of a ``datasets.Dataset`` or a list of dicts (``in_memory_rows``)."""
+    """Load a QA file in one of ``FORMATS`` (jsonl, a JSON list or parquet; or
+    ``hf://owner/name[:config]@split`` from the hub), or the rows of a ``datasets.Dataset`` or a
+    list of dicts (``in_memory_rows``). A question over ``max_question_chars`` characters
+    (``question_char_limit``) is left out, counted in ``skipped`` and logged."""
+    limits = (max_question_chars, skipped)
     memory = in_memory_rows(path)
     if memory is not None:
-        return _parse_rows(memory[1], memory[0], format, "" if source is None else source)
+        return _parse_rows(memory[1], memory[0], format, "" if source is None else source, *limits)
     match = _HF_PATH.fullmatch(str(path))
     if match:
-        return load_hf_qa(match["id"], match["split"], match["config"], format, source)
+        return load_hf_qa(match["id"], match["split"], match["config"], format, source, *limits)
     if str(path).startswith("hf://"):
         raise DataError(f"hub path {str(path)!r} is not of the form hf://owner/name[:config]@split")
-    rows = read_json_rows(Path(path))
-    return _parse_rows(rows, str(path), format, _default_source(path) if source is None else source)
+    rows = read_rows(Path(path))
+    source = _default_source(path) if source is None else source
+    return _parse_rows(rows, str(path), format, source, *limits)
 
 
 def keep_where(
@@ -109,11 +227,12 @@ def load_qa_where(
     path: str | Path | Dataset | Sequence[Mapping[str, Any]],
     where: Mapping[str, Sequence[str]],
     name: str = "where",
+    max_question_chars: int | None = None,
 ) -> list[QAExample]:
     """``load_qa(path)`` kept by ``where`` (``keep_where``; all rows when empty). A value that
     matches no row, or a filter that keeps none, is a ``DataError`` naming ``name`` (the config
-    key) and the file."""
-    examples = load_qa(path)
+    key) and the file. ``max_question_chars``: ``load_qa``'s."""
+    examples = load_qa(path, max_question_chars=max_question_chars)
     if not where:
         return examples
     matched: set[tuple[str, str]] = set()
@@ -133,15 +252,17 @@ def load_hf_qa(
     config: str | None = None,
     format: str = "auto",
     source: str | None = None,
+    max_question_chars: int | None = None,
+    skipped: list[str] | None = None,
 ) -> list[QAExample]:
-    """Load a split of a Hugging Face hub dataset whose rows are in one of ``FORMATS``."""
+    """Load a split of a Hugging Face hub dataset whose rows are in one of ``FORMATS``
+    (``max_question_chars``, ``skipped``: ``load_qa``'s)."""
     where = f"hf://{dataset_id}{f':{config}' if config else ''}@{split}"
     labelled = hub_rows(dataset_id, config, split)
     if not labelled:
         raise DataError(f"{where}: the split is empty")
-    return _parse_rows(
-        labelled, where, format, _default_source(where) if source is None else source
-    )
+    source = _default_source(where) if source is None else source
+    return _parse_rows(labelled, where, format, source, max_question_chars, skipped)
 
 
 def hub_rows(dataset_id: str, config: str | None, split: str) -> list[tuple[str, Any]]:
@@ -191,6 +312,9 @@ def in_memory_rows(data: Any) -> tuple[str, list[tuple[str, Any]]] | None:
     rows = _numbered(data)
     if not rows:
         raise DataError(f"{where}: no rows")
+    if isinstance(data, list | tuple):  # a Dataset's strings are Arrow's, valid UTF-8
+        for label, row in rows:
+            check_strings(row, f"{where}, {label}")
     return where, rows
 
 
@@ -227,11 +351,47 @@ def write_qa_jsonl(examples: Sequence[QAExample], path: str | Path) -> None:
             f.write(json.dumps(dataclasses.asdict(ex), ensure_ascii=False) + "\n")
 
 
+def is_parquet(path: Path) -> bool:
+    """Whether ``path`` is a parquet file: by its name (``.parquet``) or its magic bytes."""
+    if path.suffix == ".parquet":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
+    except OSError:
+        return False  # read_json_rows says why
+
+
+def read_rows(path: Path) -> list[tuple[str, Any]]:
+    """(``"line N"`` or ``"row N"``, row) for each row of a jsonl, JSON list or parquet file
+    (``is_parquet``); a parquet file's rows are named ``row N`` (1-based)."""
+    if not is_parquet(path):
+        return read_json_rows(path)
+    import pyarrow.parquet as pq  # a declared dependency (and one of datasets')
+
+    try:
+        table = pq.read_table(path)
+        rows = table.to_pylist()
+    except Exception as e:  # pyarrow raises several types for a missing or bad file
+        raise DataError(f"cannot read parquet file {path}: {type(e).__name__}: {e}") from None
+    if not rows:
+        raise DataError(f"{path}: no rows (the parquet file is empty)")
+    # Arrow's strings are valid UTF-8 (no surrogate): no check_strings
+    return _numbered(rows)
+
+
 def read_json_rows(path: Path) -> list[tuple[str, Any]]:
-    """(``"line N"``, decoded JSON value) for each row of a jsonl file or a JSON list."""
+    """(``"line N"``, decoded JSON value) for each row of a jsonl file or a JSON list. A row whose
+    text has a surrogate escape has its strings checked (``check_strings``): a lone surrogate is
+    a ``DataError`` naming the line and the field."""
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"cannot read QA file {path}: not UTF-8 text ({e}); the data files read are jsonl, "
+            "a JSON list (UTF-8) and parquet (a .parquet name or PAR1 magic bytes)"
+        ) from None
+    except OSError as e:
         raise DataError(f"cannot read QA file {path}: {e}") from None
     if text.lstrip().startswith("["):
         rows = _json_list_rows(text, path)
@@ -246,6 +406,8 @@ def read_json_rows(path: Path) -> list[tuple[str, Any]]:
                     raise DataError(
                         f"{path}, line {n}: invalid JSON: {e.msg} (column {e.colno})"
                     ) from None
+                if _SURROGATE_ESCAPE.search(line):
+                    check_strings(rows[-1][1], f"{path}, line {n}")
     if not rows:
         raise DataError(f"{path}: no rows (the file is empty)")
     return rows
@@ -261,6 +423,7 @@ def _json_list_rows(text: str, path: Path) -> list[tuple[str, Any]]:
         line, last = line + text.count("\n", last, pos), pos  # counted incrementally: files are big
         if text.startswith("]", pos) and not rows:
             break
+        start = pos
         try:
             value, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as e:
@@ -268,6 +431,8 @@ def _json_list_rows(text: str, path: Path) -> list[tuple[str, Any]]:
                 f"{path}, line {e.lineno}: invalid JSON: {e.msg} (column {e.colno})"
             ) from None
         rows.append((f"line {line}", value))
+        if _SURROGATE_ESCAPE.search(text, start, pos):
+            check_strings(value, f"{path}, line {line}")
         pos = _WHITESPACE.match(text, pos).end()
         if text.startswith(",", pos):
             pos += 1
@@ -288,7 +453,12 @@ class _FieldError(Exception):
 
 
 def _parse_rows(
-    rows: list[tuple[str, Any]], where: str, format: str, source: str
+    rows: list[tuple[str, Any]],
+    where: str,
+    format: str,
+    source: str,
+    max_question_chars: int | None = None,
+    skipped: list[str] | None = None,
 ) -> list[QAExample]:
     if format == "auto":
         format = _detect(rows[0][1], f"{where}, {rows[0][0]}")
@@ -297,7 +467,8 @@ def _parse_rows(
             f"unknown QA format {format!r}; choose 'auto' or one of {', '.join(FORMATS)}"
         )
     seen: dict[str, str] = {}
-    out = []
+    out: list[QAExample] = []
+    left_out: list[str] = []  # "<where>, <label>: question: N characters, over the bound of M"
     for index, (label, row) in enumerate(rows):
         try:
             if not isinstance(row, dict):
@@ -312,7 +483,23 @@ def _parse_rows(
         if ex_id in seen:
             raise DataError(f"{where}, {label}: duplicate id {original!r} (first at {seen[ex_id]})")
         seen[ex_id] = label
+        try:
+            check_text(question, f"{where}, {label}: question", max_question_chars)
+        except TextTooLong as e:  # a counted skip, as CER's over-long prompts
+            left_out.append(str(e))
+            continue
         out.append(QAExample(ex_id, question, golds, metadata))
+    if left_out:
+        log.warning(
+            "%s: %d of %d rows skipped (first: %s)", where, len(left_out), len(rows), left_out[0]
+        )
+        if skipped is not None:
+            skipped.extend(left_out)
+        if not out:
+            raise DataError(
+                f"{where}: no row left: all {len(rows)} questions are over the bound "
+                f"(first: {left_out[0]})"
+            )
     return out
 
 
@@ -469,24 +656,34 @@ def _question(row: dict[str, Any]) -> str:
     question = _get(row, "question", str)
     if not question.strip():
         raise _FieldError("question", "is empty")
+    try:
+        check_text(question, "")
+    except DataError as e:  # a lone surrogate (in a row given in memory, not as a list)
+        raise _FieldError("question", str(e).removeprefix(": ")) from None
     return question
 
 
 def _golds(row: dict[str, Any], key: str, required: bool = True) -> list[str]:
-    """A gold answer or a list of them as a list of strings (numbers become their text).
+    """A gold answer or a list of them as a list of strings (numbers become their text by
+    ``answer_text``).
 
     An optional field (MuSiQue's aliases) may be absent or an empty list.
     """
     value = _get(row, key, (str, int, float, list), required)
     answers = [] if value is None else value if isinstance(value, list) else [value]
+    texts = []
     for i, a in enumerate(answers):
-        if isinstance(a, bool) or not isinstance(a, str | int | float) or not str(a).strip():
-            raise _FieldError(
-                f"{key}[{i}]" if isinstance(value, list) else key, f"bad answer {_show(a)}"
-            )
+        name = f"{key}[{i}]" if isinstance(value, list) else key
+        try:
+            text = answer_text(a)
+        except ValueError as e:
+            raise _FieldError(name, f"bad answer: {e}") from None
+        if not text.strip():
+            raise _FieldError(name, f"bad answer {_show(a)}")
+        texts.append(text)
     if not answers and required:
         raise _FieldError(key, "no answers")
-    return [str(a) for a in answers]
+    return texts
 
 
 def _pairs(

@@ -26,7 +26,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     from transformers import AutoTokenizer
 
     from common.batches import group_grad_accum, rank_questions
-    from common.data import load_qa
+    from common.data import load_qa, question_char_limit
     from common.retrieval.bm25 import BM25Retriever
     from common.retrieval.client import HTTPRetriever
     from common.rewards import (
@@ -59,8 +59,10 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     )  # fmt: skip
     cfg.check_assets()
     # the data is read before the run folder opens and any model loads: a bad row costs nothing
-    train_set = load_qa(cfg.path("train"))
-    dev_set = load_qa(cfg.path("dev"))[: cfg.eval_questions]
+    # (over-long questions are counted skips: common.data's module docstring)
+    chars = question_char_limit(cfg.agent.max_context, cfg.engine.max_model_len)
+    train_set = load_qa(cfg.path("train"), max_question_chars=chars)
+    dev_set = load_qa(cfg.path("dev"), max_question_chars=chars)[: cfg.eval_questions]
     cfg.train.seed = cfg.seed
     run = Run("grpo", cfg)  # the run folder: lock, settings check
     tokenizer = AutoTokenizer.from_pretrained(cfg.path("model"))

@@ -46,7 +46,7 @@ from eviback.ape import (
     write_benchmark,
     write_policy_file,
 )
-from eviback.assets import build_retriever, llm_client, select_questions
+from eviback.assets import build_retriever, llm_client, question_chars, select_questions
 from eviback.config import EviBackConfig
 from eviback.oracle import EvidenceOracle
 from eviback.prompts import (
@@ -99,7 +99,7 @@ def ape_questions(cfg: EviBackConfig) -> list[QAExample]:
     """``ape.questions`` training questions, a seeded draw from the training set (quotas applied,
     ``select_questions``), so that every source is represented (the first rows of the files
     would all be NQ's at paper scale, which has no supporting facts)."""
-    train = select_questions(cfg.assets, "train", cfg.seed)
+    train = select_questions(cfg.assets, "train", cfg.seed, question_chars(cfg))
     return random.Random(f"ape:{cfg.seed}").sample(train, min(cfg.ape.questions, len(train)))
 
 

@@ -9,9 +9,10 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from common.data import QAExample, keep_where, load_qa
+from common.data import QAExample, keep_where, load_qa, question_char_limit
 from common.llm_client import LLMClient
 from common.retrieval.base import Retriever
+from common.run_config import SearchRunConfig
 from eviback.config import AssetsConfig, TeacherConfig
 from eviback.oracle import EvidenceOracle
 from eviback.prompts import STAGE_A_DEFAULT, STAGE_B_DEFAULT
@@ -66,9 +67,15 @@ def load_questions(
     release_names: Mapping[str, str] | None = None,
     where: Mapping[str, Sequence[str]] | None = None,
     where_key: str = "train_where",
+    max_question_chars: int | None = None,
 ) -> list[QAExample]:
     """Every file's examples (ids ``{source}:{id}``), kept by ``where`` (``keep_where``; named
-    ``assets.<where_key>`` in errors), cut to its quota.
+    ``assets.<where_key>`` in errors), cut to its quota. A file is jsonl, a JSON list or parquet
+    (Search-R1's ``train.parquet``: ``common.data.read_rows``).
+
+    A bad row (a lone surrogate, a ``NaN`` answer, ...) is a ``DataError`` naming the file and
+    line; a question over ``max_question_chars`` characters (``question_chars``) is left out and
+    counted (``common.data.load_qa``), as CER leaves out over-long prompts, before quotas.
 
     ``selection="random"``: a draw seeded by ``seed`` and the source name. ``"sha256"``: the
     release's draw (``stable_selection``, ``seed`` = its selection seed), with each source under
@@ -83,7 +90,7 @@ def load_questions(
     out: list[QAExample] = []
     matched: set[tuple[str, str]] = set()
     for source, path in files.items():
-        examples = load_qa(path, source=source)
+        examples = load_qa(path, source=source, max_question_chars=max_question_chars)
         if where:
             examples = keep_where(examples, where, matched)
         quota = quotas.get(source)
@@ -112,9 +119,18 @@ def load_questions(
     return out
 
 
-def select_questions(assets: AssetsConfig, kind: str, seed: int) -> list[QAExample]:
+def question_chars(cfg: SearchRunConfig) -> int:
+    """The character bound of a question (``common.data.question_char_limit``) for the agent's
+    prompt budget: ``agent.max_context`` and ``engine.max_model_len`` tokens, the smaller."""
+    return question_char_limit(cfg.agent.max_context, cfg.engine.max_model_len)
+
+
+def select_questions(
+    assets: AssetsConfig, kind: str, seed: int, max_question_chars: int | None = None
+) -> list[QAExample]:
     """The ``train`` or ``eval`` question set of ``assets`` with its quotas, drawn as
-    ``assets.selection`` says (sha256: with that set's selection seed; random: with ``seed``)."""
+    ``assets.selection`` says (sha256: with that set's selection seed; random: with ``seed``);
+    ``max_question_chars``: ``load_questions``'."""
     files, quotas, selection_seed = {
         "train": (assets.files("train"), assets.train_quotas, assets.train_selection_seed),
         "eval": (assets.files("eval"), assets.eval_quotas, assets.eval_selection_seed),
@@ -122,8 +138,9 @@ def select_questions(assets: AssetsConfig, kind: str, seed: int) -> list[QAExamp
     draw_seed = selection_seed if assets.selection == "sha256" else seed
     where = assets.train_where if kind == "train" else None
     return load_questions(
-        files, quotas, draw_seed, assets.selection, assets.release_names, where=where
-    )
+        files, quotas, draw_seed, assets.selection, assets.release_names, where=where,
+        max_question_chars=max_question_chars,
+    )  # fmt: skip
 
 
 def source_of(example_id: str) -> str:

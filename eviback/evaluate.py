@@ -19,7 +19,7 @@ from pathlib import Path
 
 from common.metrics import exact_match, f1_score
 from common.rollout import AgentConfig, Trajectory, run_agent
-from eviback.assets import build_retriever, select_questions, source_of
+from eviback.assets import build_retriever, question_chars, select_questions, source_of
 from eviback.config import EviBackConfig
 from eviback.reward import rollout_facts
 
@@ -226,7 +226,7 @@ def run_eval(cfg: EviBackConfig) -> dict:
     cfg.check_assets(("model", "eval", "retrieval"))
     if cfg.eval.compare_to and not Path(cfg.eval.compare_to).is_file():
         raise FileNotFoundError(f"eval.compare_to: {cfg.eval.compare_to} not found")
-    examples = select_questions(cfg.assets, "eval", cfg.seed)
+    examples = select_questions(cfg.assets, "eval", cfg.seed, question_chars(cfg))
     rank, world, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = None

@@ -48,7 +48,13 @@ from common.train import (
 from common.train.distributed import all_reduce_values
 from common.train.memory_plan import announce_plan
 from common.train.run_folder import RunFolder
-from eviback.assets import build_retriever, build_teacher, load_questions, select_questions
+from eviback.assets import (
+    build_retriever,
+    build_teacher,
+    load_questions,
+    question_chars,
+    select_questions,
+)
 from eviback.backoff import Backoff, backoff_rewards, reward_of
 from eviback.config import EviBackConfig, TeacherConfig
 from eviback.prompts import rounds_from_trajectory
@@ -173,8 +179,12 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     cfg.train.total_steps = cfg.steps
     cfg.train.seed = cfg.seed
     a = cfg.assets
-    train_set = select_questions(a, "train", cfg.seed)
-    dev_set = load_questions(a.files("dev"), {}, cfg.seed, where=a.dev_where, where_key="dev_where")
+    # bad rows stop here, before any model loads; over-long questions are counted skips
+    train_set = select_questions(a, "train", cfg.seed, question_chars(cfg))
+    dev_set = load_questions(
+        a.files("dev"), {}, cfg.seed, where=a.dev_where, where_key="dev_where",
+        max_question_chars=question_chars(cfg),
+    )  # fmt: skip
     dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
     run = Run("eviback", cfg)  # the run folder: lock, settings check
     try:

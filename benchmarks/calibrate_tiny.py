@@ -21,6 +21,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from common.jsonl import read_jsonl
+
 ROOT = Path("runs/calibrate")
 RESULTS = ROOT / "results.jsonl"
 WARMUP_CONFIG = "common/configs/warmup_tiny.yaml"
@@ -82,7 +84,7 @@ def evaluate_model(
 
 
 def _grpo_row(run_dir: Path) -> dict:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    rows = read_jsonl(run_dir / "metrics.jsonl", key="step")
     evals = [r for r in rows if "dev/em" in r]
     first, last = evals[0], evals[-1]
     return {
@@ -143,8 +145,7 @@ def table() -> str:
         "| setting | warmup (min) | SFT loss | dev EM | pass@8 | mixed | train EM | GRPO | EM before -> after (mean of seeds) | valid answers |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for line in RESULTS.open():
-        r = json.loads(line)
+    for r in read_jsonl(RESULTS):  # appended to by every run: a torn last line is dropped
         grpo = r.get("grpo") or []
         if grpo:
             k = len(grpo)

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from common.config import ConfigError
+from common.jsonl import read_jsonl_lines, trim_jsonl
 
 
 def data_world_size() -> int:
@@ -97,18 +98,18 @@ class BatchLog:
     """``run_dir/batches.jsonl``: one row a step, ``{"step", "ids", "trajectories"}``, the ids of
     every rank's questions in rank order (the one-rank batch) and the update's trajectories over
     all ranks. Every rank calls ``write`` (a collective); the main rank writes. Rows from
-    ``start`` on are dropped when it opens, so a resumed run logs each step once."""
+    ``start`` on are dropped when it opens (atomically, the kept lines as written), so a resumed
+    run logs each step once; a torn last line (a kill mid-write) is dropped with a warning, any
+    other bad line is a ``ValueError`` naming file:line (``common.jsonl.read_jsonl``). A run's
+    start has trimmed it already (``RunFolder.begin`` -> ``trim_run``, with metrics.jsonl and
+    before either is rewritten)."""
 
     def __init__(self, run_dir: Path, start: int, is_main: bool):
         self.path = Path(run_dir) / "batches.jsonl"
         self.is_main = is_main
-        if is_main and self.path.exists():
-            keep = [
-                line
-                for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] < start
-            ]
-            self.path.write_text("".join(line + "\n" for line in keep))
+        if is_main and self.path.exists():  # (a run's start trimmed it already: trim_run)
+            rows = read_jsonl_lines(self.path, key="step", stacklevel=3)
+            trim_jsonl(self.path, rows, lambda r: r["step"] < start)
 
     def write(self, step: int, ids: Sequence[str], trajectories: int) -> None:
         parts = [(list(ids), trajectories)]

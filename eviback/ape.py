@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from common.data import QAExample
+from common.jsonl import write_atomic
 from common.metrics import f1_score
 from common.retrieval.base import Doc
 from eviback.prompts import (
@@ -189,13 +190,16 @@ def label_rollouts(
 
 
 def write_benchmark(path: str | Path, rows: Sequence[BenchmarkRow]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            d = asdict(row)
-            d["rounds"] = [
-                {"query": q, "docs": [doc._asdict() for doc in docs]} for q, docs in row.rounds
-            ]
-            f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    """``rows`` as JSON lines, written beside ``path`` and renamed into place: a run killed while
+    writing leaves no partial benchmark for the next one to reuse."""
+    lines = []
+    for row in rows:
+        d = asdict(row)
+        d["rounds"] = [
+            {"query": q, "docs": [doc._asdict() for doc in docs]} for q, docs in row.rounds
+        ]
+        lines.append(json.dumps(d, ensure_ascii=False) + "\n")
+    write_atomic(Path(path), "".join(lines))
 
 
 def read_benchmark(path: str | Path) -> list[BenchmarkRow]:

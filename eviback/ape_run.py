@@ -264,8 +264,8 @@ def run_ape(cfg: EviBackConfig) -> dict:
             )
             labeller.probe()  # before the policy model loads for the rollouts
         rows, counts = rollout_benchmark(cfg, labeller)
-        write_benchmark(bench, rows)
         counts_file.write_text(json.dumps(counts, indent=2))
+        write_benchmark(bench, rows)  # last: its presence says the benchmark is complete
     split = split_by_step if cfg.ape.split == "step" else split_by_question
     dev, holdout = split(rows, cfg.ape.holdout_fraction, cfg.seed)
     teacher = llm_client(

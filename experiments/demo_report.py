@@ -16,21 +16,17 @@ import json
 import sys
 from pathlib import Path
 
+from common.jsonl import read_jsonl
+
 METRICS = ("dev/em", "dev/accuracy")  # the headline dev metric, first one a run logs
 EXTRA = ("dev/f1", "dev/exact_accuracy", "dev/valid_answer_rate", "dev/boxed_rate")
 
 
 def dev_rows(run_dir: Path) -> list[dict]:
-    """The run's dev evaluations, in step order (a torn last line is skipped)."""
-    rows = []
-    for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if any(k in row for k in METRICS):
-            rows.append(row)
-    return sorted(rows, key=lambda r: r["step"])
+    """The run's dev evaluations, in step order (``common.jsonl.read_jsonl``: a torn last line
+    dropped with a warning, another bad line an error naming file:line)."""
+    rows = read_jsonl(run_dir / "metrics.jsonl", key="step")
+    return sorted((r for r in rows if any(k in r for k in METRICS)), key=lambda r: r["step"])
 
 
 def summarize_run(label: str, run_dir: Path) -> dict:

@@ -21,13 +21,14 @@ One pass/fail line each; exit status 0 when all pass, 1 when one fails, 2 when i
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from common.jsonl import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 # one paper config a method, and the rehearsal's stages that its training needs
@@ -130,15 +131,8 @@ def _training_rows(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn last line of an interrupted run
-        if "loss" in row or "loss_pi" in row:
-            rows.append(row)
-    return rows
+    # a torn last line of an interrupted run is dropped (common.jsonl.read_jsonl)
+    return [r for r in read_jsonl(path, key="step") if "loss" in r or "loss_pi" in r]
 
 
 def _capacity_gib() -> float | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from experiments.demo_report import main, summarize_run
 
 
@@ -28,13 +30,15 @@ def test_first_and_last_dev_evaluation_per_run(tmp_path, capsys):
     cer = _run(
         tmp_path / "cer", [{"step": 0, "dev/accuracy": 0.5}, {"step": 5, "dev/accuracy": 0.25}]
     )
-    s = summarize_run("GRPO", grpo)
+    with pytest.warns(UserWarning, match=r"metrics.jsonl:4: dropped a torn last line"):
+        s = summarize_run("GRPO", grpo)
     assert (s["metric"], s["steps"], s["before"], s["after"]) == ("em", 10, 0.25, 0.375)
     assert s["extra"]["valid_answer_rate"] == (0.9, 1.0)
     assert s["curve"] == [(0, 0.25), (10, 0.375)]
     out = tmp_path / "demo"
     args = ["--out", str(out), f"GRPO={grpo}", f"CER={cer}", f"gone={tmp_path / 'nothing'}"]
-    assert main(args) == 0
+    with pytest.warns(UserWarning, match="dropped a torn last line"):
+        assert main(args) == 0
     report = (out / "report.md").read_text()
     assert "| GRPO | " in report and "| 0.250 | 0.375 | +0.125 |" in report
     assert "| CER | " in report and "| accuracy | 0.500 | 0.250 | -0.250 |" in report

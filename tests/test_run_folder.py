@@ -139,6 +139,60 @@ def test_torn_last_line_is_dropped_and_a_bad_middle_line_is_an_error(tmp_path):
         open_run_folder(tmp_path, None, resume=False)
 
 
+def killed_run_folder(path: Path, batches_tail: str) -> tuple[str, str]:
+    """A folder as a run killed after step 4 leaves it, its checkpoint at step 2: metrics.jsonl
+    steps 0-4, batches.jsonl steps 1-4 and then ``batches_tail``. Returns both logs' text."""
+    ckpt = path / "checkpoints" / "step_2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text('{"step": 2}')
+    (ckpt / "COMPLETE").write_text("")
+    metrics = "".join(json.dumps({"step": s, "loss": 0.5}) + "\n" for s in range(5))
+    batches = "".join(
+        json.dumps({"step": s, "ids": [f"q{s}", "é"], "trajectories": 4}, ensure_ascii=False) + "\n"
+        for s in range(1, 5)
+    )
+    (path / "metrics.jsonl").write_text(metrics)
+    (path / "batches.jsonl").write_text(batches + batches_tail, encoding="utf-8")
+    return metrics, batches
+
+
+def test_a_torn_last_line_of_batches_jsonl_is_dropped_and_the_run_resumes(tmp_path):
+    """Killed mid-write of step 5's batches row (cut inside a multi-byte character): the start
+    warns naming file:line, trims both logs to the checkpoint's step 2, and the resumed run
+    appends step 3 after them."""
+    from common.batches import BatchLog
+
+    _, batches = killed_run_folder(tmp_path, '{"step": 5, "ids": ["\u00e9')
+    path = tmp_path / "batches.jsonl"
+    path.write_bytes(path.read_bytes()[:-1])  # half of "é": not even UTF-8
+    with pytest.warns(UserWarning, match=rf"{re.escape(str(path))}:5: dropped a torn last line"):
+        folder = open_run_folder(tmp_path, None, resume=True)
+    assert folder.start_step == 3
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [0, 1, 2]
+    assert path.read_text(encoding="utf-8") == "".join(batches.splitlines(True)[:2])  # as written
+    BatchLog(tmp_path, 3, is_main=True).write(3, ["q3"], 4)
+    assert [r["step"] for r in read_jsonl(path, "step")] == [1, 2, 3]
+    folder.close()
+
+
+@pytest.mark.parametrize("begin", [True, False])
+def test_a_bad_middle_line_of_batches_jsonl_stops_the_start_before_any_log_changes(tmp_path, begin):
+    """A bad row that is not the last (a later row was written whole after it) is an error
+    naming file:line, raised before metrics.jsonl (trimmed first in the old order) or
+    batches.jsonl is rewritten and before the start records anything."""
+    from common.batches import BatchLog
+
+    metrics, batches = killed_run_folder(tmp_path, '{"step": 5, "ids": [\n{"step": 6}\n')
+    path = tmp_path / "batches.jsonl"
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:5: not a JSON line"):
+        open_run_folder(tmp_path, None, resume=True, begin=begin)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(path))}:5: not a JSON line"):
+        BatchLog(tmp_path, 3, is_main=True)
+    assert (tmp_path / "metrics.jsonl").read_text() == metrics
+    assert path.read_text(encoding="utf-8") == batches + '{"step": 5, "ids": [\n{"step": 6}\n'
+    assert not (tmp_path / "env_history.jsonl").exists()
+
+
 HOLDER = """
 import sys, time
 from common.train.run_folder import open_run_folder

@@ -8,7 +8,6 @@ import platform
 import socket
 import subprocess
 import sys
-import warnings
 from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
@@ -18,6 +17,7 @@ import psutil
 import torch
 from tqdm import tqdm
 
+from common.jsonl import read_jsonl
 from common.redact import redact_secrets
 from common.run_config import LogConfig  # noqa: F401  (declared with the run's settings)
 from common.train.distributed import current_rank
@@ -112,36 +112,9 @@ class MetricsLogger:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics.jsonl file, in order (``read_jsonl`` with key ``step``)."""
+    """The records of a metrics.jsonl file, in order (``common.jsonl.read_jsonl`` with key
+    ``step``: a torn last line dropped with a warning, any other bad line an error)."""
     return read_jsonl(path, key="step")
-
-
-def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]:
-    """The JSON objects of a jsonl file a run appends to, in order; each must hold ``key``.
-
-    A torn last line (no newline and not JSON: the process was killed while writing it) is
-    dropped with a warning; a malformed line anywhere else is an error naming file and line.
-    """
-    records = []
-    text = Path(path).read_text(encoding="utf-8")
-    lines = text.split("\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            if number == len(lines):  # the last line has no newline after it: torn
-                warnings.warn(
-                    f"{path}:{number}: dropped a torn last line (a write cut short): {line[:80]!r}",
-                    stacklevel=2,
-                )
-                break
-            raise ValueError(f"{path}:{number}: not a JSON line: {err}") from None
-        if not isinstance(record, dict) or (key is not None and key not in record):
-            raise ValueError(f"{path}:{number}: expected an object with a {key!r} key")
-        records.append(record)
-    return records
 
 
 def environment() -> dict[str, Any]:

@@ -12,6 +12,8 @@ other ranks only learn where to resume from):
     run.json              the method's trainer: {method, config_class, version, commit}
                           (written by ``common.run.Run``; what ``experiments.evaluate_all`` reads)
     metrics.jsonl         trimmed on every start to the rows of the steps it resumes after
+    batches.jsonl         (``common.batches.BatchLog``) trimmed with metrics.jsonl, both read
+                          and checked before either is rewritten
 
 A start whose settings differ from the folder's (config.yaml, or the last accepted change) stops
 with one line per differing key, unless the config says ``allow_config_change: true``; then the
@@ -41,6 +43,7 @@ from typing import Any
 import yaml
 
 from common.config import ConfigError, config_to_dict
+from common.jsonl import read_jsonl_lines, trim_jsonl, write_atomic
 from common.redact import redact_secrets
 from common.train.checkpoint import find_latest_checkpoint
 from common.train.distributed import current_rank
@@ -53,6 +56,9 @@ ENV_FILE = "env.json"
 ENV_HISTORY_FILE = "env_history.jsonl"
 RUN_FILE = "run.json"
 METRICS_FILE = "metrics.jsonl"
+BATCHES_FILE = "batches.jsonl"
+# Append-only step logs a start trims to its resume point: one row a step, keyed "step".
+STEP_LOGS = (METRICS_FILE, BATCHES_FILE)
 # Per-step files a run rewrites as it goes: those after the resume point are removed on start.
 PER_STEP_FOLDERS = ("samples", "dev_results")
 # Keys that say where or how to start, not what is trained: never a config change.
@@ -148,13 +154,14 @@ class RunFolder:
         if self.begun or self.lock is None:
             self.begun = True
             return
+        logs = read_step_logs(self.path)  # a bad log stops the start before anything is written
         if self.config is not None:
             check_settings(self.path, self.config, self.start_step, self.allow_config_change)
         env = write_environment(self.path, self.start_step)
         if self.method is not None:
             record = {**self.method, "commit": env["git"]["commit"]}
             _write_atomic(self.path / RUN_FILE, json.dumps(record, indent=1) + "\n")
-        trim_run(self.path, self.start_step - 1)
+        trim_run(self.path, self.start_step - 1, logs)
         self.begun = True
 
     def close(self) -> None:
@@ -204,12 +211,10 @@ def open_run_folder(
             )
         if begin:
             folder.begin()
-        else:  # a torn or bad metrics.jsonl is found before any model loads, as with begin
-            metrics = path / METRICS_FILE
-            if metrics.exists():
-                with warnings.catch_warnings():  # a torn last line: begin() says so
-                    warnings.simplefilter("ignore")
-                    read_jsonl(metrics, key="step")
+        else:  # a bad metrics.jsonl or batches.jsonl is found before any model loads
+            with warnings.catch_warnings():  # a torn last line: begin() says so
+                warnings.simplefilter("ignore")
+                read_step_logs(path)
     except BaseException:
         folder.close()
         raise
@@ -352,21 +357,34 @@ def write_environment(run_dir: Path, start_step: int) -> dict:
     return env
 
 
-def trim_run(run_dir: Path, last_step: int) -> None:
+def read_step_logs(run_dir: Path) -> dict[Path, list[tuple[dict, str]]]:
+    """The rows of the folder's step logs (``STEP_LOGS`` that exist), each with its line:
+    every log read and checked (``common.jsonl.read_jsonl_lines``: a torn last line dropped
+    with a warning, any other bad line a ``ValueError`` naming file:line) before any is
+    rewritten, so a bad ``batches.jsonl`` leaves ``metrics.jsonl`` as it was."""
+    logs = {}
+    for name in STEP_LOGS:
+        path = run_dir / name
+        if path.exists():
+            logs[path] = read_jsonl_lines(path, key="step", stacklevel=3)
+    return logs
+
+
+def trim_run(
+    run_dir: Path, last_step: int, logs: dict[Path, list[tuple[dict, str]]] | None = None
+) -> None:
     """Keep what the run logged up to ``last_step`` (the checkpoint it resumes from; -1: none):
-    metrics.jsonl rows with a larger step are dropped (atomically), as are per-step files
-    (samples/, dev_results/) of later steps. A torn last line of metrics.jsonl is dropped."""
-    metrics = run_dir / METRICS_FILE
-    if metrics.exists():
-        rows = read_jsonl(metrics, key="step")
-        kept = [r for r in rows if r["step"] <= last_step]
-        text = "".join(json.dumps(r) + "\n" for r in kept)
-        if text != metrics.read_text(encoding="utf-8"):
-            _write_atomic(metrics, text)
-        if len(kept) < len(rows):
+    rows of metrics.jsonl and batches.jsonl with a larger step are dropped (atomically, each
+    kept line as written), as are per-step files (samples/, dev_results/) of later steps. A torn
+    last line of either log is dropped. ``logs``: ``read_step_logs(run_dir)`` when already read."""
+    if logs is None:
+        logs = read_step_logs(run_dir)
+    for path, rows in logs.items():
+        dropped = trim_jsonl(path, rows, lambda r: r["step"] <= last_step)
+        if dropped:
             after = "a checkpoint" if last_step < 0 else f"step {last_step}"
             print(
-                f"[run] {metrics}: dropped {len(rows) - len(kept)} rows logged after {after} "
+                f"[run] {path}: dropped {dropped} rows logged after {after} "
                 "(this start runs those steps again)",
                 flush=True,
             )
@@ -382,10 +400,7 @@ def trim_run(run_dir: Path, last_step: int) -> None:
 
 def _write_atomic(path: Path, text: str) -> None:
     """``text`` into a temporary file beside ``path``, then renamed over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text)
 
 
 def _now() -> str:
@@ -400,5 +415,6 @@ __all__ = [
     "check_settings",
     "config_diff",
     "open_run_folder",
+    "read_step_logs",
     "trim_run",
 ]

@@ -163,9 +163,10 @@ def overrides(values: dict[str, Any]) -> list[str]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    import json
+    """A log the run appended to (``common.jsonl.read_jsonl``: a torn last line dropped)."""
+    from common.jsonl import read_jsonl as read_log
 
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_log(path)
 
 
 def metric_sum(rows: Sequence[dict], key: str) -> float:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import random
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +26,13 @@ from common.train import (
     find_latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
+)
+from common.train.checkpoint import (
+    CheckpointSaveError,
+    CheckpointSpaceError,
+    check_checkpoint_space,
+    checkpoint_bytes,
+    planned_saves,
 )
 
 QWEN3 = dict(
@@ -258,3 +269,212 @@ def test_loading_into_a_different_world_size_is_refused(tmp_path):
     (path / "trainer_state.json").write_text(json.dumps(state | {"world_size": 2}))
     with pytest.raises(ValueError, match="written by 2 ranks, loading into 1"):
         load_checkpoint(build_engine(), path)
+
+
+# ---- a full disk ------------------------------------------------------------------------------
+
+TORCH_ENFORCE = (  # what torch.save raises when the disk fills: no errno, no "space"
+    "[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing file "
+    "data/0: file write failed"
+)
+
+
+@pytest.mark.parametrize(
+    ("error", "free_gib"),
+    [
+        (OSError(errno.ENOSPC, "No space left on device"), 0.25),
+        (RuntimeError(TORCH_ENFORCE), 0.0),  # told apart by the free space: none left
+    ],
+    ids=["ENOSPC", "torch-enforce"],
+)
+def test_a_full_disk_mid_save_removes_the_partial_folder_and_keeps_latest(
+    tmp_path, monkeypatch, error, free_gib
+):
+    """The disk fills while the optimizer state is written (the HF weights already are): the
+    partial folder goes, ``latest`` still names step 1 (which loads), and the error says "no
+    space left on device", the folder and the free GiB."""
+    engine, stream = build_engine(), SyntheticStream()
+    train(engine, stream, 1)
+    save_checkpoint(engine, tmp_path, 1, stream.state())
+    train(engine, stream, 1)
+    checkpoints = tmp_path / "checkpoints"
+    real_save, seen = torch.save, []
+
+    def full_disk(obj, f, *args, **kwargs):
+        folder = Path(f).parents[1]
+        seen.append((folder, (folder / "model.safetensors").is_file()))
+        Path(f).write_bytes(b"\0" * 1000)  # half a file, as a write cut short leaves it
+        raise error
+
+    usage = shutil.disk_usage(tmp_path)
+    free = int(free_gib * 2**30)
+    monkeypatch.setattr(torch, "save", full_disk)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=free))
+    with pytest.raises(CheckpointSaveError) as caught:
+        save_checkpoint(engine, tmp_path, 2, stream.state())
+    monkeypatch.setattr(torch, "save", real_save)
+    [(tmp, weights_written)] = seen
+    assert weights_written and tmp.name.startswith("step_2.tmp-")
+    msg = str(caught.value)
+    assert "no space left on device" in msg and str(tmp) in msg
+    assert f"{free_gib:.2f} GiB free" in msg and "`latest` still names step_1" in msg
+    assert caught.value.errno == errno.ENOSPC and caught.value.__cause__ is error
+    assert not tmp.exists() and sorted(p.name for p in checkpoints.iterdir()) == [
+        "latest",
+        "step_1",
+    ]
+    assert (checkpoints / "latest").read_text() == "step_1\n"
+    assert find_latest_checkpoint(tmp_path) == checkpoints / "step_1"
+    assert load_checkpoint(build_engine(), checkpoints / "step_1") == {"position": 2}
+
+
+def test_other_errors_mid_save_remove_the_partial_folder_too(tmp_path, monkeypatch):
+    """An I/O error that is not a full disk names its own cause; a bug (not I/O) is raised as
+    it is; either way no partial folder stays."""
+    engine = build_engine()
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=100 * 2**30))
+    for error, kind in [
+        (OSError(errno.EACCES, "Permission denied"), CheckpointSaveError),
+        (KeyError("a bug"), KeyError),
+    ]:
+
+        def fail(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(torch, "save", fail)
+        with pytest.raises(kind) as caught:
+            save_checkpoint(engine, tmp_path, 1, {})
+        if kind is CheckpointSaveError:
+            msg = str(caught.value)
+            assert "Permission denied" in msg and "no space" not in msg
+            assert "100.00 GiB free" in msg and "there is no earlier checkpoint" in msg
+        assert not list((tmp_path / "checkpoints").iterdir())
+
+
+def test_a_killed_save_s_leftover_is_removed_before_the_next_save_writes(tmp_path, monkeypatch):
+    """A save killed mid-write leaves step_N.tmp-<pid> (another pid): the next save removes it
+    before writing, so its space is free for the new checkpoint."""
+    engine = build_engine()
+    leftover = tmp_path / "checkpoints" / "step_3.tmp-99999"
+    (leftover / "state").mkdir(parents=True)
+    (leftover / "state" / "train_state.pt").write_bytes(b"\0" * 4096)
+    real_save, seen = torch.save, []
+
+    def spy(obj, f, *args, **kwargs):
+        seen.append(leftover.exists())
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", spy)
+    save_checkpoint(engine, tmp_path, 4, {})
+    assert seen and not any(seen)
+
+
+@pytest.mark.parametrize(("kind", "bf16"), [("full", False), ("full", True), ("lora", False)])
+def test_checkpoint_bytes_counts_weights_and_adam_state(tmp_path, kind, bf16):
+    """By hand: a full fp32 model saves 4 bytes a parameter of weights and 4 + 8 of state
+    (itself, two moments); bf16: 2 + (2 + 4 master + 8); a LoRA model only its LoRA
+    weights, 4 + 4 + 8 each. A tiny model's real checkpoint is that plus small files."""
+    engine = build_engine(kind, bf16)
+    params = dict(engine.model.named_parameters())
+    n = sum(p.numel() for p in params.values())
+    lora = sum(p.numel() for name, p in params.items() if "lora_" in name)
+    expected = {("full", False): 16 * n, ("full", True): 16 * n, ("lora", False): 16 * lora}
+    assert checkpoint_bytes(engine) == expected[kind, bf16]
+    train(engine, SyntheticStream(), 1)
+    path = save_checkpoint(engine, tmp_path, 1, {})
+    on_disk = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    assert checkpoint_bytes(engine) <= on_disk < checkpoint_bytes(engine) + 64 * 2**10
+
+
+def test_planned_saves_follow_the_run_s_schedule():
+    assert planned_saves(100, 25) == 4  # 25, 50, 75, 100
+    assert planned_saves(10, 0) == 1  # the last step only
+    assert planned_saves(10, 3) == 4  # 3, 6, 9 and the last, 10
+    assert planned_saves(10, 3, start=7) == 2  # resumed at 7: 9, 10
+    assert planned_saves(10, 5, start=11) == 0  # resumed after the last step
+
+
+def test_check_checkpoint_space_by_hand(tmp_path, monkeypatch, capsys):
+    """1 GiB a checkpoint, keep_checkpoints=2 and 10 saves: 3 at once on disk at most (the new
+    one is written before the oldest goes), so 3 GiB; under 1.5 x that (4.5 GiB) a warning."""
+    gib = 2**30
+    usage = shutil.disk_usage(tmp_path)
+    free = {"bytes": 0}
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=free["bytes"]))
+
+    free["bytes"] = int(2.9 * gib)
+    with pytest.raises(CheckpointSpaceError) as caught:
+        check_checkpoint_space(tmp_path / "run", gib, keep=2, saves=10)
+    msg = str(caught.value)
+    assert "3 checkpoints of about 1.00 GiB (3.00 GiB; keep_checkpoints=2" in msg
+    assert "2.90 GiB free" in msg and str(tmp_path / "run" / "checkpoints") in msg
+    assert "lower keep_checkpoints" in msg
+
+    free["bytes"] = 4 * gib  # fits, under 1.5 x
+    assert check_checkpoint_space(tmp_path / "run", gib, keep=2, saves=10) == pytest.approx(4 / 3)
+    assert "warning: little disk space to spare" in capsys.readouterr().out
+    free["bytes"] = 5 * gib
+    assert check_checkpoint_space(tmp_path / "run", gib, keep=2, saves=10) == pytest.approx(5 / 3)
+    assert capsys.readouterr().out == ""
+
+    # every save kept (keep=None): save_every=25 over 100 steps is 4 checkpoints, 4 GiB
+    free["bytes"] = int(3.9 * gib)
+    with pytest.raises(CheckpointSpaceError, match=r"4 checkpoints .*keep_checkpoints=None.* 3.90"):
+        check_checkpoint_space(tmp_path / "run", gib, None, planned_saves(100, 25))
+    free["bytes"] = 1 * gib  # one save (the last step only): 1 GiB fits, with no margin
+    assert check_checkpoint_space(tmp_path / "run", gib, keep=2, saves=1) == pytest.approx(1)
+    # resumed with 2 kept on disk already: they take no new space, the next save needs 1 GiB
+    for step in ("step_1", "step_2"):
+        (tmp_path / "run" / "checkpoints" / step).mkdir(parents=True)
+        (tmp_path / "run" / "checkpoints" / step / "COMPLETE").write_text("")
+    assert check_checkpoint_space(tmp_path / "run", gib, keep=2, saves=8) == pytest.approx(1)
+    free["bytes"] = gib // 2
+    with pytest.raises(CheckpointSpaceError, match=r"1 checkpoint of .* 2 on disk already"):
+        check_checkpoint_space(tmp_path / "run", gib, keep=2, saves=8)
+    assert check_checkpoint_space(tmp_path / "run", gib, keep=2, saves=0) == math.inf
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs of ``size`` bytes mounted at a folder (root with mount rights only; else skip)."""
+    mounted = []
+
+    def mount(size: int) -> Path:
+        point = tmp_path / f"disk{len(mounted)}"
+        point.mkdir()
+        if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("mount") is None:
+            pytest.skip("mounting a tmpfs needs root")
+        cmd = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            pytest.skip(f"mounting a tmpfs is not permitted here: {result.stderr.strip()}")
+        mounted.append(point)
+        return point
+
+    yield mount
+    for point in mounted:  # lazily if still busy: never left mounted
+        if subprocess.run(["umount", str(point)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(point)], check=True)
+
+
+def test_a_real_full_disk_mid_save(tmp_path, small_disk):
+    """On a real small disk (a tmpfs one and a half checkpoints big): the second checkpoint
+    fills it; the save stops with "no space left on device", its partial folder is gone (the
+    space is free again) and the first checkpoint is still the latest and loads."""
+    engine, stream = build_engine(), SyntheticStream()
+    train(engine, stream, 1)
+    size = checkpoint_bytes(engine) + 64 * 2**10  # the estimate and the small files
+    disk = small_disk(int(1.5 * size))
+    free_before = shutil.disk_usage(disk).free
+    save_checkpoint(engine, disk, 1, stream.state())
+    train(engine, stream, 1)
+    free_after_one = shutil.disk_usage(disk).free
+    with pytest.raises(CheckpointSaveError, match="no space left on device") as caught:
+        save_checkpoint(engine, disk, 2, stream.state())
+    assert "GiB free on its disk" in str(caught.value)
+    checkpoints = disk / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["latest", "step_1"]
+    assert shutil.disk_usage(disk).free == free_after_one < free_before
+    assert find_latest_checkpoint(disk) == checkpoints / "step_1"
+    assert load_checkpoint(build_engine(), checkpoints / "step_1") == {"position": 2}

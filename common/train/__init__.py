@@ -8,8 +8,11 @@ from importlib import import_module
 from typing import Any
 
 _LAZY = {
+    "check_checkpoint_space": "common.train.checkpoint",
+    "checkpoint_bytes": "common.train.checkpoint",
     "find_latest_checkpoint": "common.train.checkpoint",
     "load_checkpoint": "common.train.checkpoint",
+    "planned_saves": "common.train.checkpoint",
     "save_checkpoint": "common.train.checkpoint",
     "TrainConfig": "common.train.config",
     "TrainEngine": "common.train.engine",

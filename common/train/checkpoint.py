@@ -12,16 +12,26 @@
         COMPLETE                                           written last, before the rename
 
 Everything is written into `step_<N>.tmp-<pid>` and renamed into place, so a crash never leaves
-a half-written folder under a final name.
+a half-written folder under a final name. A save that fails while writing (the disk full: torch's
+"PytorchStreamWriter failed writing file", safetensors' I/O error) removes its partial folder and
+raises ``CheckpointSaveError`` naming the cause ("no space left on device"), the folder and the
+free space; ``latest`` still names the previous checkpoint. Leftovers of a killed save are removed
+before the next one writes. ``check_checkpoint_space`` says before training whether the kept
+checkpoints fit (``checkpoint_bytes``: one checkpoint's size, estimated from the parameters).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import gc
 import json
+import math
 import os
 import random
 import re
 import shutil
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +45,16 @@ from common.train.lora import is_lora_model
 
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"step_(\d+)")
+GIB = 2**30
+SPACE_MARGIN = 1.5  # check_checkpoint_space warns when free space is under this many times need
+
+
+class CheckpointSaveError(OSError):
+    """A checkpoint could not be written (its partial folder removed; ``latest`` unchanged)."""
+
+
+class CheckpointSpaceError(ValueError):
+    """Before training: the checkpoints the run keeps do not fit in the free disk space."""
 
 
 def save_checkpoint(
@@ -67,30 +87,159 @@ def save_checkpoint(
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step}"
     tmp = Path(broadcast_object(str(root / f"step_{step}.tmp-{os.getpid()}")))
-    if engine.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)  # our own leftover from a failed earlier save
-        (tmp / "state").mkdir(parents=True)
-    barrier()
+    try:
+        if engine.is_main:
+            # leftovers of a killed or failed earlier save (ours or another process's: the run
+            # folder's lock says no other run writes here) would keep their disk space
+            _remove_leftovers(root)
+            (tmp / "state").mkdir(parents=True)
+        barrier()
 
-    _write_hf_weights(engine, tmp, tokenizer, merge_adapter)
-    engine.save_state(tmp / "state")
-    torch.save(rng, tmp / "state" / f"rng_rank{engine.rank}.pt")
-    barrier()
+        _write_hf_weights(engine, tmp, tokenizer, merge_adapter)
+        engine.save_state(tmp / "state")
+        torch.save(rng, tmp / "state" / f"rng_rank{engine.rank}.pt")
+        barrier()
+        if engine.is_main:
+            trainer_state = {
+                "step": step,
+                "global_step": engine.global_step,
+                "world_size": engine.world_size,
+                "data_state": json.loads(data_json),
+            }
+            (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
+            (tmp / COMPLETE).write_text("")
+    except Exception as err:
+        error = _failed_save(err, engine, step, tmp, root)
+        if error is err:  # not an I/O failure (a bug): as it was, the partial folder removed
+            raise
+        raise error from err
     if engine.is_main:
-        trainer_state = {
-            "step": step,
-            "global_step": engine.global_step,
-            "world_size": engine.world_size,
-            "data_state": json.loads(data_json),
-        }
-        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=1))
-        (tmp / COMPLETE).write_text("")
         _commit(tmp, final)
         _replace_text(root / "latest", final.name)
         _prune(root, keep_last, keep=final)
     barrier()
     _set_rng_state(rng)
     return final
+
+
+def _failed_save(
+    err: Exception, engine: TrainEngine, step: int, tmp: Path, root: Path
+) -> Exception:
+    """The partial folder removed; the error to raise: a ``CheckpointSaveError`` naming the
+    cause, the folder and the free space for an I/O failure (``OSError``, torch's
+    ``RuntimeError``, or any error while the disk is full), else ``err`` itself."""
+    written = _folder_bytes(tmp)
+    free_then = _free_bytes(root)
+    previous = find_latest_checkpoint(root.parent)
+    # what this checkpoint takes: the last one's size, else the estimate from the parameters
+    needed = _folder_bytes(previous) if previous is not None else checkpoint_bytes(engine)
+    code = getattr(err, "errno", None)
+    no_space = (
+        code == errno.ENOSPC
+        or "no space left" in str(err).lower()
+        or (code is None and free_then is not None and free_then + written < needed)
+    )
+    if not no_space and not isinstance(err, OSError | RuntimeError):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return err
+    # the failed writer (torch's, holding its file open from the traceback's frames) goes now,
+    # or the removed files would keep their space until the error is dropped
+    chained: BaseException | None = err
+    seen: set[int] = set()
+    while chained is not None and id(chained) not in seen:  # and the errors it was raised in
+        seen.add(id(chained))
+        traceback.clear_frames(chained.__traceback__)
+        chained = chained.__cause__ or chained.__context__
+    gc.collect()
+    shutil.rmtree(tmp, ignore_errors=True)
+    free_now = _free_bytes(root)
+    cause = "no space left on device" if no_space else f"{type(err).__name__}: {err}"
+    last = f"`latest` still names {previous.name}" if previous else "there is no earlier checkpoint"
+    error = CheckpointSaveError(
+        f"checkpoint of step {step} not saved: {cause} (writing {tmp}: "
+        f"{_gib(free_then)} GiB free on its disk then, {_gib(free_now)} GiB after removing the "
+        f"partial folder; a checkpoint takes about {needed / GIB:.2f} GiB); the partial folder "
+        f"was removed and {last}: free disk space (or lower keep_checkpoints) and start the run "
+        "again to resume"
+    )
+    error.errno = errno.ENOSPC if no_space else code
+    return error
+
+
+def checkpoint_bytes(engine: TrainEngine) -> int:
+    """An estimate of one checkpoint's size on disk, from the parameters (counted whole under
+    ZeRO-3) and their dtypes:
+
+        weights   every parameter in its dtype (a full model, or ARCO's merged model with its
+                  adapters and head), or only the LoRA weights of a plain LoRA model
+        state     per trained parameter: itself in its dtype, AdamW's two fp32 moments (8
+                  bytes) and, for a parameter under 4 bytes (bf16), its fp32 master (4 bytes)
+
+    Tokenizer files, the RNG states and JSON are left out (megabytes)."""
+    model = engine.model
+    params = list(model.named_parameters())
+    lora_only = is_lora_model(model) and not hasattr(model, "write_checkpoint_files")
+    weights = sum(_nbytes(p) for n, p in params if not lora_only or "lora_" in n)
+    state = 0
+    for _, p in params:
+        if p.requires_grad:
+            size = p.dtype.itemsize
+            state += _numel(p) * (size + 8 + (4 if size < 4 else 0))
+    return weights + state
+
+
+def planned_saves(steps: int, save_every: int, start: int = 1) -> int:
+    """The checkpoints a run saves from step ``start`` to ``steps``: every ``save_every`` steps
+    (0: none) and at the last step (``common.run.schedule``)."""
+    if start > steps:
+        return 0
+    every = steps // save_every - (start - 1) // save_every if save_every else 0
+    return every + (0 if save_every and steps % save_every == 0 else 1)
+
+
+def check_checkpoint_space(
+    run_dir: str | Path, bytes_per_checkpoint: int, keep: int | None, saves: int | None = None
+) -> float:
+    """Before training: will the checkpoints fit? Raises ``CheckpointSpaceError`` when the free
+    space on ``run_dir/checkpoints``'s disk is less than they need, warns (printed) when it is
+    under ``SPACE_MARGIN`` times that; returns free / needed (inf: nothing to save).
+
+    keep: the checkpoints kept (``keep_checkpoints``; None: every save is kept). saves: the
+    checkpoints this start still writes (``planned_saves``; None: unbounded). At most
+    ``keep + 1`` are on disk at once (a new one is written before the oldest is removed), and
+    no more than those already there plus ``saves``; those already there take no new space,
+    but every save needs room for one more."""
+    root = Path(run_dir) / "checkpoints"
+    if saves is not None and saves <= 0:
+        return math.inf
+    if keep is None and saves is None:
+        raise ValueError("check_checkpoint_space: keep=None (keep every save) needs saves")
+    held = len(_complete_checkpoints(root))
+    peak = min(
+        keep + 1 if keep is not None else math.inf, held + saves if saves is not None else math.inf
+    )
+    count = max(int(peak) - held, 1)
+    needed = count * bytes_per_checkpoint
+    free = _free_bytes(root)
+    if free is None or needed <= 0:
+        return math.inf
+    what = (
+        f"{count} checkpoint{'s' if count > 1 else ''} of about {bytes_per_checkpoint / GIB:.2f} "
+        f"GiB ({needed / GIB:.2f} GiB; keep_checkpoints={keep}, {held} on disk already"
+        f"{'' if saves is None else f', {saves} to save'}) under {root}, {free / GIB:.2f} GiB free"
+    )
+    if free < needed:
+        raise CheckpointSpaceError(
+            f"not enough disk space for the run's checkpoints: {what}; free space, lower "
+            "keep_checkpoints or choose a run_dir on a larger disk"
+        )
+    if free < SPACE_MARGIN * needed:
+        print(
+            f"[checkpoint] warning: little disk space to spare: {what} (under "
+            f"{SPACE_MARGIN}x what they need)",
+            flush=True,
+        )
+    return free / needed
 
 
 def find_latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -204,16 +353,56 @@ def _complete_checkpoints(root: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def _prune(root: Path, keep_last: int | None, keep: Path) -> None:
-    """Drop leftovers of crashed saves and all but the newest keep_last checkpoints."""
+def _remove_leftovers(root: Path) -> None:
+    """Drop ``step_<N>.tmp-<pid>`` / ``.old-<pid>`` folders of crashed or failed saves."""
     for leftover in root.glob("step_*.*-*"):
         shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _prune(root: Path, keep_last: int | None, keep: Path) -> None:
+    """Drop leftovers of crashed saves and all but the newest keep_last checkpoints."""
+    _remove_leftovers(root)
     if keep_last is None:
         return
     complete = _complete_checkpoints(root)
     for old in complete[: max(len(complete) - keep_last, 0)]:
         if old != keep:
             shutil.rmtree(old)
+
+
+def _numel(p: torch.Tensor) -> int:
+    return int(getattr(p, "ds_numel", p.numel()))  # ZeRO-3 holds a partition; ds_numel: whole
+
+
+def _nbytes(p: torch.Tensor) -> int:
+    return _numel(p) * p.dtype.itemsize
+
+
+def _folder_bytes(folder: Path | None) -> int:
+    """The bytes of the files under ``folder`` (0: none, or unreadable)."""
+    if folder is None or not folder.exists():
+        return 0
+    total = 0
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Free bytes on the disk of ``path`` (its nearest existing parent); None when unknown."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / GIB:.2f}"
 
 
 def _rng_state() -> dict[str, Any]:

@@ -479,6 +479,10 @@ class ArcoConfig(RunLoopConfig):
 
     run_dir: str = field(default="runs/arco/tiny", metadata={"help": "RL output folder"})
     eval_questions: int = field(default=200, metadata={"help": "dev questions evaluated", "ge": 1})
+    save_every: int = field(  # the paper's 535 steps are a long run: a kill loses <= 25 of them
+        default=25,
+        metadata={"help": "checkpoint every k steps and at the last (0: the last only)", "ge": 0},
+    )
     assets: AssetsConfig = field(default_factory=AssetsConfig)
     warmup_dir: str = field(
         default="runs/arco/tiny/warmup", metadata={"help": "warmup output (adapters + head)"}

@@ -18,17 +18,27 @@
 
 Writes ``warmup_dir``: the adapters and head (``save_arco``), ``report.json`` (counts, teacher
 cost, losses, the epoch choice) and ``data.jsonl`` (the annotated trajectories).
+
+A warmup resumes by phase (``WarmupPhases``): each writes its result into ``warmup_dir/phases/``
+(``collect.pt``: the trajectories and raw annotations; ``pi.pt``: π's adapter and report) and
+then, atomically, its marker ``<phase>.done`` holding a hash of the warmup's settings
+(``warmup_settings``); μ's result is the folder itself. A rerun with the same ``warmup_dir``
+skips each leading phase whose marker holds this config's hash (``[arco warmup] π phase done at
+<path>, skipped``) and runs the rest; other settings run every phase again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import pickle
 import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +53,9 @@ from arco.rubric_prompt import format_criteria
 from arco.rubrics import RubricItem, rubric_batch, write_criteria
 from arco.steps import Episode, agent_step, episode_from_trajectory
 from arco.teacher import StepAnnotation, annotate, oracle_annotation, teacher_rollouts
+from common.config import config_to_dict
 from common.data import QAExample
+from common.jsonl import write_atomic
 from common.llm_client import LLMClient
 from common.retrieval.base import Doc
 from common.rl import logprobs_from_logits
@@ -60,6 +72,7 @@ from common.rollout.batch import collate, padding_id
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step
 from common.train import MetricsLogger, TrainEngine
+from common.train.checkpoint import _rng_state, _set_rng_state
 from common.train.run_folder import open_run_folder
 
 
@@ -552,11 +565,98 @@ def _load_adapter_state(model: ArcoModel, state: dict[str, torch.Tensor]) -> Non
         params[n].copy_(t)
 
 
+def _phase_state(train: TrainEngine) -> dict:
+    """What a later phase starts from besides the phase's own result: every weight the warmup
+    trains (π's and μ's adapters, the head: the optimizer's; on CPU) and the random streams, so
+    a resumed warmup continues as an uninterrupted one would (a fresh process builds the
+    untrained weights from its own RNG)."""
+    ids = {id(p) for g in train.optimizer.param_groups for p in g["params"]}
+    trained = {
+        n: p.detach().cpu().clone() for n, p in train.model.named_parameters() if id(p) in ids
+    }
+    return {"trained": trained, "rng": _rng_state()}
+
+
 def teacher_cache(cfg: ArcoConfig) -> Path:
     """The LLM teacher's cache (one file per request, keyed by its content): the warmup's own, or
     with ``warmup.policy_from`` that warmup's, so a variant's warmup replays the teacher's play
     and annotation without paying for them again (new requests, e.g. for another K, are added)."""
     return Path(cfg.warmup.policy_from or cfg.warmup_dir) / "teacher_cache"
+
+
+PHASES = ("collect", "pi", "mu")
+PHASE_NAMES = {"collect": "collection", "pi": "π", "mu": "μ"}
+PI_LOG_STEPS = 100  # metrics.jsonl: π's epochs are logged at steps 1.., μ's at 100 + epoch
+# keys the warmup does not read (RL's, where and how a run starts): changing them keeps its phases
+NOT_WARMUP = frozenset(
+    {"run_dir", "resume", "allow_config_change", "warmup_dir", "log", "rl", "diagnose", "steps"}
+    | {"eval_every", "eval_questions", "save_every", "keep_checkpoints", "samples_per_step"}
+)
+NOT_WARMUP_TRAIN = frozenset(  # RL's optimizer keys and the derived ones (the warmup sets its own)
+    {"lr", "grad_accum", "total_steps", "seed", "weight_decay", "max_grad_norm", "scheduler"}
+)
+
+
+def warmup_settings(cfg: ArcoConfig) -> str:
+    """A hash of the settings the warmup depends on: the config less ``NOT_WARMUP`` (RL's keys,
+    the output folders, logging) and ``train``'s RL-only and derived keys."""
+    settings = {k: v for k, v in config_to_dict(cfg).items() if k not in NOT_WARMUP}
+    train = settings.get("train", {})
+    settings["train"] = {k: v for k, v in train.items() if k not in NOT_WARMUP_TRAIN}
+    text = json.dumps(settings, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class WarmupPhases:
+    """``warmup_dir/phases/``: each finished phase's result (``<phase>.pt``) and marker
+    (``<phase>.done``, JSON: the settings hash and the result's path), written atomically after
+    the result. ``done`` are the leading phases whose markers hold this config's hash."""
+
+    def __init__(self, out: Path, settings: str):
+        self.out, self.dir, self.settings = out, out / "phases", settings
+        self.done: list[str] = []
+        stale = []
+        for name in PHASES:
+            marker = self.dir / f"{name}.done"
+            try:
+                record = json.loads(marker.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                break
+            if not isinstance(record, dict) or record.get("settings") != settings:
+                stale.append(name)
+                break
+            if not (self.out / "arco.json" if name == "mu" else self.result(name)).exists():
+                break
+            self.done.append(name)
+        if stale:
+            print(
+                f"[arco warmup] {self.dir}: other settings than the {PHASE_NAMES[stale[0]]} "
+                "phase was done with; every phase from it runs again",
+                flush=True,
+            )
+        for name in PHASES[len(self.done) :]:  # a later phase built on one that runs again
+            (self.dir / f"{name}.done").unlink(missing_ok=True)
+
+    def result(self, name: str) -> Path:
+        return self.out if name == "mu" else self.dir / f"{name}.pt"
+
+    def skip(self, name: str) -> Any:
+        """Say the phase is skipped; its saved result (None for μ: the folder is its result)."""
+        path = self.result(name)
+        print(f"[arco warmup] {PHASE_NAMES[name]} phase done at {path}, skipped", flush=True)
+        if name == "mu":
+            return None
+        with path.open("rb") as f:
+            return pickle.load(f)
+
+    def finish(self, name: str, result: Any = None) -> None:
+        """The phase's result (μ: none, its files are written), then its marker."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = self.result(name)
+        if name != "mu":
+            write_atomic(path, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
+        record = {"phase": name, "settings": self.settings, "output": str(path)}
+        write_atomic(self.dir / f"{name}.done", json.dumps(record) + "\n")
 
 
 def run_warmup(cfg: ArcoConfig) -> Path:
@@ -591,9 +691,17 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         )
     played = [train_set[i] for i in order[: w.questions]]
     select = [train_set[i] for i in order[w.questions : w.questions + w.select_questions]]
-    # A warmup always starts afresh: locked, its log replaced, no settings check (every file
-    # in warmup_dir is rewritten by this run).
-    folder = open_run_folder(out, None, resume=False)
+    # Locked, no settings check (the phases' markers hold the settings they were done with);
+    # phases done under these settings are skipped, the log keeps their rows (π's).
+    folder = open_run_folder(out, None, resume=False, begin=False)
+    phases = WarmupPhases(out, warmup_settings(cfg))
+    if "mu" in phases.done:  # all of it done: nothing loads
+        for name in PHASES:
+            phases.skip(name)
+        folder.close()
+        return out
+    folder.start_step = PI_LOG_STEPS if "pi" in phases.done else 0
+    folder.begin()
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
     model = build_arco_model(
@@ -622,15 +730,21 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     nap = EngineNap(cfg, engine)  # vLLM asleep through π's and μ's SFT epochs
     push_adapters(engine, model)
     t0 = time.perf_counter()
-    if w.teacher == "oracle":
-        trajs, episodes, annotations, counts = collect_oracle(
-            cfg, engine, tokenizer, retriever, agent_cfg, played
-        )
+    if "collect" in phases.done:
+        collected = phases.skip("collect")
+        _load_adapter_state(model, collected.pop("trained"))  # the fresh adapters and head
+        _set_rng_state(collected.pop("rng"))  # and the random streams, as collection left them
     else:
-        trajs, episodes, annotations, counts = collect_llm(
-            cfg, tokenizer, retriever, agent_cfg, played, teacher_cache(cfg)
-        )
-    collect_s = time.perf_counter() - t0
+        if w.teacher == "oracle":
+            got = collect_oracle(cfg, engine, tokenizer, retriever, agent_cfg, played)
+        else:
+            got = collect_llm(cfg, tokenizer, retriever, agent_cfg, played, teacher_cache(cfg))
+        collected = dict(zip(("trajs", "episodes", "annotations", "counts"), got, strict=True))
+        collected["collect_s"] = time.perf_counter() - t0
+        if train.is_main:  # the annotations as the teacher gave them (projected below, in place)
+            phases.finish("collect", {**collected, **_phase_state(train)})
+    trajs, episodes, annotations = (collected[k] for k in ("trajs", "episodes", "annotations"))
+    counts, collect_s = collected["counts"], collected["collect_s"]
     pi_idx, mu_idx, filter_counts = project_and_filter(episodes, annotations, w.decomposition_tol)
     print(
         f"[arco warmup] {len(episodes)} trajectories ({collect_s:.0f}s), mean R "
@@ -652,7 +766,12 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         return em
 
     report: dict = {"counts": counts, "filter": filter_counts, "collect_s": collect_s}
-    if w.policy_from:  # one π for every arm of a comparison: the earlier warmup's
+    if "pi" in phases.done:
+        saved = phases.skip("pi")
+        _load_adapter_state(model, saved["trained"])  # π's adapter, μ's and the head untrained
+        _set_rng_state(saved["rng"])  # and the random streams, as π's phase left them
+        report["pi_sft"] = saved["report"]
+    elif w.policy_from:  # one π for every arm of a comparison: the earlier warmup's
         load_adapters(model.lm, w.policy_from, ["policy"])
         report["pi_sft"] = {"policy_from": w.policy_from}
         print(f"[arco warmup] π taken from {w.policy_from} (no π SFT)", flush=True)
@@ -665,6 +784,8 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     else:  # e.g. an untrained agent that never answers right: π stays as it is
         report["pi_sft"] = {"skipped": "no trajectory with R = 1 and more than one step"}
         print("[arco warmup] π SFT skipped: no trajectory with R = 1 and > 1 step", flush=True)
+    if "pi" not in phases.done and train.is_main:
+        phases.finish("pi", {"report": report["pi_sft"], **_phase_state(train)})
     mu_items = make_rubric_items(cfg, [episodes[i] for i in mu_idx], tokenizer)
     for it in mu_items:
         ann = annotations[mu_idx[it.traj]][it.step]
@@ -680,6 +801,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     if train.is_main:
         save_arco(model, out)
         (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+        phases.finish("mu")
     if logger:
         logger.close()
     folder.close()

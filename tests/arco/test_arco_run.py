@@ -4,13 +4,16 @@ real vLLM engine serving both adapters; resume after an interruption; errors bef
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from arco.cli import main
 from arco.config import ArcoConfig
+from arco.rubric_model import HEAD_FILE
 from common.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +83,133 @@ def test_warmup_writes_adapters_head_report_and_annotated_data(warmed):
         if row["annotation"]:
             total = sum(sum(a["scores"]) / len(a["scores"]) for a in row["annotation"])
             assert total == pytest.approx(row["reward"], abs=1e-6)
+
+
+def _fresh_process_rng() -> None:
+    """The random streams a fresh ``arco warmup`` process starts with (torch's default seed),
+    so that two warmups in this process are two runs of the command."""
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(67280421310721)
+
+
+def _warmup_outputs(w: Path) -> dict:
+    """What a warmup leaves: every adapter and the head, bit for bit, the report but the
+    collection's wall time, the annotated data and the logged losses."""
+    from safetensors.torch import load_file
+
+    files = sorted(w.glob("adapters/*/adapter_model.safetensors")) + [w / HEAD_FILE]
+    report = json.loads((w / "report.json").read_text())
+    report.pop("collect_s")
+    return {
+        "weights": {str(f.relative_to(w)): load_file(str(f)) for f in files},
+        "report": report,
+        "data": (w / "data.jsonl").read_text(),
+        "metrics": [json.loads(line) for line in (w / "metrics.jsonl").open()],
+    }
+
+
+@pytest.mark.slow
+def test_a_warmup_killed_in_mu_resumes_without_redoing_collection_and_pi(
+    tiny_world, tmp_path, monkeypatch, capsys
+):
+    """Killed in μ's SFT: the rerun skips the collection and π (their results and markers are
+    in warmup_dir/phases; neither is redone: they would fail here, their files keep their
+    mtime) and ends with the warmup an uninterrupted run writes; a third run skips all."""
+    from arco import warmup
+
+    def config(out: Path, *more: str) -> ArcoConfig:
+        return load_config(ArcoConfig, CONFIG, overrides(tiny_world, out, "hf") + list(more))
+
+    real_filter = warmup.project_and_filter
+
+    def every_one_for_pi(episodes, annotations, tol):  # the random tiny model never wins:
+        _, mu, counts = real_filter(episodes, annotations, tol)  # π SFT on μ's, so it trains
+        return mu, mu, counts
+
+    monkeypatch.setattr(warmup, "project_and_filter", every_one_for_pi)
+    _fresh_process_rng()
+    straight = warmup.run_warmup(config(tmp_path / "straight"))
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed in μ's SFT")
+
+    out = tmp_path / "killed" / "warmup"
+    with monkeypatch.context() as m:
+        m.setattr(warmup, "sft_rubric", killed)
+        _fresh_process_rng()
+        with pytest.raises(KeyboardInterrupt):
+            warmup.run_warmup(config(tmp_path / "killed"))
+    phases = out / "phases"
+    assert sorted(p.name for p in phases.iterdir()) == [
+        "collect.done",
+        "collect.pt",
+        "pi.done",
+        "pi.pt",
+    ]
+    assert not (out / "arco.json").exists()
+    mtimes = {p.name: p.stat().st_mtime_ns for p in phases.iterdir()}
+
+    def redone(*args, **kwargs):
+        raise AssertionError("a finished phase ran again")
+
+    capsys.readouterr()
+    with monkeypatch.context() as m:
+        for name in ("collect_oracle", "collect_llm", "sft_policy"):
+            m.setattr(warmup, name, redone)
+        torch.manual_seed(1)  # another process: what it resumes from is the saved state
+        assert warmup.run_warmup(config(tmp_path / "killed")) == out
+    printed = capsys.readouterr().out
+    assert f"[arco warmup] collection phase done at {phases / 'collect.pt'}, skipped" in printed
+    assert f"[arco warmup] π phase done at {phases / 'pi.pt'}, skipped" in printed
+    assert {p.name: p.stat().st_mtime_ns for p in phases.iterdir() if p.name in mtimes} == mtimes
+    assert (phases / "mu.done").is_file()
+
+    want, got = _warmup_outputs(straight), _warmup_outputs(out)
+    assert want["report"]["pi_sft"]["chosen_epoch"] == 1  # π trained, before the kill
+    assert got["weights"].keys() == want["weights"].keys()
+    for name, tensors in want["weights"].items():
+        for key, t in tensors.items():
+            assert torch.equal(got["weights"][name][key], t), (name, key)
+    assert (got["report"], got["data"], got["metrics"]) == (
+        want["report"],
+        want["data"],
+        want["metrics"],
+    )
+
+    # all three done: the next run loads nothing; RL-only keys are not the warmup's settings
+    with monkeypatch.context() as m:
+        m.setattr(warmup, "build_arco_model", redone)
+        assert warmup.run_warmup(config(tmp_path / "killed", "rl.dense_steps=5")) == out
+    printed = capsys.readouterr().out
+    assert f"[arco warmup] μ phase done at {out}, skipped" in printed
+
+
+def test_other_warmup_settings_run_every_phase_again(tmp_path, capsys):
+    """The markers hold a hash of the settings the warmup reads: RL's keys, the folders and
+    logging leave it; any warmup key changes it, and then no phase counts as done."""
+    from arco.warmup import WarmupPhases, warmup_settings
+
+    base = load_config(ArcoConfig, CONFIG, [])
+    same = ["rl.dense_steps=3", "run_dir=elsewhere", "save_every=1", "train.max_grad_norm=0.5"]
+    assert warmup_settings(load_config(ArcoConfig, CONFIG, same)) == warmup_settings(base)
+    for key in ("warmup.mu_epochs=3", "seed=1", "lora.r=4", "rubric.k=2", "assets.train=x.jsonl"):
+        assert warmup_settings(load_config(ArcoConfig, CONFIG, [key])) != warmup_settings(base)
+
+    (tmp_path / "arco.json").write_text("{}")
+    phases = WarmupPhases(tmp_path, "aaaa")
+    phases.finish("collect", {"x": 1})
+    phases.finish("pi", {"y": 2})
+    assert WarmupPhases(tmp_path, "aaaa").done == ["collect", "pi"]
+    phases.finish("mu")
+    assert WarmupPhases(tmp_path, "aaaa").done == ["collect", "pi", "mu"]
+    (tmp_path / "phases" / "pi.pt").unlink()  # a result gone: its phase and later ones run
+    assert WarmupPhases(tmp_path, "aaaa").done == ["collect"]
+    assert not (tmp_path / "phases" / "mu.done").exists()
+    capsys.readouterr()
+    assert WarmupPhases(tmp_path, "bbbb").done == []
+    assert "other settings than the collection phase was done with" in capsys.readouterr().out
+    assert not list((tmp_path / "phases").glob("*.done"))
 
 
 @pytest.mark.slow

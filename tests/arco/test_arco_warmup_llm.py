@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import shutil
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,10 +296,17 @@ def test_llm_teacher_warmup_in_the_distractor_setting(
         assert own.loss_mask == t.loss_mask
         assert [(s.start, s.end) for s in own.steps] == [(s.start, s.end) for s in t.steps]
 
-    # --- a second run replays the teacher from the cache; only the failed request goes out again
+    # --- a rerun with the same settings finds every phase done (warmup_dir/phases): no request
     before = Counter(state.requests)
     asked = len(state.asked)
     first_data = (out / "data.jsonl").read_text()
+    capsys.readouterr()
+    warmup.run_warmup(load_config(ArcoConfig, CONFIG, overrides(tiny_world, out, url)))
+    assert Counter(state.requests) == before
+    assert f"μ phase done at {out}, skipped" in capsys.readouterr().out
+    # --- the phases' markers removed, a run replays the teacher from the cache; only the
+    # failed request goes out again
+    shutil.rmtree(out / "phases")
     warmup.run_warmup(load_config(ArcoConfig, CONFIG, overrides(tiny_world, out, url)))
     assert state.requests - before == {"annotator": 4}
     assert set(state.asked[asked:]) == {("annotator", *FAILING)}

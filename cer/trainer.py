@@ -255,7 +255,7 @@ def train_cer(cfg: CERConfig) -> dict:
         if verifree and cfg.reward.verifree_likelihood:
             # the reference replaces the answer and is trained too
             trained, trained_adv = verifree_batch(groups, reward, adv, tokenizer)
-        upd = run.update_and_push(trained, trained_adv, timings)
+        upd = run.update_and_push(trained, trained_adv, timings, rewards=reward)
         timings["step"] = time.perf_counter() - t_step
         per_group = reward.view(-1, cfg.group_size)
         metrics = {

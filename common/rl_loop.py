@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from common.data import QAExample
+from common.guards import agreed_nonfinite
 from common.metrics import exact_match, f1_score
 from common.rl import (
     aggregate_loss,
@@ -80,6 +81,7 @@ def policy_update(
     advantages: torch.Tensor | list[list[float]],
     cfg: LossConfig,
     pad_id: int,
+    rewards: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """One optimizer step of the clipped surrogate over all ``trajs`` (on-policy: ratio starts at 1).
 
@@ -87,7 +89,15 @@ def policy_update(
     The batch is cut into ``grad_accum`` equal micro-batches; each one's loss is the chosen
     aggregation, and the engine averages them. Neither the policy's nor the reference's logits
     exist whole: the head projects ``cfg.logprob_chunk`` positions at a time.
+
+    ``rewards`` (optional) and ``advantages`` non-finite on any rank: the update is skipped on
+    every rank before any forward (``TrainEngine.skip_update``; ``skipped_update_stats``). A
+    non-finite loss or gradient norm skips the optimizer step in the engine (``TrainEngine.step``).
     """
+    bad = agreed_nonfinite({"reward": rewards, "advantage": advantages})
+    if bad:
+        train.skip_update(bad)
+        return skipped_update_stats(cfg, train)
     mbs = cfg.micro_batch_size
     stats: dict[str, float] = {}
     tokens = {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
@@ -135,6 +145,15 @@ def policy_update(
     out["logprob_gap"] = gap[0] / max(gap[1], 1.0)
     out["train_mode"] = float(train.model.training)  # 0: dropout and checkpointing are off
     return out
+
+
+def skipped_update_stats(cfg: LossConfig, train: TrainEngine) -> dict[str, float]:
+    """``policy_update``'s statistics for an update skipped before its first micro-batch: the
+    same keys, nothing measured (NaN) and no token through the model."""
+    nan = float("nan")
+    out = {"loss": nan, "clip_frac": nan} | ({"kl": nan} if cfg.kl_coef > 0 else {})
+    out |= {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
+    return out | {"grad_norm": nan, "logprob_gap": nan, "train_mode": float(train.model.training)}
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:

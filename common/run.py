@@ -9,9 +9,10 @@ one function, its step.
 
 ``fit`` resumes after the folder's latest checkpoint (weights, optimizer, RNGs; the weights pushed
 into the engine; the evaluations logged before re-read) or evaluates before training; then, per
-step: ``step(s)`` -> ``StepRecord``, batches.jsonl, ``check_step`` (every rank), metrics.jsonl and
-samples/ (main rank), and ``end_of_step`` (evaluation and checkpoint by ``schedule``). At the end:
-an evaluation if none was logged, the dev curve, the folder released. Rank 0 writes; every rank
+step: ``step(s)`` -> ``StepRecord``, batches.jsonl, the non-finite guard (``guard/*`` metrics),
+``check_step`` (every rank), metrics.jsonl and samples/ (main rank), and ``end_of_step``
+(evaluation and checkpoint by ``schedule``; never of non-finite weights). At the end: an
+evaluation if none was logged, the dev curve, the folder released. Rank 0 writes; every rank
 runs the collectives (evaluation, checkpoint, batches.jsonl) in the same order.
 """
 
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from common.batches import BatchLog
+from common.guards import NonFiniteError, NonFiniteGuard, any_rank, nonfinite_parameters
 from common.rl_loop import logged_evals, plot_curve, policy_update
 from common.rollout import Trajectory
 from common.rollout.batch import padding_id
@@ -33,11 +35,14 @@ from common.run_config import RunLoopConfig
 from common.train import (
     MetricsLogger,
     TrainEngine,
+    find_latest_checkpoint,
     iter_named_weights,
     load_checkpoint,
     progress,
+    read_metrics,
     save_checkpoint,
 )
+from common.train.checkpoint import check_checkpoint_space, checkpoint_bytes, planned_saves
 from common.train.gpu_memory import phase_memory
 from common.train.run_folder import METRICS_FILE, open_run_folder
 
@@ -84,6 +89,8 @@ class Run:
         # The run's guards, called on every rank with each step's metrics before they are logged
         # and the step is checkpointed (``check_step``).
         self.step_checks: list[Callable[[int, dict[str, float]], None]] = []
+        # Updates skipped for non-finite values, counted per step (common/guards.py).
+        self.guard = NonFiniteGuard(cfg.max_nonfinite_in_a_row, method)
 
     def begin(
         self,
@@ -109,6 +116,11 @@ class Run:
         self.evaluate, self.describe, self.plot = evaluate, describe, plot
         self.push = push or self.push_weights
         self.pad_id = padding_id(tokenizer)
+        self.guard.verbose = train.is_main
+        # the checkpoints this start will keep, against the disk's free space: a run that cannot
+        # fit stops here, before it writes anything
+        saves = planned_saves(self.cfg.steps, self.cfg.save_every, max(self.folder.start_step, 1))
+        check_checkpoint_space(self.dir, checkpoint_bytes(train), self.cfg.keep_checkpoints, saves)
         self.folder.begin()
         if train.is_main:
             self.start_afresh()
@@ -125,9 +137,10 @@ class Run:
         for s in progress(steps, desc=desc or self.method, total=len(steps)):
             record = step(s)
             batch_log.write(s, record.question_ids, record.trajectories)
-            self.check_step(s, record.metrics)
+            metrics = record.metrics | self.observe_skips(s, record.metrics)
+            self.check_step(s, metrics)
             if self.logger:
-                self.logger.log(s, record.metrics)
+                self.logger.log(s, metrics)
                 record.samples(self.dir / "samples" / f"step_{s:05d}.json")
             self.end_of_step(s)
         if not self.evals and cfg.eval_every:  # resumed after the last step, no evaluation logged
@@ -154,6 +167,9 @@ class Run:
         start = load_checkpoint(self.train, latest)["step"] + 1
         self.push()
         self.evals.extend(logged_evals(self.dir / METRICS_FILE, before=start))
+        if (self.dir / METRICS_FILE).exists():  # the guard's counts go on from the log's
+            rows = read_metrics(self.dir / METRICS_FILE)
+            self.guard.restore([r for r in rows if r["step"] < start])
         if self.train.is_main:
             print(f"[{self.method}] resumed from {latest} at step {start}", flush=True)
         return start
@@ -165,12 +181,34 @@ class Run:
         for check in self.step_checks:
             check(step, metrics)
 
+    def observe_skips(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Every rank: the step's updates skipped for non-finite values (``TrainEngine``'s
+        record) counted by the guard; its metrics (``guard/*``). Raises ``NonFiniteError``
+        (nothing of the step logged or saved) at ``max_nonfinite_in_a_row`` skips in a row."""
+        reasons = [r for skip in self.train.take_skips() for r in skip]
+        try:
+            return self.guard.observe(step, reasons, metrics)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"[{self.method}] {e}; {self.latest_line()}") from None
+
+    def latest_line(self) -> str:
+        latest = find_latest_checkpoint(self.dir)
+        return f"latest checkpoint: {latest}" if latest else "no checkpoint was saved"
+
     def end_of_step(self, step: int) -> None:
-        """The evaluation and the checkpoint ``schedule`` asks for after ``step``."""
+        """The evaluation and the checkpoint ``schedule`` asks for after ``step``; a checkpoint
+        of non-finite weights (on any rank) is refused: ``NonFiniteError``, ``latest`` kept."""
         evaluate, save = schedule(step, self.cfg)
         if evaluate:
             self.run_eval(step)
         if save:
+            bad = nonfinite_parameters(self.train.model)
+            if any_rank([bool(bad)])[0]:
+                where = f" ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})" if bad else ""
+                raise NonFiniteError(
+                    f"[{self.method}] step {step}: non-finite weights{where}; refusing to save "
+                    f"checkpoint step_{step}; {self.latest_line()}"
+                )
             save_checkpoint(
                 self.train,
                 self.dir,
@@ -193,18 +231,22 @@ class Run:
         trajs: list[Trajectory],
         advantages: torch.Tensor | list[list[float]],
         timings: dict[str, float],
+        rewards: torch.Tensor | None = None,
     ) -> dict[str, float]:
         """``policy_update`` (``cfg.loss``), then the new weights into a vLLM engine (asleep
         during the update when ``engine.sleep_during_update``; an HF engine shares the model).
         Adds ``update`` and ``push`` seconds to ``timings``; returns the update's statistics
-        and, on a GPU, the memory of each phase (``common.train.gpu_memory``)."""
+        and, on a GPU, the memory of each phase (``common.train.gpu_memory``). ``rewards``
+        (optional) are checked with the advantages: non-finite on any rank, no update."""
         engine, engine_cfg = self.engine, self.cfg.engine
         vllm = engine_cfg.backend == "vllm"
         memory = phase_memory("rollout")  # generation and reward, since the last step's push
         if vllm and engine_cfg.sleep_during_update and not engine.asleep:
             engine.sleep()  # (CER puts it to sleep before its reward already)
         t0 = time.perf_counter()
-        stats = policy_update(self.train, trajs, advantages, self.cfg.loss, self.pad_id)
+        stats = policy_update(
+            self.train, trajs, advantages, self.cfg.loss, self.pad_id, rewards=rewards
+        )
         timings["update"] = time.perf_counter() - t0
         memory |= phase_memory("update")
         t0 = time.perf_counter()

@@ -84,10 +84,10 @@ def update(
     grads: dict[str, torch.Tensor] = {}
     step = engine._backend.step
 
-    def recording_step(boundary: bool):
+    def recording_step(boundary: bool, skip: bool = False):
         if boundary:
             grads.update({k: p.grad.clone() for k, p in engine.model.named_parameters()})
-        return step(boundary)
+        return step(boundary, skip)
 
     engine._backend.step = recording_step
     advantages = torch.randn(n, generator=torch.Generator().manual_seed(7))

@@ -28,6 +28,7 @@ RUN_LOOP = (
     "save_every",
     "keep_checkpoints",
     "samples_per_step",
+    "max_nonfinite_in_a_row",
     "engine",
     "train",
     "log",

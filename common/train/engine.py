@@ -5,6 +5,10 @@ AdamW on the mean micro-batch loss of `grad_accum` micro-batches (averaged over 
 gradient norm clipped to `max_grad_norm` (over all parameters, or per clip set: parameter groups
 that name a ``"clip"`` set are clipped together, each set on its own), then one scheduler step.
 
+A non-finite loss or gradient norm skips the optimizer step on every rank alike: the weights, the
+optimizer state and the schedule stay as they were and the gradients are dropped
+(``TrainEngine.step``; docs/run_folders.md, "Non-finite guards").
+
 bf16: every weight in bf16 with fp32 master copies (full fine-tuning), or, for a model with a
 ``fp32_parameter(name)`` predicate (LoRA adapters and heads over a frozen base), the weights it
 names in fp32 and the rest in bf16. Then every trained weight must be fp32: the optimizer steps
@@ -50,9 +54,13 @@ def clip_sets(groups: list[dict[str, Any]]) -> dict[str, list[int]]:
 
 
 def _clip_per_set(
-    optimizer: torch.optim.Optimizer, sets: dict[str, list[int]], max_norm: float
+    optimizer: torch.optim.Optimizer,
+    sets: dict[str, list[int]],
+    max_norm: float,
+    clip: bool = True,
 ) -> dict[str, float]:
-    """Scale each clip set's gradients to norm <= ``max_norm``; the norm of each set, before."""
+    """Scale each clip set's gradients to norm <= ``max_norm`` (``clip``); the norm of each set,
+    before."""
     norms = {}
     for name, indices in sets.items():
         params = [p for i in indices for p in optimizer.param_groups[i]["params"]]
@@ -61,7 +69,8 @@ def _clip_per_set(
             norms[name] = 0.0
             continue
         norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        if clip:
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
         norms[name] = float(norm)
     return norms
 
@@ -191,16 +200,26 @@ class _PlainBackend:
     def backward(self, loss: torch.Tensor) -> None:
         (loss / self.config.grad_accum).backward()
 
-    def step(self, boundary: bool) -> float | None:
+    def step(self, boundary: bool, skip: bool = False) -> tuple[float | None, bool]:
+        """At a boundary: (the global gradient norm before clipping, whether the step was
+        skipped: ``skip``, or a non-finite norm; then nothing but the gradients changes)."""
         if not boundary:
-            return None
+            return None, False
         trained = self.masters or self.params
         max_norm = self.config.max_grad_norm or math.inf
+        norm = torch.nn.utils.get_total_norm([p.grad for p in trained if p.grad is not None])
+        grad_norm = float(norm)
+        if skip or not math.isfinite(grad_norm):
+            if self.clip_sets:  # each set's norm, unclipped: which one went non-finite
+                self.set_norms = _clip_per_set(self.optimizer, self.clip_sets, max_norm, False)
+            self.optimizer.zero_grad(set_to_none=True)
+            for param in self.params:
+                param.grad = None
+            return grad_norm, True
         if self.clip_sets:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(trained, math.inf))
             self.set_norms = _clip_per_set(self.optimizer, self.clip_sets, max_norm)
         else:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(trained, max_norm))
+            torch.nn.utils.clip_grads_with_norm_(trained, max_norm, norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -209,7 +228,7 @@ class _PlainBackend:
                 for master, param in zip(self.masters, self.params, strict=True):
                     param.copy_(master)
                     param.grad = None
-        return grad_norm
+        return grad_norm, False
 
     def save_state(self, folder: Path) -> None:
         names = {id(p): n for n, p in self.model.named_parameters()}
@@ -266,6 +285,11 @@ class _DeepSpeedBackend:
         )
         # LoRA: the frozen base need not be saved, and then cannot be loaded strictly.
         self.frozen = any(not p.requires_grad for p in model.parameters())
+        # ZeRO's optimizers (and DeepSpeed's bf16 one) skip a step whose global gradient norm is
+        # not finite, on every rank, and leave the schedule as it was (``overflow``); under ZeRO
+        # stage 0 in fp32 DeepSpeed steps torch's AdamW as it is, and ``step`` skips it itself.
+        self.skips_itself = hasattr(self.optimizer, "overflow")
+        self.params = [p for g in groups for p in g["params"]]
         if self.clip_sets:
             self._scale: dict[str, float] = {}
             self.engine.basic_optimizer.register_step_pre_hook(self._clip_hook)
@@ -290,7 +314,9 @@ class _DeepSpeedBackend:
                 )
                 for i in indices
             ]
-            squares[name] = math.sqrt(sum(n * n for n in norms))
+            # DeepSpeed reports a NaN or inf group norm as -1
+            bad = any(n < 0 or not math.isfinite(n) for n in norms)
+            squares[name] = math.nan if bad else math.sqrt(sum(n * n for n in norms))
         return squares
 
     def _clip_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -302,16 +328,57 @@ class _DeepSpeedBackend:
                     if p.grad is not None:
                         p.grad.mul_(scale)
 
-    def step(self, boundary: bool) -> float | None:
+    def step(self, boundary: bool, skip: bool = False) -> tuple[float | None, bool]:
+        """DeepSpeed's step; at a boundary (its global gradient norm, whether the step was
+        skipped). ZeRO skips a non-finite norm itself (a non-finite loss's backward made its
+        gradients NaN: ``TrainEngine.backward``); ``skip`` forces it only where DeepSpeed steps
+        torch's AdamW as it is (ZeRO stage 0 in fp32)."""
+        forced = boundary and not self.skips_itself and self._nonfinite_stage0(skip)
         if boundary and self.clip_sets:
             self.set_norms = self._set_norms()
             max_norm = self.config.max_grad_norm or math.inf
             self._scale = {k: max_norm / (n + 1e-6) for k, n in self.set_norms.items()}
-        self.engine.step()
+        if forced:
+            self._step_without_update()
+        else:
+            self.engine.step()
         if not boundary:
-            return None
-        grad_norm = self.engine.get_global_grad_norm()
-        return float(grad_norm) if grad_norm is not None else math.nan
+            return None, False
+        raw = self.engine.get_global_grad_norm()
+        grad_norm = float(raw) if raw is not None else math.nan
+        applied = not forced and self.engine.was_step_applied()
+        if applied and raw is not None and not math.isfinite(grad_norm):
+            import deepspeed
+
+            raise RuntimeError(  # the weights are lost: a DeepSpeed that steps on a NaN norm
+                f"TrainEngine: DeepSpeed {deepspeed.__version__} applied an optimizer step with "
+                f"gradient norm {grad_norm} (0.19 skips such a step); the weights are not finite"
+            )
+        return grad_norm, not applied
+
+    def _nonfinite_stage0(self, skip: bool) -> bool:
+        """ZeRO stage 0: ``skip``, or a non-finite gradient, on any rank."""
+        from common.guards import any_rank
+
+        bad = skip or any(
+            p.grad is not None and not bool(torch.isfinite(p.grad).all()) for p in self.params
+        )
+        return any_rank([bad])[0]
+
+    def _step_without_update(self) -> None:
+        """DeepSpeed's step (its counters, its gradients dropped) with torch's AdamW not stepped
+        and the schedule put back: the weights and the optimizer state stay as they were."""
+        optimizer = self.engine.optimizer
+        schedule = self.scheduler.state_dict()
+        lrs = [g["lr"] for g in optimizer.param_groups]
+        optimizer.step = lambda *args, **kwargs: None  # this call only
+        try:
+            self.engine.step()
+        finally:
+            del optimizer.step
+        self.scheduler.load_state_dict(schedule)
+        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
 
     def save_state(self, folder: Path) -> None:
         self.engine.save_checkpoint(
@@ -357,6 +424,9 @@ class TrainEngine:
         self.bf16 = config.use_bf16(self.device)
         self.global_step = 0
         self._micro_steps = 0
+        self._losses_finite: torch.Tensor | None = None  # this window's losses all finite
+        self.skipped_updates = 0  # optimizer updates skipped for non-finite values, this start
+        self._skips: list[list[str]] = []  # each skipped update's reasons, until take_skips
         transformers.set_seed(config.seed)
         # from_pretrained returns eval mode, and HF checkpoints a layer only in training mode:
         # without this, gradient checkpointing is silently off (and dropout, where a model has it)
@@ -463,25 +533,81 @@ class TrainEngine:
             )
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Accumulate the gradient of loss / grad_accum."""
-        self._backend.backward(loss)
+        """Accumulate the gradient of loss / grad_accum.
+
+        A non-finite loss is remembered for the step, and its backward is made NaN (the loss
+        times NaN; a finite one times 1, exactly), so every gradient it reaches is NaN, on this
+        rank and, through ZeRO's reduction, in every rank's partition: the step's global norm
+        is NaN and every rank skips it (``step``). No host sync here."""
+        finite = torch.isfinite(loss.detach()).all()
+        self._losses_finite = (
+            finite if self._losses_finite is None else self._losses_finite & finite
+        )
+        factor = torch.where(finite, 1.0, math.nan).to(loss.dtype)
+        self._backend.backward(loss * factor)
 
     def step(self) -> dict[str, Any]:
         """End one micro-batch; at every grad_accum-th call clip, step AdamW and the schedule.
 
         Returns grad_norm (the global norm before clipping; None between boundaries), lr (the
-        rate of this step), stepped, and with clip sets ``grad_norm/<set>`` (each set's norm
-        before clipping) at a boundary.
+        rate of this step), stepped, skipped and nonfinite, and with clip sets
+        ``grad_norm/<set>`` (each set's norm before clipping) at a boundary.
+
+        A boundary whose loss (any micro-batch's, on any rank) or global gradient norm is not
+        finite is skipped on every rank: no optimizer or scheduler step, the gradients dropped,
+        ``skipped`` true and ``nonfinite`` naming the cause (``["loss"]`` or ``["grad_norm"]``);
+        it counts in ``global_step`` (a boundary) and ``skipped_updates``, and ``take_skips``
+        hands its reasons to the run frame (``common.guards.NonFiniteGuard``).
         """
         lr = self.lr
         self._micro_steps += 1
         stepped = self.pending_micro_batches == 0
-        grad_norm = self._backend.step(stepped)
+        bad_loss = False
+        if stepped:
+            bad_loss = self._losses_finite is not None and not bool(self._losses_finite)
+            self._losses_finite = None
+        grad_norm, skipped = self._backend.step(stepped, bad_loss)
         self.global_step += stepped
-        info = {"grad_norm": grad_norm, "lr": lr, "stepped": stepped}
+        info = {"grad_norm": grad_norm, "lr": lr, "stepped": stepped, "skipped": False,
+                "nonfinite": []}  # fmt: skip
         if stepped:
             info |= {f"grad_norm/{k}": v for k, v in self._backend.set_norms.items()}
+            info |= self._agree_on_skip(bad_loss, skipped)
         return info
+
+    def _agree_on_skip(self, bad_loss: bool, skipped: bool) -> dict[str, Any]:
+        """The boundary's skip, checked to be every rank's (DeepSpeed decides it from the global
+        norm, so it is), with its cause: a non-finite loss on any rank, else the norm."""
+        from common.guards import any_rank
+
+        any_bad_loss, any_skipped = any_rank([bad_loss, skipped])
+        if any_skipped != skipped:
+            raise RuntimeError(
+                f"TrainEngine: rank {self.rank} {'skipped' if skipped else 'applied'} the "
+                "optimizer step another rank did not; the ranks' weights would differ"
+            )
+        if not skipped:
+            return {}
+        reasons = ["loss"] if any_bad_loss else ["grad_norm"]
+        self.skipped_updates += 1
+        self._skips.append(reasons)
+        return {"skipped": True, "nonfinite": reasons}
+
+    def skip_update(self, reasons: list[str]) -> None:
+        """Record an update skipped before its first micro-batch (``policy_update`` found its
+        rewards or advantages non-finite on some rank): nothing of the model, the optimizer or
+        the schedule changes; ``take_skips`` reports it as a skipped boundary's."""
+        if self.pending_micro_batches:
+            raise ValueError(
+                f"skip_update: {self.pending_micro_batches} micro-batches already accumulated"
+            )
+        self.skipped_updates += 1
+        self._skips.append(list(reasons))
+
+    def take_skips(self) -> list[list[str]]:
+        """The reasons of each update skipped since the last call (the run frame's, per step)."""
+        skips, self._skips = self._skips, []
+        return skips
 
     def set_adapter(self, name: str) -> None:
         """Route forwards through LoRA adapter `name`; every adapter stays trainable."""

@@ -51,12 +51,12 @@ def _one_update(tiny_world, tokenizer, single: bool, *extra: str) -> dict:
     seen: dict[str, torch.Tensor] = {}
     backend_step = train._backend.step
 
-    def record(boundary: bool):
+    def record(boundary: bool, skip: bool = False):
         if boundary:
             seen.update(
                 {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
             )
-        return backend_step(boundary)
+        return backend_step(boundary, skip)
 
     train._backend.step = record
     mu_stats: dict[str, float] = {}

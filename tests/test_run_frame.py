@@ -163,3 +163,15 @@ def test_no_evaluation_without_eval_every(tmp_path, tokenizer):
     out = t.fit()
     assert t.evaluated == [] and out["before"] is None and out["after"] is None
     assert not (tmp_path / "run" / "dev_curve.png").exists()
+
+
+def test_a_run_whose_checkpoints_cannot_fit_stops_before_it_writes(
+    tmp_path, tokenizer, monkeypatch
+):
+    from common.train import checkpoint
+
+    monkeypatch.setattr(checkpoint, "_free_bytes", lambda root: 1000)  # a nearly full disk
+    with pytest.raises(checkpoint.CheckpointSpaceError, match="not enough disk space") as err:
+        Trainer(FrameConfig(run_dir=str(tmp_path / "run"), steps=4, save_every=2), tokenizer)
+    assert "2 checkpoints of about" in str(err.value)  # keep_checkpoints=1: one kept + one new
+    assert not (tmp_path / "run" / "run.json").exists()  # nothing of this start written

@@ -20,7 +20,7 @@ from arco.rubric_prompt import (
     SYSTEM_TEMPLATE,
     read_criteria_file,
 )
-from common.data import QAExample, check_where, load_qa_where
+from common.data import QAExample, check_where, load_qa_where, question_char_limit
 from common.model_id import model_problem
 from common.rewards import StepScorer, load_part
 from common.rollout.agent import AgentConfig
@@ -84,20 +84,23 @@ class AssetsConfig(SearchAssetsConfig, EvalAssetsConfig):
         for name in ("train_where", "dev_where", "eval_where"):
             check_where(getattr(self, name), f"assets.{name}")
 
-    def benchmarks(self) -> dict[str, list[QAExample]]:
+    def benchmarks(self, max_question_chars: int | None = None) -> dict[str, list[QAExample]]:
         """``arco eval``'s question sets: each of ``eval`` kept by ``eval_where``, or the
-        dev questions (kept by ``dev_where``) when there are none."""
+        dev questions (kept by ``dev_where``) when there are none. ``max_question_chars``:
+        longer questions are counted skips (``common.data``)."""
         if not self.eval:
-            return {"dev": self.questions("dev")}
+            return {"dev": self.questions("dev", max_question_chars)}
         return {
-            name: load_qa_where(path, self.eval_where, "assets.eval_where")
+            name: load_qa_where(path, self.eval_where, "assets.eval_where", max_question_chars)
             for name, path in self.eval.items()
         }
 
-    def questions(self, split: str) -> list[QAExample]:
-        """The ``train`` or ``dev`` questions, kept by ``assets.<split>_where``."""
+    def questions(self, split: str, max_question_chars: int | None = None) -> list[QAExample]:
+        """The ``train`` or ``dev`` questions, kept by ``assets.<split>_where``; longer
+        questions than ``max_question_chars`` are counted skips (``common.data``)."""
         path = {"train": self.train, "dev": self.dev}[split]
-        return load_qa_where(path, getattr(self, f"{split}_where"), f"assets.{split}_where")
+        where = getattr(self, f"{split}_where")
+        return load_qa_where(path, where, f"assets.{split}_where", max_question_chars)
 
 
 @dataclass
@@ -536,6 +539,11 @@ class ArcoConfig(RunLoopConfig):
                 "train.zero_stage=3: ARCO trains LoRA adapters and a small head on a frozen base; "
                 "use ZeRO-2 (the default)"
             )
+
+    def question_chars(self) -> int:
+        """The character bound of a question (``common.data.question_char_limit``) for the
+        agent's prompt budget: ``agent.max_context`` and ``engine.max_model_len``, the smaller."""
+        return question_char_limit(self.agent.max_context, self.engine.max_model_len)
 
     def check_assets(self, needs: tuple[str, ...]) -> None:
         """Fail before any model loads when a needed input is missing, saying how to get it."""

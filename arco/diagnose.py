@@ -267,7 +267,7 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed)
     push_adapters(engine, model)
-    questions = cfg.assets.questions("dev")[: d.questions]
+    questions = cfg.assets.questions("dev", cfg.question_chars())[: d.questions]
     play = replace(agent_cfg, temperature=d.temperature)
     trajs = run_agent(
         engine, tokenizer, retriever, questions, d.samples, play, group_prefix="diagnose:",

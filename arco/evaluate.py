@@ -32,7 +32,7 @@ def run_eval(
     ckpt = Path(checkpoint) if checkpoint else find_latest_checkpoint(run_dir)
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir}: no complete checkpoint; train first (`arco train`)")
-    data = cfg.assets.benchmarks()  # kept by assets.eval_where (dev: dev_where)
+    data = cfg.assets.benchmarks(cfg.question_chars())  # kept by assets.eval_where (dev: dev_where)
     rank, world, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     model = None

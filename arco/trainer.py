@@ -643,8 +643,8 @@ def train_arco(cfg: ArcoConfig) -> dict:
     world = data_world_size()  # batch sizes are global: each rank's share, before any load
     check_batches(rl, world)
     cfg.check_assets(("model", "train", "dev", "retrieval", "warmup"))
-    train_set = cfg.assets.questions("train")
-    dev_set = cfg.assets.questions("dev")[: cfg.eval_questions]
+    train_set = cfg.assets.questions("train", cfg.question_chars())
+    dev_set = cfg.assets.questions("dev", cfg.question_chars())[: cfg.eval_questions]
     uses_mu = cfg.method != "outcome_only" and rl.step_scorer == "rubric"
     step_scorer = rl.scorer() if rl.step_scorer != "rubric" else None
     by_id = {q.id: q for q in train_set}

@@ -200,11 +200,9 @@ def collect_oracle(
     return trajs, episodes, annotations, counts
 
 
-def collect_llm(
-    cfg: ArcoConfig, tokenizer, retriever, agent_cfg, examples: Sequence[QAExample], cache: Path
-) -> tuple[list[Trajectory], list[Episode], list[list[StepAnnotation] | None], dict]:
-    """An LLM plays the policy (ReAct text) and a stronger one annotates in hindsight; both
-    through ``LLMClient`` (cached, concurrent, cost counted). Failures are dropped and counted."""
+def teacher_clients(cfg: ArcoConfig, cache: Path) -> tuple[LLMClient, LLMClient]:
+    """The warmup's LLM player (``assets.teacher_*``) and hindsight annotator
+    (``assets.annotator_*``), each with its own cache under ``cache``."""
     a, w = cfg.assets, cfg.warmup
     common_kw = dict(
         api_key_env=a.api_key_env,
@@ -227,6 +225,15 @@ def collect_llm(
         max_tokens=128 * (cfg.env.max_searches + 1),
         **common_kw,
     )
+    return player, annotator
+
+
+def collect_llm(
+    cfg: ArcoConfig, tokenizer, retriever, agent_cfg, examples: Sequence[QAExample], cache: Path
+) -> tuple[list[Trajectory], list[Episode], list[list[StepAnnotation] | None], dict]:
+    """An LLM plays the policy (ReAct text) and a stronger one annotates in hindsight; both
+    through ``LLMClient`` (cached, concurrent, cost counted). Failures are dropped and counted."""
+    player, annotator = teacher_clients(cfg, cache)
 
     protocol = get_protocol(agent_cfg.protocol)
     returned: dict[str, dict[str, Doc]] = {}  # question id -> doc id -> the document, uncut
@@ -246,7 +253,12 @@ def collect_llm(
         return text, tuple(d.id for d in docs)
 
     episodes, counts = teacher_rollouts(
-        player, examples, search, w.samples, cfg.env.max_searches, cache_tag=f"seed{cfg.seed}"
+        player,
+        examples,
+        search,
+        cfg.warmup.samples,
+        cfg.env.max_searches,
+        cache_tag=f"seed{cfg.seed}",
     )
     # the teacher saw each paragraph cut without the turn's budget statement (its search does
     # not know the turn); the episodes keep the agent's cut, which makes room for the statement
@@ -675,7 +687,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     cfg.check_assets(needs)
     out = Path(cfg.warmup_dir)
     w = cfg.warmup
-    train_set = cfg.assets.questions("train")
+    train_set = cfg.assets.questions("train", cfg.question_chars())
     rng = random.Random(cfg.seed)
     order = list(range(len(train_set)))
     rng.shuffle(order)
@@ -700,6 +712,9 @@ def run_warmup(cfg: ArcoConfig) -> Path:
             phases.skip(name)
         folder.close()
         return out
+    if w.teacher != "oracle" and "collect" not in phases.done:
+        for client in teacher_clients(cfg, teacher_cache(cfg)):
+            client.probe()  # each answers and serves its model, before any model loads
     folder.start_step = PI_LOG_STEPS if "pi" in phases.done else 0
     folder.begin()
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
@@ -724,7 +739,11 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     train = TrainEngine(model, warm_train, param_groups=model.groups(lrs))
     logger = MetricsLogger.from_config(out, cfg.log, cfg) if train.is_main else None
     retriever, agent_cfg = build_environment(
-        cfg.env, cfg.agent, cfg.assets.corpus, cfg.assets.retrieval_url
+        cfg.env,
+        cfg.agent,
+        cfg.assets.corpus,
+        cfg.assets.retrieval_url,
+        cfg.assets.retrieval_max_wait_s,
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
     nap = EngineNap(cfg, engine)  # vLLM asleep through π's and μ's SFT epochs

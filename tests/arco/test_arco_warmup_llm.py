@@ -92,6 +92,7 @@ class ServerState:
     completion_tokens: Counter = field(default_factory=Counter)
     asked: list[tuple[str, int, int]] = field(default_factory=list)  # (role, row, sample)
     seen: Counter = field(default_factory=Counter)  # player prompt -> times asked
+    probed: Counter = field(default_factory=Counter)  # role -> GET /models before the warmup
 
 
 def make_app(state: ServerState) -> FastAPI:
@@ -122,6 +123,11 @@ def make_app(state: ServerState) -> FastAPI:
         usage = {"prompt_tokens": len(user.split()), "completion_tokens": len(text.split())}
         message = {"role": "assistant", "content": text}
         return {"choices": [{"index": 0, "message": message}], "usage": usage}
+
+    @app.get("/{role}/v1/models")
+    async def models(role: str):  # the warmup's probe: each endpoint serves its role's model
+        state.probed[role] += 1
+        return {"object": "list", "data": [{"id": role, "object": "model"}]}
 
     return app
 
@@ -192,6 +198,7 @@ def test_llm_teacher_warmup_in_the_distractor_setting(
     out = tmp_path / "warmup"
     cfg = load_config(ArcoConfig, CONFIG, overrides(tiny_world, out, url))
     assert warmup.run_warmup(cfg) == out
+    assert state.probed == Counter({"player": 1, "annotator": 1})  # probed once, before the play
     assert "π SFT on 5, μ SFT on 8" in capsys.readouterr().out  # one R = 1 episode lost its notes
 
     for name in ("policy", "rubric", "policy_ref", "rubric_ref"):
@@ -345,3 +352,21 @@ def test_llm_teacher_without_endpoint_stops_before_any_model_loads(
     assert "assets.teacher_endpoint is empty" in err and "OpenAI-compatible" in err
     assert err.count("assets.") == err.count("assets.teacher_endpoint")  # nothing else missing
     assert not (tmp_path / "w").exists()
+
+
+def test_a_wrong_model_name_stops_the_warmup_before_any_model_loads(
+    tiny_world, tmp_path, teacher_server, monkeypatch
+):
+    from common.launcher import RunStopped
+
+    state, url = teacher_server
+
+    def no_load(*a, **k):
+        raise AssertionError("a model loaded before the endpoints were probed")
+
+    monkeypatch.setattr(warmup, "build_arco_model", no_load)
+    wrong = [*overrides(tiny_world, tmp_path / "warmup", url), "assets.annotator_model=gpt-5.4"]
+    cfg = load_config(ArcoConfig, CONFIG, wrong)
+    with pytest.raises(RunStopped, match=r"serves \['annotator'\], not 'gpt-5.4'"):
+        warmup.run_warmup(cfg)
+    assert sum(state.requests.values()) == 0

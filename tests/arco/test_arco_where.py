@@ -72,3 +72,18 @@ def test_the_long_setting_loads_with_its_filters_and_budget():
             ROOT / "arco" / "configs" / "tiny_long.yaml",
             ["assets.train_where={relation: []}"],
         )
+
+
+def test_a_question_over_the_prompt_budget_is_a_counted_skip_in_arco_too(tmp_path):
+    """ARCO's questions take the character bound of its prompt budget: 8 x min(agent.max_context,
+    engine.max_model_len); a 1 MB question is skipped at load, not met at step 1."""
+    dev = _write(tmp_path / "dev.jsonl", [1, 2, 3])
+    rows = dev.read_text().splitlines()
+    big = json.loads(rows[1]) | {"question": "x" * 1_000_000}
+    dev.write_text("\n".join([rows[0], json.dumps(big), rows[2]]) + "\n")
+    cfg = ArcoConfig()
+    assert cfg.question_chars() == 8 * min(cfg.agent.max_context, cfg.engine.max_model_len)
+    assets = AssetsConfig(dev=str(dev))
+    assert [q.id for q in assets.questions("dev", cfg.question_chars())] == ["dev:q0", "dev:q2"]
+    assert [q.id for q in assets.benchmarks(cfg.question_chars())["dev"]] == ["dev:q0", "dev:q2"]
+    assert len(assets.questions("dev")) == 3  # no bound given: every row

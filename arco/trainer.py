@@ -53,6 +53,8 @@ from arco.step_tokens import arco_token_metrics
 from arco.steps import Episode, episode_from_trajectory
 from common.batches import check_micro_batches, data_world_size, per_rank, rank_slice
 from common.config import ConfigError
+from common.launcher import RunStopped
+from common.retrieval.client import probe_retrieval
 from common.rewards import (
     RewardContext,
     StepScorer,
@@ -659,6 +661,12 @@ def train_arco(cfg: ArcoConfig) -> dict:
         warm = SimpleNamespace(k=int(meta["k"]), rubric_meta=meta.get("rubric"))
         check_rubric_matches(cfg, warm, cfg.warmup_dir)
     run = Run("arco", cfg)  # the run folder: lock, settings check
+    try:
+        if cfg.env.setting == "open":  # every rank, before any model loads
+            probe_retrieval(cfg.assets.retrieval_url)
+    except RunStopped:
+        run.close()
+        raise
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
     announce_plan(cfg)  # on a GPU: the memory plan, before the model loads

@@ -58,6 +58,7 @@ from common.data import QAExample
 from common.jsonl import write_atomic
 from common.llm_client import LLMClient
 from common.retrieval.base import Doc
+from common.retrieval.client import probe_retrieval
 from common.rl import logprobs_from_logits
 from common.rl_loop import evaluate
 from common.rollout import AgentConfig, Trajectory, run_agent
@@ -715,6 +716,8 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     if w.teacher != "oracle" and "collect" not in phases.done:
         for client in teacher_clients(cfg, teacher_cache(cfg)):
             client.probe()  # each answers and serves its model, before any model loads
+    if cfg.env.setting == "open" and "collect" not in phases.done:
+        probe_retrieval(cfg.assets.retrieval_url)
     folder.start_step = PI_LOG_STEPS if "pi" in phases.done else 0
     folder.begin()
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)

@@ -27,8 +27,9 @@ def train_grpo(cfg: GRPOConfig) -> dict:
 
     from common.batches import group_grad_accum, rank_questions
     from common.data import load_qa, question_char_limit
+    from common.launcher import RunStopped
     from common.retrieval.bm25 import BM25Retriever
-    from common.retrieval.client import HTTPRetriever
+    from common.retrieval.client import HTTPRetriever, probe_retrieval
     from common.rewards import (
         RewardContext,
         check_step_scores,
@@ -65,6 +66,11 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     dev_set = load_qa(cfg.path("dev"), max_question_chars=chars)[: cfg.eval_questions]
     cfg.train.seed = cfg.seed
     run = Run("grpo", cfg)  # the run folder: lock, settings check
+    try:
+        probe_retrieval(cfg.assets.retrieval_url)  # every rank, before any model loads
+    except RunStopped:
+        run.close()
+        raise
     tokenizer = AutoTokenizer.from_pretrained(cfg.path("model"))
     announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
     model = load_for_training(cfg.path("model"), cfg.train, partition=cfg.loss.kl_coef == 0)

@@ -29,6 +29,7 @@ from common.config import ConfigError
 from common.data import QAExample
 from common.launcher import RunStopped
 from common.redact import redact
+from common.retrieval.client import probe_retrieval
 from common.rewards import RewardContext, groups_of
 from common.rl_loop import (
     all_ranks_mean,
@@ -191,6 +192,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         policy_sha = check_policy_file(run.dir, cfg, run.folder)  # the frozen APE policy, unchanged
         # every rank asks the endpoint before any model loads: it answers and serves the model
         teacher = build_teacher(a, cfg.teacher, run.dir / "teacher_cache", probe=True)
+        probe_retrieval(a.retrieval_url)  # and the retrieval server answers a query
     except (ConfigError, RunStopped):
         run.close()
         raise

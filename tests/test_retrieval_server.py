@@ -402,3 +402,23 @@ def test_a_server_restarted_within_the_wait_is_waited_for(free_port):
     finally:
         srv.should_exit = True
         timer.join(timeout=15)
+
+
+def test_probe_passes_on_a_serving_server_and_stops_on_a_closed_port(threaded_server, free_port):
+    from common.retrieval.client import probe_retrieval
+
+    url = threaded_server(FlakyRetriever(failures=0))
+    probe_retrieval(url)  # one query answered: nothing raised
+    probe_retrieval("")  # no server configured: nothing to probe
+    closed = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(RetrievalOutage, match=f"^retrieval server {closed}/retrieve does not "
+                       "answer a one-query probe: ConnectError"):  # fmt: skip
+        probe_retrieval(closed)
+    assert time.monotonic() - start < 5  # no retries before a run has started
+
+
+def test_probe_of_a_failing_server_names_its_answer(threaded_server):
+    url = threaded_server(FlakyRetriever(failures=1))  # its one search fails: HTTP 500
+    with pytest.raises(RetrievalOutage, match="HTTP 500"):
+        HTTPRetriever(url).probe()

@@ -67,6 +67,14 @@ def _detail(response: httpx.Response) -> str:
     return str(body.get("detail", body) if isinstance(body, dict) else body)
 
 
+def probe_retrieval(url: str) -> None:
+    """``HTTPRetriever(url).probe()`` when ``url`` is set (a run with a retrieval server), on
+    every rank, before any model loads."""
+    if url:
+        with HTTPRetriever(url, timeout=10.0) as client:
+            client.probe()
+
+
 class HTTPRetriever:
     """The `Retriever` protocol over HTTP: one request per `batch_size` queries.
 
@@ -98,6 +106,22 @@ class HTTPRetriever:
         self.max_query_chars = max_query_chars
         self.cut_queries = 0
         self._client = httpx.Client(timeout=timeout)
+
+    def probe(self) -> None:
+        """Raise ``RetrievalOutage`` in one line unless the server answers one query now (no
+        retries: called before a run loads anything). A query, not ``/health``: Search-R1's own
+        server has only ``/retrieve``."""
+        payload = {"queries": ["probe"], "topk": 1, "return_scores": True}
+        try:
+            response = self._client.post(self.url, json=payload)
+            if response.status_code != 200:
+                raise RetrievalError(f"HTTP {response.status_code}: {_detail(response)}")
+            parse_response(response.json(), 1, self.url)
+        except (httpx.HTTPError, ValueError, RetrievalError) as e:
+            raise RetrievalOutage(
+                f"retrieval server {self.url} does not answer a one-query probe: "
+                f"{type(e).__name__}: {e}"
+            ) from None
 
     def search(self, queries: list[str], k: int) -> list[list[Doc]]:
         long = [i for i, q in enumerate(queries) if len(q) > self.max_query_chars]

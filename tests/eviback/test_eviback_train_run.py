@@ -205,3 +205,25 @@ def test_a_wrong_teacher_model_name_stops_before_any_model_loads(tiny_world, tmp
         )
         with pytest.raises(RunStopped, match=r"serves \['judge', 'standin'\], not 'jduge'"):
             trainer.train_eviback(cfg)
+
+
+def test_a_retrieval_server_that_does_not_answer_stops_before_any_model_loads(
+    tiny_world, tmp_path, monkeypatch, free_port
+):
+    from common.launcher import RunStopped
+    from eviback import trainer
+
+    def no_load(*a, **k):
+        raise AssertionError("a model loaded before the retrieval server was probed")
+
+    monkeypatch.setattr(trainer, "load_for_training", no_load)
+    url = f"http://127.0.0.1:{free_port()}"
+    cfg = load_config(
+        EviBackConfig,
+        DEFAULT_CONFIG,
+        overrides(
+            tiny_world, tiny_world / "model", tmp_path / "run", f"assets.retrieval_url={url}"
+        ),
+    )
+    with pytest.raises(RunStopped, match=f"retrieval server {url}/retrieve does not answer"):
+        trainer.train_eviback(cfg)

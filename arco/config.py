@@ -280,6 +280,10 @@ class ArcoWarmupConfig:
         default=16, metadata={"help": "LLM requests in flight", "ge": 1}
     )
     teacher_timeout_s: float = field(default=60.0, metadata={"help": "per request", "gt": 0})
+    teacher_backoff_s: float = field(
+        default=1.0,
+        metadata={"help": "seconds before a failed request's first retry (doubling)", "ge": 0},
+    )
 
     def __post_init__(self) -> None:
         if self.teacher not in ("oracle", "llm"):

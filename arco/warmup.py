@@ -209,6 +209,7 @@ def teacher_clients(cfg: ArcoConfig, cache: Path) -> tuple[LLMClient, LLMClient]
         api_key_env=a.api_key_env,
         max_concurrency=w.teacher_concurrency,
         timeout=w.teacher_timeout_s,
+        backoff=w.teacher_backoff_s,
     )
     player = LLMClient(
         a.teacher_endpoint,

@@ -56,7 +56,7 @@ PLAN_RANKS = 8  # the memory plan's GPUs: one node (the configs' batch sizes are
 DATA_ROWS = 16  # training rows per data file: the rehearsal's steps draw a few of them
 # The teacher and annotator clients' timeout in the rehearsal: the endpoint's "timeout" answers
 # wait longer than this, so the client's timeout path runs without minutes of waiting.
-CLIENT_TIMEOUT_S = 3
+CLIENT_TIMEOUT_S = 1.5
 # The resume stage extends the run by a step, as a user continues a finished run: the step count
 # is a setting, so the run folder's settings check needs leave to change it.
 EXTEND = {"allow_config_change": True}
@@ -372,6 +372,7 @@ def arco_plan(s: Setup) -> list[Stage]:
         "warmup.pi_epochs": 1,
         "warmup.mu_epochs": 1,
         "warmup.teacher_timeout_s": CLIENT_TIMEOUT_S,
+        "warmup.teacher_backoff_s": 0.05,
     }
     train = base | {"rl.sparse_steps": 1, "rl.dense_steps": 1}
 

@@ -284,10 +284,49 @@ class ArcoWarmupConfig:
         default=1.0,
         metadata={"help": "seconds before a failed request's first retry (doubling)", "ge": 0},
     )
+    api_cache_dir: str = field(
+        default="runs/cache/llm",
+        metadata={
+            "help": "the LLM teacher's answers, one file per request keyed by its content "
+            "(player/, annotator/), shared by every warmup: a rerun or another backbone on the "
+            "same data pays once; '': <warmup_dir>/teacher_cache (or policy_from's), as before"
+        },
+    )
+    max_api_calls: int = field(
+        default=0,
+        metadata={
+            "help": "stop (exit 3) before the request that would pass this many paid requests "
+            "(player and annotator together, retries included, cached answers free); 0: no cap",
+            "ge": 0,
+        },
+    )
+    max_api_usd: float = field(
+        default=0.0,
+        metadata={
+            "help": "stop (exit 3) before the request that could pass this many dollars "
+            "(needs the prices below); 0: no cap",
+            "ge": 0,
+        },
+    )
+    player_usd_per_mtok: tuple[float, float] = field(
+        default=(0.0, 0.0),
+        metadata={"help": "the player's USD per million (prompt, completion) tokens", "ge": 0},
+    )
+    annotator_usd_per_mtok: tuple[float, float] = field(
+        default=(0.0, 0.0),
+        metadata={"help": "the annotator's USD per million (prompt, completion) tokens", "ge": 0},
+    )
 
     def __post_init__(self) -> None:
         if self.teacher not in ("oracle", "llm"):
             raise ValueError(f"warmup.teacher={self.teacher!r}; choose oracle or llm")
+        self.player_usd_per_mtok = tuple(self.player_usd_per_mtok)
+        self.annotator_usd_per_mtok = tuple(self.annotator_usd_per_mtok)
+        if self.max_api_usd and not any(self.player_usd_per_mtok + self.annotator_usd_per_mtok):
+            raise ValueError(
+                f"warmup.max_api_usd={self.max_api_usd:g} needs prices: set "
+                "warmup.player_usd_per_mtok and warmup.annotator_usd_per_mtok"
+            )
         for name in (
             "questions",
             "samples",

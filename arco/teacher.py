@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from arco.projection import project_scores
 from arco.rubric_prompt import strip_thinking
 from arco.steps import AgentStep, Episode, agent_step, budget_before
+from common.api_budget import RequestGroup, messages_chars
 from common.data import QAExample
 from common.llm_client import LLMClient
 from common.metrics import exact_match
@@ -321,6 +322,97 @@ def annotate(client: LLMClient, episodes: Sequence[Episode], k: int) -> Annotati
         counts[reason] += 1
         annotations.append(parsed)
     return AnnotationResult(annotations, counts, client.stats.as_dict())
+
+
+# --- what the LLM warmup will cost -------------------------------------------------------------
+
+PLAYER_MAX_TOKENS = 64  # a ReAct turn
+ANNOTATOR_TOKENS_PER_STEP = 128  # the annotator's max_tokens: this many a step of the longest play
+
+
+def warmup_requests(
+    questions: int,
+    samples: int,
+    max_searches: int,
+    first_prompt_chars: int,
+    turn_chars: int,
+    annotation_chars: int,
+    player_max_tokens: int = PLAYER_MAX_TOKENS,
+    annotator_max_tokens: int = 512,
+) -> tuple[RequestGroup, RequestGroup]:
+    """The LLM warmup's requests at most: (player, annotator).
+
+    Player: every episode (``questions`` x ``samples``) plays at most ``max_searches`` + 1 turns
+    (the last the forced finish), one request a turn. Turn t's prompt is the first prompt plus t
+    turns of history, each at most ``turn_chars`` characters, so a question's S episodes send at
+    most S x [(m + 1) x its first prompt + turn_chars x m(m + 1)/2] characters; summed over the
+    questions with ``first_prompt_chars`` the sum of their first prompts' characters.
+    Annotator: one request an episode; ``annotation_chars``: the sum over the questions of the
+    characters of an annotation prompt for the longest play (m + 1 steps of the longest action and
+    observation), each sent S times. Completions: calls x max_tokens.
+    """
+    m = max_searches
+    player = RequestGroup(
+        "player",
+        questions * samples * (m + 1),
+        samples * ((m + 1) * first_prompt_chars + questions * turn_chars * m * (m + 1) // 2),
+        player_max_tokens,
+    )
+    annotator = RequestGroup(
+        "annotator", questions * samples, samples * annotation_chars, annotator_max_tokens
+    )
+    return player, annotator
+
+
+def warmup_estimate(
+    player: LLMClient,
+    annotator: LLMClient,
+    examples: Sequence[QAExample],
+    samples: int,
+    max_searches: int,
+    k: int,
+    max_obs_tokens: int,
+    cache_tag: str = "",
+) -> list[RequestGroup]:
+    """``warmup_requests`` measured on the prompts this warmup builds: each question's first
+    player prompt (``teacher_policy_messages``, exact), a turn's history at most the player's
+    ``max_tokens`` action plus a ``max_obs_tokens`` observation (4 characters a token), and each
+    question's annotation prompt (``annotation_messages``) for a play of m + 1 such steps. Cached:
+    the episodes whose first player turn is in the player's cache (a cached episode is usually
+    replayed whole; the annotator's requests are known only after the play)."""
+    firsts = [teacher_policy_messages(ex.question, [], max_searches) for ex in examples]
+    action = "x" * (4 * player.max_tokens)
+    observation = "x" * (4 * max_obs_tokens)
+    turn_chars = len(f"{action}\nObservation: {observation}\n")
+    longest = [
+        agent_step("search", action, observation, budget_before(t, max_searches, False))
+        for t in range(max_searches)
+    ] + [agent_step("answer", action, "", 0, forced=True)]
+    annotation_chars = sum(
+        messages_chars(
+            annotation_messages(
+                Episode(ex.id, ex.question, list(ex.golden_answers), longest, "x", 0.0), k
+            )
+        )
+        for ex in examples
+    )
+    p, a = warmup_requests(
+        len(examples),
+        samples,
+        max_searches,
+        sum(messages_chars(m) for m in firsts),
+        turn_chars,
+        annotation_chars,
+        player.max_tokens,
+        annotator.max_tokens,
+    )
+    cached = sum(
+        player.is_cached(m, f"{cache_tag}|sample={s}") for m in firsts for s in range(samples)
+    )
+    return [
+        RequestGroup(p.name, p.calls, p.prompt_chars, p.max_tokens, cached, player.prices),
+        RequestGroup(a.name, a.calls, a.prompt_chars, a.max_tokens, None, annotator.prices),
+    ]
 
 
 # --- the tiny world's oracle ------------------------------------------------------------------

@@ -19,6 +19,11 @@
 Writes ``warmup_dir``: the adapters and head (``save_arco``), ``report.json`` (counts, teacher
 cost, losses, the epoch choice) and ``data.jsonl`` (the annotated trajectories).
 
+The LLM teacher's requests (``collect_llm``) are estimated before the first is sent, capped by
+``warmup.max_api_calls`` / ``warmup.max_api_usd`` (``warmup_budget``), cached by request in
+``warmup.api_cache_dir`` (``teacher_cache``, shared by every warmup) and sent by rank 0 alone
+under a launcher (``common.api_budget.on_rank_zero``).
+
 A warmup resumes by phase (``WarmupPhases``): each writes its result into ``warmup_dir/phases/``
 (``collect.pt``: the trajectories and raw annotations; ``pi.pt``: π's adapter and report) and
 then, atomically, its marker ``<phase>.done`` holding a hash of the warmup's settings
@@ -52,7 +57,16 @@ from arco.rubric_model import ArcoModel, build_arco_model, load_adapters, save_a
 from arco.rubric_prompt import format_criteria
 from arco.rubrics import RubricItem, rubric_batch, write_criteria
 from arco.steps import Episode, agent_step, episode_from_trajectory
-from arco.teacher import StepAnnotation, annotate, oracle_annotation, teacher_rollouts
+from arco.teacher import (
+    ANNOTATOR_TOKENS_PER_STEP,
+    PLAYER_MAX_TOKENS,
+    StepAnnotation,
+    annotate,
+    oracle_annotation,
+    teacher_rollouts,
+    warmup_estimate,
+)
+from common.api_budget import ApiBudget, estimate_text, on_rank_zero, usage_text
 from common.config import config_to_dict
 from common.data import QAExample
 from common.jsonl import write_atomic
@@ -201,22 +215,28 @@ def collect_oracle(
     return trajs, episodes, annotations, counts
 
 
-def teacher_clients(cfg: ArcoConfig, cache: Path) -> tuple[LLMClient, LLMClient]:
+def teacher_clients(
+    cfg: ArcoConfig, cache: Path, budget: ApiBudget | None = None
+) -> tuple[LLMClient, LLMClient]:
     """The warmup's LLM player (``assets.teacher_*``) and hindsight annotator
-    (``assets.annotator_*``), each with its own cache under ``cache``."""
+    (``assets.annotator_*``), each with its own cache under ``cache``, their prices
+    (``warmup.*_usd_per_mtok``) and the one ``budget`` they share."""
     a, w = cfg.assets, cfg.warmup
     common_kw = dict(
         api_key_env=a.api_key_env,
         max_concurrency=w.teacher_concurrency,
         timeout=w.teacher_timeout_s,
         backoff=w.teacher_backoff_s,
+        budget=budget,
     )
     player = LLMClient(
         a.teacher_endpoint,
         a.teacher_model,
         cache_dir=str(cache / "player"),
         temperature=w.temperature,
-        max_tokens=64,
+        max_tokens=PLAYER_MAX_TOKENS,
+        price_prompt_per_mtok=w.player_usd_per_mtok[0],
+        price_completion_per_mtok=w.player_usd_per_mtok[1],
         **common_kw,
     )
     annotator = LLMClient(
@@ -224,18 +244,53 @@ def teacher_clients(cfg: ArcoConfig, cache: Path) -> tuple[LLMClient, LLMClient]
         a.annotator_model,
         cache_dir=str(cache / "annotator"),
         temperature=0.0,
-        max_tokens=128 * (cfg.env.max_searches + 1),
+        max_tokens=ANNOTATOR_TOKENS_PER_STEP * (cfg.env.max_searches + 1),
+        price_prompt_per_mtok=w.annotator_usd_per_mtok[0],
+        price_completion_per_mtok=w.annotator_usd_per_mtok[1],
         **common_kw,
     )
     return player, annotator
+
+
+def warmup_budget(cfg: ArcoConfig, cache: Path) -> ApiBudget:
+    """The warmup's API cap (``warmup.max_api_calls``, ``warmup.max_api_usd``; 0: none)."""
+    w = cfg.warmup
+    return ApiBudget(
+        w.max_api_calls,
+        w.max_api_usd,
+        "warmup.max_api_calls",
+        "warmup.max_api_usd",
+        f"the answers so far are cached under {cache}: rerun with a higher cap to continue "
+        "without paying for them again",
+    )
+
+
+def cap_text(cfg: ArcoConfig) -> str:
+    w = cfg.warmup
+    caps = [f"warmup.max_api_calls={w.max_api_calls}"] if w.max_api_calls else []
+    caps += [f"warmup.max_api_usd={w.max_api_usd:g}"] if w.max_api_usd else []
+    return ", ".join(caps) or "none (warmup.max_api_calls, warmup.max_api_usd)"
 
 
 def collect_llm(
     cfg: ArcoConfig, tokenizer, retriever, agent_cfg, examples: Sequence[QAExample], cache: Path
 ) -> tuple[list[Trajectory], list[Episode], list[list[StepAnnotation] | None], dict]:
     """An LLM plays the policy (ReAct text) and a stronger one annotates in hindsight; both
-    through ``LLMClient`` (cached, concurrent, cost counted). Failures are dropped and counted."""
-    player, annotator = teacher_clients(cfg, cache)
+    through ``LLMClient`` (cached, concurrent, cost counted, one budget: ``warmup_budget``).
+    Failures are dropped and counted. Before the first request: the estimate of what it costs
+    (``arco.teacher.warmup_estimate``); after the last: what it spent."""
+    player, annotator = teacher_clients(cfg, cache, warmup_budget(cfg, cache))
+    estimate = warmup_estimate(
+        player,
+        annotator,
+        examples,
+        cfg.warmup.samples,
+        cfg.env.max_searches,
+        cfg.rubric.k,
+        agent_cfg.max_obs_tokens,
+        cache_tag=f"seed{cfg.seed}",
+    )
+    print(estimate_text("[arco warmup]", estimate, cap_text(cfg)), flush=True)
 
     protocol = get_protocol(agent_cfg.protocol)
     returned: dict[str, dict[str, Doc]] = {}  # question id -> doc id -> the document, uncut
@@ -275,6 +330,8 @@ def collect_llm(
     counts = {**counts, **{f"annotation/{k}": v for k, v in result.counts.items()}}
     counts["player_usage"] = player.stats.as_dict()
     counts["annotator_usage"] = result.usage
+    usage = {"player": counts["player_usage"], "annotator": counts["annotator_usage"]}
+    print(usage_text("[arco warmup]", usage), flush=True)
     trajs = [
         trajectory_from_episode(ep, tokenizer, agent_cfg, docs)
         for ep, docs in zip(episodes, by_episode, strict=True)
@@ -592,9 +649,13 @@ def _phase_state(train: TrainEngine) -> dict:
 
 
 def teacher_cache(cfg: ArcoConfig) -> Path:
-    """The LLM teacher's cache (one file per request, keyed by its content): the warmup's own, or
-    with ``warmup.policy_from`` that warmup's, so a variant's warmup replays the teacher's play
-    and annotation without paying for them again (new requests, e.g. for another K, are added)."""
+    """The LLM teacher's cache (one file per request, keyed by the sha256 of its endpoint, model,
+    messages, sampling settings and tag): ``warmup.api_cache_dir`` (default ``runs/cache/llm``),
+    shared by every warmup, so a rerun, a variant or another backbone on the same data replays
+    the requests it shares with an earlier warmup instead of paying for them again. Set to '':
+    the warmup's own ``teacher_cache``, or with ``warmup.policy_from`` that warmup's."""
+    if cfg.warmup.api_cache_dir:
+        return Path(cfg.warmup.api_cache_dir)
     return Path(cfg.warmup.policy_from or cfg.warmup_dir) / "teacher_cache"
 
 
@@ -609,14 +670,23 @@ NOT_WARMUP = frozenset(
 NOT_WARMUP_TRAIN = frozenset(  # RL's optimizer keys and the derived ones (the warmup sets its own)
     {"lr", "grad_accum", "total_steps", "seed", "weight_decay", "max_grad_norm", "scheduler"}
 )
+# warmup keys that change what the teacher's answers cost or where they are kept, not what they
+# are: a cap raised after a stop, or prices, keep the phases done
+NOT_WARMUP_RESULT = frozenset(
+    {"api_cache_dir", "max_api_calls", "max_api_usd", "player_usd_per_mtok"}
+    | {"annotator_usd_per_mtok"}
+)
 
 
 def warmup_settings(cfg: ArcoConfig) -> str:
     """A hash of the settings the warmup depends on: the config less ``NOT_WARMUP`` (RL's keys,
-    the output folders, logging) and ``train``'s RL-only and derived keys."""
+    the output folders, logging), ``train``'s RL-only and derived keys and the API cost keys of
+    ``warmup`` (``NOT_WARMUP_RESULT``)."""
     settings = {k: v for k, v in config_to_dict(cfg).items() if k not in NOT_WARMUP}
     train = settings.get("train", {})
     settings["train"] = {k: v for k, v in train.items() if k not in NOT_WARMUP_TRAIN}
+    warm = settings.get("warmup", {})
+    settings["warmup"] = {k: v for k, v in warm.items() if k not in NOT_WARMUP_RESULT}
     text = json.dumps(settings, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -760,8 +830,12 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     else:
         if w.teacher == "oracle":
             got = collect_oracle(cfg, engine, tokenizer, retriever, agent_cfg, played)
-        else:
-            got = collect_llm(cfg, tokenizer, retriever, agent_cfg, played, teacher_cache(cfg))
+        else:  # paid requests: rank 0 sends them, every rank gets its result
+            got = on_rank_zero(
+                lambda: collect_llm(
+                    cfg, tokenizer, retriever, agent_cfg, played, teacher_cache(cfg)
+                )
+            )
         collected = dict(zip(("trajs", "episodes", "annotations", "counts"), got, strict=True))
         collected["collect_s"] = time.perf_counter() - t0
         if train.is_main:  # the annotations as the teacher gave them (projected below, in place)

@@ -12,9 +12,15 @@ are not. ``timeout`` bounds each network wait; ``deadline`` bounds a whole attem
 that trickles bytes cannot hold a request past it. Successful results are cached on disk, one
 JSON file per request, keyed by the sha256 of (base_url, model, messages, sampling parameters,
 cache tag); a reply the caller's ``accept`` refuses (e.g. a verdict that does not parse) is
-counted (``stats.rejected``) and never cached. ``probe()`` asks the server before a run loads
+counted (``stats.rejected``) and never cached. A request repeated within one ``chat_many`` is
+sent once, its repeats answered as cache hits. ``probe()`` asks the server before a run loads
 anything: it answers, and it serves ``model``. The API key is read from the environment
 variable ``api_key_env`` and never appears in repr, logs, errors or the cache.
+
+``budget`` (``common.api_budget.ApiBudget``, shared by the clients of one command) is asked
+before every HTTP request (retries included; a request answered from the cache is not one): a
+request that would pass its cap is not sent, ``BudgetExceeded`` (a ``RunStopped``) is raised out
+of ``chat_many`` instead, after the requests already in flight have come back and been cached.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from common.api_budget import ApiBudget, messages_chars, usd
 from common.launcher import RunStopped
 from common.redact import redact
 
@@ -113,6 +120,7 @@ class LLMClient:
     price_prompt_per_mtok: float = 0.0
     price_completion_per_mtok: float = 0.0
     extra_body: dict[str, Any] | None = None
+    budget: ApiBudget | None = field(default=None, repr=False, compare=False)
     stats: ClientStats = field(default_factory=ClientStats, init=False)
 
     def __post_init__(self) -> None:
@@ -166,6 +174,15 @@ class LLMClient:
         }
         return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
+    def is_cached(self, messages: Messages, cache_tag: str = "") -> bool:
+        """Whether the cache holds this request's answer (it would not be sent, nor paid)."""
+        path = self._cache_path(self.cache_key(messages, cache_tag))
+        return path is not None and path.exists()
+
+    @property
+    def prices(self) -> tuple[float, float]:
+        return (self.price_prompt_per_mtok, self.price_completion_per_mtok)
+
     def chat_many(
         self,
         messages_list: list[Messages],
@@ -175,14 +192,32 @@ class LLMClient:
         """One ``ChatResult`` per message list, in order. A failed request gives a result with
         ``error`` set; only malformed input (a caller's bug) raises, before any request.
         ``accept(text)``: False marks the result ``rejected`` and keeps it out of the cache (a
-        cached entry it refuses is asked again)."""
+        cached entry it refuses is asked again). A request repeated in the list is sent once:
+        its repeats get its answer as a cache hit (they are asked again only when it failed or
+        was refused)."""
         for i, messages in enumerate(messages_list):
             _check_messages(messages, i)
         if not messages_list:
             return []
-        workers = min(self.max_concurrency, len(messages_list))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm") as pool:
-            results = list(pool.map(lambda m: self._chat_one(m, cache_tag, accept), messages_list))
+        keys = [self.cache_key(m, cache_tag) for m in messages_list]
+        first: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            first.setdefault(key, i)
+        results: list[ChatResult | None] = [None] * len(messages_list)
+        self._run_all(sorted(first.values()), messages_list, results, cache_tag, accept)
+        again = []
+        for i, key in enumerate(keys):
+            if results[i] is not None:
+                continue
+            done = results[first[key]]
+            if done is not None and done.error is None and not done.rejected:
+                with self._lock:
+                    self.stats.calls += 1
+                    self.stats.cache_hits += 1
+                results[i] = replace(done, cached=True)
+            else:
+                again.append(i)
+        self._run_all(again, messages_list, results, cache_tag, accept)
         rejected = sum(r.rejected for r in results)
         if rejected:
             log.warning(
@@ -195,6 +230,23 @@ class LLMClient:
 
     def chat(self, messages: Messages, cache_tag: str = "") -> ChatResult:
         return self.chat_many([messages], cache_tag)[0]
+
+    def _run_all(
+        self,
+        indices: list[int],
+        messages_list: list[Messages],
+        results: list[ChatResult | None],
+        cache_tag: str,
+        accept: Callable[[str], bool] | None,
+    ) -> None:
+        """``results[i]`` for each of ``indices``, at most ``max_concurrency`` at a time."""
+        if not indices:
+            return
+        workers = min(self.max_concurrency, len(indices))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="llm") as pool:
+            done = pool.map(lambda i: self._chat_one(messages_list[i], cache_tag, accept), indices)
+            for i, result in zip(indices, done, strict=True):
+                results[i] = result
 
     def probe(self, timeout: float = 10.0) -> None:
         """Raise ``EndpointError`` in one line unless the server answers and serves ``model``:
@@ -252,13 +304,20 @@ class LLMClient:
 
     def _request_with_retries(self, messages: Messages) -> ChatResult:
         body = {"model": self.model, "messages": messages, **self.sampling_params()}
+        chars = messages_chars(messages)
         for attempt in range(self.retries + 1):
+            bound, cost = 0.0, 0.0
+            if self.budget is not None:  # raises BudgetExceeded: this request is not sent
+                prompt_bound = self.budget.prompt_tokens_bound(chars)
+                bound = usd(prompt_bound, self.max_tokens, self.prices)
+                self.budget.reserve(bound)
             start = time.perf_counter()
+            result = None
             try:
                 with self._slots:
                     result = self._request(body)
                 latency = time.perf_counter() - start
-                self._account(result, latency)
+                cost = self._account(result, latency)
                 return ChatResult(
                     result["text"], None, result["prompt"], result["completion"], latency
                 )
@@ -277,6 +336,10 @@ class LLMClient:
                 with self._lock:
                     self.stats.retries += 1
                 time.sleep(delay)
+            finally:
+                if self.budget is not None:
+                    prompt = result["prompt"] if result is not None else 0
+                    self.budget.settle(bound, cost, chars, prompt)
         raise AssertionError("unreachable: the last attempt returns")
 
     def _request(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -322,17 +385,17 @@ class LLMClient:
             raise _Failure(f"response from {url} has no message content", True)
         return {"text": text, "prompt": prompt, "completion": completion}
 
-    def _account(self, result: dict[str, Any], latency: float) -> None:
+    def _account(self, result: dict[str, Any], latency: float) -> float:
+        """Count an answered request; returns its cost in USD."""
+        cost = usd(result["prompt"], result["completion"], self.prices)
         with self._lock:
             s = self.stats
             s.requests += 1
             s.latency_s += latency
             s.prompt_tokens += result["prompt"]
             s.completion_tokens += result["completion"]
-            s.cost_usd += (
-                result["prompt"] * self.price_prompt_per_mtok
-                + result["completion"] * self.price_completion_per_mtok
-            ) / 1e6
+            s.cost_usd += cost
+        return cost
 
     def _redact(self, text: str) -> str:
         # A server may echo the credentials it rejected.

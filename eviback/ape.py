@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from common.api_budget import RequestGroup
 from common.data import QAExample
 from common.jsonl import write_atomic
 from common.metrics import f1_score
@@ -513,6 +514,56 @@ def candidate_result(
         raise ValueError(f"{len(runs)} runs and {len(costs)} cost records; need one each, ≥ 1")
     metrics = tuple(judge_metrics(rows, verdicts, weights) for verdicts in runs)
     return CandidateResult(policy, metrics, tuple(costs), status_agreement(runs))
+
+
+# --- what E2E-APE's judging will cost --------------------------------------------------------
+
+
+def ape_requests(
+    dev_rows: int,
+    holdout_rows: int,
+    candidates_a: int,
+    candidates_b: int,
+    repeats: int,
+    dev_chars_a: int,
+    dev_chars_b: int,
+    holdout_chars_a: int,
+    holdout_chars_b: int,
+    max_tokens: int,
+    controller_calls: int = 0,
+    controller_chars: int = 0,
+) -> list[RequestGroup]:
+    """E2E-APE's controller and teacher requests at most: [controller, stage A, stage B].
+
+    Stage A: every candidate judges every dev row in each of ``repeats`` runs (cache tags
+    ``dev:0`` ...); a gated policy's stage A sends its A prompt's single-stage requests again,
+    the same messages and tag, answered by the cache; on holdout the selected single-stage and
+    gated policies' stage A, once: ``candidates_a`` x R x D + 2 H. Stage B: a request is the B
+    prompt's messages for a row, whatever A prompt or gating flags sent it there, so the pairs
+    share them: at most every dev row of every B candidate in each run, and every holdout row
+    once: ``candidates_b`` x R x D + H. (A reply that breaks the verdict contract is not cached:
+    each later policy that needs it asks again, beyond this bound.)
+
+    ``dev_chars_a`` / ``dev_chars_b``: the characters of one run's requests, summed over the
+    candidates and the dev rows; ``holdout_chars_a`` / ``_b``: over the holdout rows for the
+    longest candidate. Completions: calls x ``max_tokens``.
+    """
+    r = repeats
+    return [
+        RequestGroup("controller", controller_calls, controller_chars, max_tokens),
+        RequestGroup(
+            "teacher stage A",
+            candidates_a * r * dev_rows + 2 * holdout_rows,
+            r * dev_chars_a + 2 * holdout_chars_a,
+            max_tokens,
+        ),
+        RequestGroup(
+            "teacher stage B",
+            candidates_b * r * dev_rows + holdout_rows,
+            r * dev_chars_b + holdout_chars_b,
+            max_tokens,
+        ),
+    ]
 
 
 # --- 4. selection and the frozen policy ------------------------------------------------------

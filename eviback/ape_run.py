@@ -13,6 +13,10 @@
    coverage and missed-I rows on holdout).
 
 The teacher is always a model behind ``assets.teacher_endpoint``: judging prompts needs one.
+Paid requests: an estimate is printed before the first (``ape_estimate``; the labelling's before
+its batch), and ``ape.max_api_calls`` / ``ape.max_api_usd`` stop the command before the request
+that would pass them (``ape_budget``: one budget for the labeller, controller and teacher; their
+answers stay in ``<out>/cache``, so a rerun with a higher cap pays only for the rest).
 The command is one process: under a launcher's several ranks it refuses before it loads anything
 (``check_one_process``).
 """
@@ -26,12 +30,20 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from common.api_budget import (
+    ApiBudget,
+    RequestGroup,
+    estimate_text,
+    messages_chars,
+    usage_text,
+)
 from common.data import QAExample
 from common.llm_client import LLMClient
 from common.train.distributed import refuse_ranks
 from eviback.ape import (
     BenchmarkRow,
     CandidateResult,
+    ape_requests,
     candidate_grid,
     candidate_result,
     diagnostics,
@@ -65,11 +77,12 @@ from eviback.teacher import (
     parse_verdict,
 )
 
+PREFIX = "[eviback ape]"
 _PROMPT_ID = re.compile(r"\b[AB]-[a-z_]+-[a-z_]+-fs[01]-q[01]-t[01]-[a-z]+-m\d+\b")
 
 
 def rollout_benchmark(
-    cfg: EviBackConfig, labeller: LLMClient | None = None
+    cfg: EviBackConfig, labeller: LLMClient | None = None, cap: str = ""
 ) -> tuple[list[BenchmarkRow], dict[str, int]]:
     """Actor rollouts (sampled, ``ape.rollouts`` per question) labelled by the evidence oracle
     where the question has supporting facts, else by ``labeller`` (``ape.unlabelled=llm``) or
@@ -91,7 +104,7 @@ def rollout_benchmark(
         engine, tokenizer, build_retriever(a), examples, cfg.ape.rollouts, cfg.agent, "ape:"
     )
     oracle = EvidenceOracle(cfg.teacher.top_m)
-    llm = None if labeller is None else llm_labeller(labeller, cfg.teacher.top_m)
+    llm = None if labeller is None else llm_labeller(labeller, cfg.teacher.top_m, cap)
     return label_rollouts(trajs, {ex.id: ex for ex in examples}, oracle.label, llm)
 
 
@@ -103,12 +116,28 @@ def ape_questions(cfg: EviBackConfig) -> list[QAExample]:
     return random.Random(f"ape:{cfg.seed}").sample(train, min(cfg.ape.questions, len(train)))
 
 
-def llm_labeller(client: LLMClient, top_m: int = 5):
+def llm_labeller(client: LLMClient, top_m: int = 5, cap: str = ""):
     """Labels benchmark items with the controller LLM (``labeller_messages``), in one batch; a
-    reply that breaks the contract is an invalid verdict."""
+    reply that breaks the contract is an invalid verdict. Before the batch: its estimate (exact
+    calls and prompt characters, how many are cached; ``cap``: the command's cap, said)."""
 
     def label(items: list[TeacherItem]) -> list[Verdict]:
-        replies = client.chat_many([labeller_messages(item, top_m) for item in items])
+        batch = [labeller_messages(item, top_m) for item in items]
+        group = RequestGroup(
+            "labeller",
+            len(batch),
+            sum(messages_chars(m) for m in batch),
+            client.max_tokens,
+            sum(client.is_cached(m) for m in batch),
+            client.prices,
+        )
+        print(
+            estimate_text(
+                PREFIX, [group], cap, "API estimate of the labelling (the judging's follows)"
+            ),
+            flush=True,
+        )
+        replies = client.chat_many(batch)
         return [parse_verdict(r.text) for r in replies]
 
     return label
@@ -134,15 +163,8 @@ def controller_candidates(
     of the other stage or repeat are dropped, and places left over are filled from the seeded
     grid (counted, and said in the report)."""
     default = candidate_grid(stage, limit=1)[0]
-    instructions = ", ".join(sorted(INSTRUCTIONS[stage]))
-    ask = (
-        f"We tune the stage-{stage} prompt of an evidence judge. A prompt is named "
-        f"{default.id!r}: stage-instruction-answer_rule-fs(few-shot 0/1)-q(sub-queries shown "
-        f"0/1{', always 0 for stage B' if stage == 'B' else ''})-t(titles shown 0/1)-"
-        f"order(rank|reverse)-m(documents per round). Instructions: {instructions}. "
-        f"Propose {k} promising distinct names, one per line, nothing else."
-    )
-    result = client.chat([{"role": "user", "content": ask}], cache_tag=f"ape-controller-{stage}")
+    messages, tag = controller_request(stage, k)
+    result = client.chat(messages, cache_tag=tag)
     proposed = parse_controller_reply(result.text or "", stage)
     found = [default] + [p for p in proposed if p != default]
     found = found[:k]
@@ -156,16 +178,22 @@ def controller_candidates(
     return found, from_controller
 
 
-_WRITTEN = re.compile(r"<instruction>(.*?)</instruction>", re.S)
+def controller_request(stage: str, k: int) -> tuple[list[dict[str, str]], str]:
+    """The controller's request for ``k`` prompt ids of ``stage``: (messages, cache tag)."""
+    default = candidate_grid(stage, limit=1)[0]
+    instructions = ", ".join(sorted(INSTRUCTIONS[stage]))
+    ask = (
+        f"We tune the stage-{stage} prompt of an evidence judge. A prompt is named "
+        f"{default.id!r}: stage-instruction-answer_rule-fs(few-shot 0/1)-q(sub-queries shown "
+        f"0/1{', always 0 for stage B' if stage == 'B' else ''})-t(titles shown 0/1)-"
+        f"order(rank|reverse)-m(documents per round). Instructions: {instructions}. "
+        f"Propose {k} promising distinct names, one per line, nothing else."
+    )
+    return [{"role": "user", "content": ask}], f"ape-controller-{stage}"
 
 
-def controller_written(client: LLMClient, stage: str, k: int) -> list[TeacherPrompt]:
-    """Ask the controller to write ``k`` new instruction texts for ``stage`` (each between
-    ``<instruction>`` and ``</instruction>``); each becomes a registered instruction in the
-    default prompt's layout. Empty, repeated or over-long (> 2,000 characters) texts are
-    dropped."""
-    if k <= 0:
-        return []
+def writer_request(stage: str, k: int) -> tuple[list[dict[str, str]], str]:
+    """The controller's request for ``k`` instruction texts of ``stage``: (messages, cache tag)."""
     default = candidate_grid(stage, limit=1)[0]
     current = INSTRUCTIONS[stage][default.instruction]
     role = "without the reference answer" if stage == "A" else "given a candidate answer"
@@ -176,10 +204,26 @@ def controller_written(client: LLMClient, stage: str, k: int) -> list[TeacherPro
         f"{current}\n\nWrite {k} alternative instructions with the same task and output "
         "contract, each between <instruction> and </instruction>, nothing else."
     )
-    reply = client.chat([{"role": "user", "content": ask}], cache_tag=f"ape-writer-{stage}")
+    return [{"role": "user", "content": ask}], f"ape-writer-{stage}"
+
+
+_WRITTEN = re.compile(r"<instruction>(.*?)</instruction>", re.S)
+MAX_WRITTEN_CHARS = 2000  # a longer written instruction is dropped
+
+
+def controller_written(client: LLMClient, stage: str, k: int) -> list[TeacherPrompt]:
+    """Ask the controller to write ``k`` new instruction texts for ``stage`` (each between
+    ``<instruction>`` and ``</instruction>``); each becomes a registered instruction in the
+    default prompt's layout. Empty, repeated or over-long (> 2,000 characters) texts are
+    dropped."""
+    if k <= 0:
+        return []
+    default = candidate_grid(stage, limit=1)[0]
+    messages, tag = writer_request(stage, k)
+    reply = client.chat(messages, cache_tag=tag)
     found: list[TeacherPrompt] = []
     for text in _WRITTEN.findall(reply.text or ""):
-        if not text.strip() or len(text) > 2000:
+        if not text.strip() or len(text) > MAX_WRITTEN_CHARS:
             continue
         prompt = replace(default, instruction=register_instruction(stage, text))
         if prompt not in found and prompt != default:
@@ -198,6 +242,111 @@ def parse_controller_reply(text: str, stage: str) -> list[TeacherPrompt]:
         if p.stage == stage and p not in found:
             found.append(p)
     return found
+
+
+def request_chars(prompt: TeacherPrompt, rows: Sequence[BenchmarkRow]) -> int:
+    """The characters of ``prompt``'s requests for ``rows``, summed."""
+    refs = (lambda r: r.golden_answers) if prompt.stage == "B" else (lambda r: None)
+    return sum(messages_chars(prompt.messages(r.question, r.rounds, refs(r))) for r in rows)
+
+
+def longest_grid_prompt(stage: str) -> TeacherPrompt:
+    """The grid's prompt whose requests are the longest: the longest template, titles (and stage
+    A's sub-queries) shown."""
+    shown = [p for p in candidate_grid(stage) if p.show_titles and (stage == "B" or p.show_queries)]
+    return max(shown, key=lambda p: (len(p.text), p.id))
+
+
+def ape_estimate(
+    cfg: EviBackConfig,
+    teacher: LLMClient,
+    controller: LLMClient | None,
+    dev: Sequence[BenchmarkRow],
+    holdout: Sequence[BenchmarkRow],
+    prompts_a: Sequence[TeacherPrompt] | None = None,
+    prompts_b: Sequence[TeacherPrompt] | None = None,
+) -> list[RequestGroup]:
+    """``ape_requests`` measured on this benchmark's rows. Candidates known (``prompts_a`` and
+    ``prompts_b``: the grid's, or the controller's once it answered): their requests' exact
+    characters, and how many of the dev requests are cached (keys computed, nothing sent). Not
+    yet known (a controller still to ask): the controller's requests (exact, cached counted) and
+    each candidate at the longest grid prompt's length, a written one at the default prompt's
+    with a ``MAX_WRITTEN_CHARS`` instruction; cached not known."""
+    ape, reps = cfg.ape, cfg.ape.repeats
+    asks: list[tuple[list[dict[str, str]], str]] = []
+    if prompts_a is None or prompts_b is None:
+        groups = {"A": (ape.candidates_a, ape.written_a), "B": (ape.candidates_b, ape.written_b)}
+        chars, held, count = {}, {}, {}
+        for stage, (grid_n, written_n) in groups.items():
+            if controller is None:  # not reached by run_ape: the grid is known at once
+                written_n = 0
+            longest, default = longest_grid_prompt(stage), candidate_grid(stage, limit=1)[0]
+            extra = MAX_WRITTEN_CHARS - len(INSTRUCTIONS[stage][default.instruction])
+            written = request_chars(default, dev) + len(dev) * max(extra, 0)
+            chars[stage] = grid_n * request_chars(longest, dev) + written_n * written
+            held[stage] = request_chars(longest, holdout) + len(holdout) * max(extra, 0)
+            count[stage] = grid_n + written_n
+            if controller is not None:
+                asks.append(controller_request(stage, grid_n))
+                if written_n > 0:
+                    asks.append(writer_request(stage, written_n))
+        cached_a = cached_b = None
+    else:
+        chars = {s: sum(request_chars(p, dev) for p in ps) for s, ps in (("A", prompts_a),
+                                                                        ("B", prompts_b))}  # fmt: skip
+        held = {s: max(request_chars(p, holdout) for p in ps) for s, ps in (("A", prompts_a),
+                                                                           ("B", prompts_b))}  # fmt: skip
+        count = {"A": len(prompts_a), "B": len(prompts_b)}
+
+        def cached(prompts: Sequence[TeacherPrompt]) -> int:
+            return sum(
+                teacher.is_cached(
+                    p.messages(r.question, r.rounds, r.golden_answers if p.stage == "B" else None),
+                    f"dev:{k}",
+                )
+                for p in prompts
+                for r in dev
+                for k in range(reps)
+            )
+
+        cached_a, cached_b = cached(prompts_a), cached(prompts_b)
+    ctl, a, b = ape_requests(
+        len(dev), len(holdout), count["A"], count["B"], reps, chars["A"], chars["B"],
+        held["A"], held["B"], teacher.max_tokens, len(asks),
+        sum(messages_chars(m) for m, _ in asks),
+    )  # fmt: skip
+    groups_out = [
+        replace(a, cached=cached_a, prices=teacher.prices),
+        replace(b, cached=cached_b, prices=teacher.prices),
+    ]
+    if asks and controller is not None:
+        ctl_cached = sum(controller.is_cached(m, tag) for m, tag in asks)
+        groups_out.insert(
+            0,
+            replace(ctl, max_tokens=controller.max_tokens, cached=ctl_cached,
+                    prices=controller.prices),
+        )  # fmt: skip
+    return groups_out
+
+
+def ape_budget(cfg: EviBackConfig, cache: Path) -> ApiBudget:
+    """The command's API cap (``ape.max_api_calls``, ``ape.max_api_usd``; 0: none), shared by
+    the labeller, the controller and the teacher."""
+    return ApiBudget(
+        cfg.ape.max_api_calls,
+        cfg.ape.max_api_usd,
+        "ape.max_api_calls",
+        "ape.max_api_usd",
+        f"the answers so far are cached under {cache}: rerun with a higher cap to continue "
+        "without paying for them again",
+    )
+
+
+def cap_text(cfg: EviBackConfig) -> str:
+    ape = cfg.ape
+    caps = [f"ape.max_api_calls={ape.max_api_calls}"] if ape.max_api_calls else []
+    caps += [f"ape.max_api_usd={ape.max_api_usd:g}"] if ape.max_api_usd else []
+    return ", ".join(caps) or "none (ape.max_api_calls, ape.max_api_usd)"
 
 
 def evaluate_policy(
@@ -247,6 +396,8 @@ def run_ape(cfg: EviBackConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     bench, counts_file = out / "benchmark.jsonl", out / "benchmark_counts.json"
     a = cfg.assets
+    budget, cap = ape_budget(cfg, out / "cache"), cap_text(cfg)
+    ctl_prices, usage = cfg.ape.controller_usd_per_mtok, {}
     if cfg.ape.unlabelled == "llm" and not (a.controller_endpoint and a.controller_model):
         raise ValueError(
             "ape.unlabelled=llm labels questions without supporting facts with the controller "
@@ -260,23 +411,31 @@ def run_ape(cfg: EviBackConfig) -> dict:
         labeller = None
         if cfg.ape.unlabelled == "llm":
             labeller = llm_client(
-                a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache", a.api_key_env
-            )
+                a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache",
+                a.api_key_env, budget, ctl_prices,
+            )  # fmt: skip
             labeller.probe()  # before the policy model loads for the rollouts
-        rows, counts = rollout_benchmark(cfg, labeller)
+        rows, counts = rollout_benchmark(cfg, labeller, cap)
+        if labeller is not None:
+            usage["labeller"] = labeller.stats.as_dict()
         counts_file.write_text(json.dumps(counts, indent=2))
         write_benchmark(bench, rows)  # last: its presence says the benchmark is complete
     split = split_by_step if cfg.ape.split == "step" else split_by_question
     dev, holdout = split(rows, cfg.ape.holdout_fraction, cfg.seed)
     teacher = llm_client(
-        a.teacher_endpoint, a.teacher_model, cfg.teacher, out / "cache", a.api_key_env
-    )
+        a.teacher_endpoint, a.teacher_model, cfg.teacher, out / "cache", a.api_key_env, budget,
+        cfg.ape.teacher_usd_per_mtok,
+    )  # fmt: skip
     teacher.probe()
+    controller = None
     if a.controller_endpoint:
         controller = llm_client(
-            a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache", a.api_key_env
-        )
+            a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache",
+            a.api_key_env, budget, ctl_prices,
+        )  # fmt: skip
         controller.probe()
+        estimate = ape_estimate(cfg, teacher, controller, dev, holdout)
+        print(estimate_text(PREFIX, estimate, cap), flush=True)
         prompts_a, n_a = controller_candidates(controller, "A", cfg.ape.candidates_a, cfg.seed)
         prompts_b, n_b = controller_candidates(controller, "B", cfg.ape.candidates_b, cfg.seed)
         written_a = controller_written(controller, "A", cfg.ape.written_a)
@@ -292,6 +451,9 @@ def run_ape(cfg: EviBackConfig) -> dict:
         prompts_a = candidate_grid("A", limit=cfg.ape.candidates_a, seed=cfg.seed)
         prompts_b = candidate_grid("B", limit=cfg.ape.candidates_b, seed=cfg.seed)
         source = "candidates from the grid"
+    known = ape_estimate(cfg, teacher, None, dev, holdout, prompts_a, prompts_b)
+    what = "API estimate" if controller is None else "API estimate of the judging, candidates known"
+    print(estimate_text(PREFIX, known, cap, what), flush=True)
     w, reps = cfg.ape.objective_weights, cfg.ape.repeats
     single = [evaluate_policy(teacher, TeacherPolicy(p.id), dev, reps, w, "dev") for p in prompts_a]
     top_a = sorted(single, key=lambda r: -r.summary()["objective_mean"])[: cfg.ape.gated_from_top]
@@ -306,6 +468,10 @@ def run_ape(cfg: EviBackConfig) -> dict:
         candidate_result(r.policy, holdout, *runs, w)
         for r, runs in zip(chosen, held_runs, strict=True)
     ]
+    usage["teacher"] = teacher.stats.as_dict()
+    if controller is not None:
+        usage["controller"] = controller.stats.as_dict()
+    print(usage_text(PREFIX, usage), flush=True)
     best_at = next(i for i, h in enumerate(held) if h.policy == selection.best.policy)
     best_holdout = held[best_at]
     scores = {

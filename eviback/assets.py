@@ -9,6 +9,7 @@ import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from common.api_budget import ApiBudget
 from common.data import QAExample, keep_where, load_qa, question_char_limit
 from common.llm_client import LLMClient
 from common.retrieval.base import Retriever
@@ -169,13 +170,19 @@ def llm_client(
     teacher: TeacherConfig,
     cache_dir: str | Path | None,
     api_key_env: str = "OPENAI_API_KEY",
+    budget: ApiBudget | None = None,
+    prices: tuple[float, float] = (0.0, 0.0),
 ) -> LLMClient:
     """A client of ``endpoint`` with the teacher's request settings; the key is read from the
-    environment variable ``api_key_env`` (``assets.api_key_env``)."""
+    environment variable ``api_key_env`` (``assets.api_key_env``). ``budget``: the command's API
+    cap, shared by its clients; ``prices``: USD per million prompt and completion tokens."""
     return LLMClient(
         endpoint,
         model,
         api_key_env=api_key_env,
+        budget=budget,
+        price_prompt_per_mtok=prices[0],
+        price_completion_per_mtok=prices[1],
         max_concurrency=teacher.max_concurrency,
         timeout=teacher.timeout,
         deadline=teacher.deadline,

@@ -314,9 +314,44 @@ class ApeConfig:
         default=(0.5, 0.5), metadata={"help": "(w_I, w_coverage) of the objective", "ge": 0}
     )
     out: str = field(default="", metadata={"help": "output folder (default: <run_dir>/ape)"})
+    max_api_calls: int = field(
+        default=0,
+        metadata={
+            "help": "stop (exit 3) before the request that would pass this many paid requests "
+            "(labeller, controller and teacher together, retries included, cached answers "
+            "free); 0: no cap",
+            "ge": 0,
+        },
+    )
+    max_api_usd: float = field(
+        default=0.0,
+        metadata={
+            "help": "stop (exit 3) before the request that could pass this many dollars "
+            "(needs the prices below); 0: no cap",
+            "ge": 0,
+        },
+    )
+    teacher_usd_per_mtok: tuple[float, float] = field(
+        default=(0.0, 0.0),
+        metadata={"help": "the teacher's USD per million (prompt, completion) tokens", "ge": 0},
+    )
+    controller_usd_per_mtok: tuple[float, float] = field(
+        default=(0.0, 0.0),
+        metadata={
+            "help": "the controller's (and labeller's) USD per million (prompt, completion) tokens",
+            "ge": 0,
+        },
+    )
 
     def __post_init__(self) -> None:
         self.objective_weights = tuple(self.objective_weights)
+        self.teacher_usd_per_mtok = tuple(self.teacher_usd_per_mtok)
+        self.controller_usd_per_mtok = tuple(self.controller_usd_per_mtok)
+        if self.max_api_usd and not any(self.teacher_usd_per_mtok + self.controller_usd_per_mtok):
+            raise ValueError(
+                f"ape.max_api_usd={self.max_api_usd:g} needs prices: set "
+                "ape.teacher_usd_per_mtok and ape.controller_usd_per_mtok"
+            )
         if self.gated_from_top > self.candidates_a:
             raise ValueError(
                 f"ape.gated_from_top={self.gated_from_top} exceeds ape.candidates_a="

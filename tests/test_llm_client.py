@@ -142,6 +142,89 @@ def test_cost_accounting(srv):
     assert c.stats.cost_usd == pytest.approx((4 * 2.0 + 5 * 10.0) / 1e6)
 
 
+def test_the_cap_stops_before_the_request_that_would_pass_it(srv, tmp_path):
+    """max_calls=3 on 5 requests, 4 in flight at a time: exactly 3 reach the server, their answers
+    are cached, and a client with a higher cap sends only the other 2; cached answers are free."""
+    from common.api_budget import ApiBudget, BudgetExceeded
+    from common.launcher import RunStopped
+
+    state, url = srv
+    batch = [msgs(f"q{i}") for i in range(5)]
+    budget = ApiBudget(3, hint="rerun with a higher cap")
+    c = client(url, cache_dir=tmp_path, max_concurrency=4, budget=budget)
+    with pytest.raises(BudgetExceeded) as stop:
+        c.chat_many(batch)
+    assert isinstance(stop.value, RunStopped)
+    assert str(stop.value) == (
+        "API cap max_api_calls=3 reached: 3 requests sent ($0.0000); rerun with a higher cap"
+    )
+    assert state.requests == 3 and budget.sent == 3
+    assert len(list(tmp_path.rglob("*.json"))) == 3
+    with pytest.raises(BudgetExceeded):  # once stopped, nothing more goes out
+        c.chat_many([msgs("q9")])
+    assert state.requests == 3
+    more = client(url, cache_dir=tmp_path, budget=ApiBudget(2))
+    assert [r.text for r in more.chat_many(batch)] == [f"echo q{i}" for i in range(5)]
+    assert state.requests == 5 and more.stats.cache_hits == 3 and more.budget.sent == 2
+    # all cached: a cap of one request sends nothing and does not stop
+    again = client(url, cache_dir=tmp_path, budget=ApiBudget(1))
+    assert len(again.chat_many(batch)) == 5 and state.requests == 5 and again.budget.sent == 0
+
+
+def test_a_request_repeated_in_one_batch_is_sent_once(srv):
+    """Two identical episodes' annotation requests in one batch: one is sent, the other gets its
+    answer as a cache hit (before, both went out at once, and the count depended on timing)."""
+    state, url = srv
+    c = client(url, max_concurrency=4)
+    results = c.chat_many([msgs("a"), msgs("b"), msgs("a"), msgs("a")])
+    assert [r.text for r in results] == ["echo a", "echo b", "echo a", "echo a"]
+    assert [r.cached for r in results] == [False, False, True, True]
+    assert state.requests == 2 and c.stats.calls == 4 and c.stats.cache_hits == 2
+    state.fail_next = 10  # the first fails after its retries: each repeat is asked on its own
+    failed = client(url, retries=0).chat_many([msgs("c"), msgs("c")])
+    assert [r.error is not None for r in failed] == [True, True] and state.requests == 4
+
+
+def test_a_retry_counts_against_the_cap(srv):
+    from common.api_budget import ApiBudget, BudgetExceeded
+
+    state, url = srv
+    state.fail_next = 1
+    c = client(url, retries=3, budget=ApiBudget(1))
+    with pytest.raises(BudgetExceeded, match="max_api_calls=1 reached: 1 requests sent"):
+        c.chat_many([msgs("x")])
+    assert state.requests == 1
+
+
+def test_the_usd_cap_counts_spent_dollars_and_each_request_at_its_bound(srv):
+    """$1 a completion token, max_tokens 3: a request is counted at $3 before it is sent and
+    costs $2 ("echo x"). Cap $6: $0 + 3 and $2 + 3 fit, $4 + 3 does not: 2 requests, $4."""
+    from common.api_budget import ApiBudget, BudgetExceeded
+
+    state, url = srv
+    budget = ApiBudget(max_usd=6.0, usd_key="ape.max_api_usd")
+    c = client(url, max_concurrency=1, max_tokens=3, price_completion_per_mtok=1e6, budget=budget)
+    with pytest.raises(BudgetExceeded) as stop:
+        c.chat_many([msgs(f"x{i}") for i in range(4)])
+    assert state.requests == 2 and budget.spent_usd == pytest.approx(4.0)
+    assert budget.reserved_usd == 0.0
+    assert str(stop.value).startswith("API cap ape.max_api_usd=6 reached: $4.0000 spent in 2")
+
+
+def test_one_budget_is_shared_by_the_clients_of_a_command(srv, tmp_path):
+    from common.api_budget import ApiBudget, BudgetExceeded
+
+    state, url = srv
+    budget = ApiBudget(3)
+    player = client(url, cache_dir=tmp_path / "p", budget=budget)
+    annotator = client(url, cache_dir=tmp_path / "a", budget=budget)
+    player.chat_many([msgs("a"), msgs("b")])
+    with pytest.raises(BudgetExceeded):
+        annotator.chat_many([msgs("c"), msgs("d")])
+    assert state.requests == 3
+    assert player.is_cached(msgs("a")) and not player.is_cached(msgs("c"))
+
+
 def test_retries_500_then_succeeds(srv):
     state, url = srv
     state.fail_next = 2

@@ -373,6 +373,8 @@ def arco_plan(s: Setup) -> list[Stage]:
         "warmup.mu_epochs": 1,
         "warmup.teacher_timeout_s": CLIENT_TIMEOUT_S,
         "warmup.teacher_backoff_s": 0.05,
+        # the rehearsal's own cache: every rehearsal sends the teacher's requests it checks
+        "warmup.api_cache_dir": str(run / "llm_cache"),
     }
     train = base | {"rl.sparse_steps": 1, "rl.dense_steps": 1}
 

@@ -191,7 +191,10 @@ def test_other_warmup_settings_run_every_phase_again(tmp_path, capsys):
     from arco.warmup import WarmupPhases, warmup_settings
 
     base = load_config(ArcoConfig, CONFIG, [])
-    same = ["rl.dense_steps=3", "run_dir=elsewhere", "save_every=1", "train.max_grad_norm=0.5"]
+    same = ["rl.dense_steps=3", "run_dir=elsewhere", "save_every=1", "train.max_grad_norm=0.5",
+            # what the teacher's answers cost and where they are kept, not what they are
+            "warmup.max_api_calls=7", "warmup.max_api_usd=2", "warmup.api_cache_dir=elsewhere",
+            "warmup.player_usd_per_mtok=[0.15,0.6]", "warmup.annotator_usd_per_mtok=[2,8]"]  # fmt: skip
     assert warmup_settings(load_config(ArcoConfig, CONFIG, same)) == warmup_settings(base)
     for key in ("warmup.mu_epochs=3", "seed=1", "lora.r=4", "rubric.k=2", "assets.train=x.jsonl"):
         assert warmup_settings(load_config(ArcoConfig, CONFIG, [key])) != warmup_settings(base)

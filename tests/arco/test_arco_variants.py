@@ -81,9 +81,16 @@ def test_a_variant_warmup_replays_the_base_warmups_teacher_cache():
 
     cfg = ROOT / "arco" / "configs" / "llama3.2_3b_musique.yaml"
     base = load_variant(cfg, [], None)
-    assert teacher_cache(base) == Path(base.warmup_dir) / "teacher_cache"
+    assert teacher_cache(base) == Path("runs/cache/llm")  # warmup.api_cache_dir: shared
     for variant in ("prm", "wo_adaptive", "k5"):  # content-keyed: the same requests cost nothing
         assert teacher_cache(load_variant(cfg, [], variant)) == teacher_cache(base)
+    # warmup.api_cache_dir='': the warmup's own cache, and a variant reads its base warmup's
+    own = load_variant(cfg, ["warmup.api_cache_dir=''"], None)
+    assert teacher_cache(own) == Path(own.warmup_dir) / "teacher_cache"
+    for variant in ("prm", "wo_adaptive", "k5"):
+        assert teacher_cache(load_variant(cfg, ["warmup.api_cache_dir=''"], variant)) == (
+            teacher_cache(own)
+        )
 
 
 @pytest.mark.parametrize(("schedule", "switch"), [("arco", 375), ("sparse", 535)])

@@ -149,6 +149,7 @@ def overrides(world: Path, out: Path, url: str) -> list[str]:
         f"assets.annotator_endpoint={url}/annotator/v1",
         "assets.annotator_model=annotator",
         f"warmup_dir={out}",
+        f"warmup.api_cache_dir={out.parent / 'llm_cache'}",
         "env.setting=distractor",
         f"env.max_searches={MAX_SEARCHES}",
         "agent.instruction=''",  # the ReAct protocol's own prompt
@@ -210,7 +211,9 @@ def test_llm_teacher_warmup_in_the_distractor_setting(
     steps_per_role = {"right": 2, "wrong": 2, "guess": 1, "wander": 4}
     player_requests = sum(2 * steps_per_role[ROLES[r]] for r in PLAYED)
     assert {row for _, row, _ in state.asked} == set(PLAYED)
-    assert state.requests == {"player": player_requests, "annotator": 11 + 4}  # 500: 1 + 3 retries
+    # the guess row's two samples are one play: their annotation request goes out once; the
+    # 500 is 1 + 3 retries
+    assert state.requests == {"player": player_requests, "annotator": 10 + 4}
     report = json.loads((out / "report.json").read_text())
     counts = report["counts"]
     assert {k: v for k, v in counts.items() if not k.endswith("_usage")} == {
@@ -228,7 +231,8 @@ def test_llm_teacher_warmup_in_the_distractor_setting(
     player, annotator = counts["player_usage"], counts["annotator_usage"]
     assert player["calls"] == player["requests"] == player_requests
     assert player["cache_hits"] == player["failures"] == 0
-    assert (annotator["calls"], annotator["requests"], annotator["failures"]) == (12, 15, 1)
+    assert (annotator["calls"], annotator["requests"], annotator["failures"]) == (12, 14, 1)
+    assert annotator["cache_hits"] == 1  # the guess row's second sample
     for usage, role in ((player, "player"), (annotator, "annotator")):
         assert usage["prompt_tokens"] == state.prompt_tokens[role] > 0
         assert usage["completion_tokens"] == state.completion_tokens[role] > 0

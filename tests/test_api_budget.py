@@ -1,0 +1,128 @@
+"""common.api_budget: the estimate's arithmetic and text, the budget's bookkeeping, and calls made
+once over a launcher's two ranks (rank 0 sends, every rank gets the answers)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from common.api_budget import (
+    ApiBudget,
+    BudgetExceeded,
+    RequestGroup,
+    estimate_text,
+    on_rank_zero,
+    tokens_from_chars,
+    usage_text,
+)
+from common.launcher import RunStopped
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "api_once_over_ranks.py"
+
+
+def test_a_request_group_by_hand():
+    g = RequestGroup("player", 10, 4001, 64, cached=3, prices=(0.5, 2.0))
+    assert tokens_from_chars(4001) == 1001 == g.prompt_tokens  # characters / 4, rounded up
+    assert g.completion_tokens == 640
+    assert g.usd == pytest.approx((1001 * 0.5 + 640 * 2.0) / 1e6)
+
+
+def test_the_estimate_text():
+    groups = [RequestGroup("player", 10, 4000, 64, 3, (0.5, 2.0)), RequestGroup("ann", 2, 800, 100)]
+    text = estimate_text("[x]", groups, "warmup.max_api_calls=5")
+    assert text.splitlines() == [
+        "[x] API estimate: <= 12 calls, ~2,040 tokens, <= $0.0018",  # $0.00178
+        "[x]   player: <= 10 calls (3 already cached), ~1,000 prompt + <= 640 completion "
+        "tokens, <= $0.0018",
+        "[x]   ann: <= 2 calls, ~200 prompt + <= 200 completion tokens",
+        "[x]   cap: warmup.max_api_calls=5",
+    ]
+    unpriced = estimate_text("[x]", groups[1:])
+    assert unpriced == (
+        "[x] API estimate: <= 2 calls, ~400 tokens (no prices set: no USD)\n"
+        "[x]   ann: <= 2 calls, ~200 prompt + <= 200 completion tokens"
+    )
+    usage = {"requests": 3, "cache_hits": 1, "prompt_tokens": 10, "completion_tokens": 5,
+             "cost_usd": 0.5}  # fmt: skip
+    assert usage_text("[x]", {"t": usage}) == (
+        "[x] API spent: t 3 requests (1 answered from the cache), 10 + 5 tokens, $0.5000"
+    )
+
+
+def test_the_budget_counts_under_threads_and_stays_stopped():
+    budget = ApiBudget(max_calls=50)
+    passed, refused = [], []
+
+    def one() -> None:
+        try:
+            budget.reserve()
+            passed.append(1)
+        except BudgetExceeded:
+            refused.append(1)
+
+    threads = [threading.Thread(target=one) for _ in range(80)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (len(passed), len(refused), budget.sent) == (50, 30, 50)
+    with pytest.raises(BudgetExceeded):
+        budget.reserve()
+
+
+def test_the_usd_bound_learns_the_tokens_per_character():
+    budget = ApiBudget(max_usd=1.0)
+    assert budget.prompt_tokens_bound(400) == 100  # 4 characters a token at first
+    budget.reserve(0.25)
+    budget.settle(0.25, 0.1, prompt_chars=100, prompt_tokens=50)  # 2 characters a token
+    assert budget.prompt_tokens_bound(400) == 200
+    assert (budget.spent_usd, budget.reserved_usd) == (pytest.approx(0.1), 0.0)
+    budget.reserve(0.9)  # 0.1 + 0.9 = 1.0: fits
+    with pytest.raises(BudgetExceeded, match=r"max_api_usd=1 reached: \$0.1000 spent in 2"):
+        budget.reserve(0.01)
+    with pytest.raises(ValueError):
+        ApiBudget(-1)
+
+
+def test_no_cap_never_stops():
+    budget = ApiBudget()
+    for _ in range(1000):
+        budget.reserve(5.0)
+    assert budget.sent == 1000 and not budget.capped
+
+
+def test_in_one_process_on_rank_zero_is_the_call():
+    assert on_rank_zero(lambda: 7) == 7
+    with pytest.raises(RunStopped, match="cap"):
+        on_rank_zero(lambda: (_ for _ in ()).throw(RunStopped("cap")))
+
+
+def test_two_ranks_pay_once_and_stop_together(tmp_path, launch_two_ranks):
+    """Rank 0 sends 4 requests, both ranks get the 4 answers (not 8 requests); a cap of 2 stops
+    both ranks with rank 0's message after 2 requests; rank 0's error reaches rank 1."""
+    from experiments.rehearse.endpoint import serve_endpoint
+
+    with serve_endpoint() as url:
+        run = launch_two_ranks(
+            [str(SCRIPT), "--url", url, "--cache", str(tmp_path / "cache")], torchrun=True,
+            timeout=120,
+        )  # fmt: skip
+        requests = httpx.get(url.removesuffix("/v1") + "/stats").json()["requests"]
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    got = dict(re.findall(r"^rank (\d): all ok (.*)$", out, flags=re.M))
+    assert set(got) == {"0", "1"} and got["0"] == got["1"] and "Search[" in got["0"], out
+    stopped = re.findall(r"^rank (\d): capped stopped (.*)$", out, flags=re.M)
+    assert sorted(r for r, _ in stopped) == ["0", "1"], out
+    assert {m for _, m in stopped} == {"API cap max_api_calls=2 reached: 2 requests sent ($0.0000)"}
+    assert requests == 4 + 2  # not twice that
+    assert "rank 0: error failed ValueError: the teacher's data is broken" in out
+    assert (
+        "rank 1: error failed RuntimeError: rank 0 failed in the calls made for every rank: "
+        "ValueError: the teacher's data is broken" in out
+    )

@@ -28,6 +28,7 @@ import torch
 
 from common.batches import BatchLog
 from common.guards import NonFiniteError, NonFiniteGuard, any_rank, nonfinite_parameters
+from common.launcher import RunStopped
 from common.rl_loop import logged_evals, plot_curve, policy_update
 from common.rollout import Trajectory
 from common.rollout.batch import padding_id
@@ -135,7 +136,12 @@ class Run:
         batch_log = BatchLog(self.dir, start, self.train.is_main)
         steps = range(start, cfg.steps + 1)
         for s in progress(steps, desc=desc or self.method, total=len(steps)):
-            record = step(s)
+            updates = self.train.global_step
+            try:
+                record = step(s)
+            except RunStopped:
+                self.save_before_stop(s - 1, updated=self.train.global_step != updates)
+                raise
             batch_log.write(s, record.question_ids, record.trajectories)
             metrics = record.metrics | self.observe_skips(s, record.metrics)
             self.check_step(s, metrics)
@@ -202,21 +208,40 @@ class Run:
         if evaluate:
             self.run_eval(step)
         if save:
-            bad = nonfinite_parameters(self.train.model)
-            if any_rank([bool(bad)])[0]:
-                where = f" ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})" if bad else ""
-                raise NonFiniteError(
-                    f"[{self.method}] step {step}: non-finite weights{where}; refusing to save "
-                    f"checkpoint step_{step}; {self.latest_line()}"
-                )
-            save_checkpoint(
-                self.train,
-                self.dir,
-                step,
-                {"step": step, "seed": self.cfg.seed},
-                keep_last=self.cfg.keep_checkpoints,
-                tokenizer=self.tokenizer,
+            self.save(step)
+
+    def save(self, step: int) -> None:
+        """The checkpoint of ``step`` (every rank); non-finite weights (on any rank) are
+        refused: ``NonFiniteError``, ``latest`` kept."""
+        bad = nonfinite_parameters(self.train.model)
+        if any_rank([bool(bad)])[0]:
+            where = f" ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})" if bad else ""
+            raise NonFiniteError(
+                f"[{self.method}] step {step}: non-finite weights{where}; refusing to save "
+                f"checkpoint step_{step}; {self.latest_line()}"
             )
+        save_checkpoint(
+            self.train,
+            self.dir,
+            step,
+            {"step": step, "seed": self.cfg.seed},
+            keep_last=self.cfg.keep_checkpoints,
+            tokenizer=self.tokenizer,
+        )
+
+    def save_before_stop(self, done: int, updated: bool) -> None:
+        """A stop raised inside step ``done + 1`` (a retrieval outage, a teacher's probe): in one
+        process, before that step's update (``updated`` False), the weights are step ``done``'s
+        and are saved unless a checkpoint of it exists, so a resume redoes no finished step.
+        Under several ranks the launcher ends the others (a save is a collective they are not
+        in), and after the update the weights are no step's: there ``latest`` stays."""
+        latest = find_latest_checkpoint(self.dir)
+        saved = int(latest.name.removeprefix("step_")) if latest else 0
+        if updated or done <= saved or self.train.world_size > 1:
+            return
+        self.save(done)
+        if self.train.is_main:
+            print(f"[{self.method}] stopped in step {done + 1}: saved step {done}", flush=True)
 
     def run_eval(self, step: int) -> None:
         """Evaluate (every rank), keep the result, log it as ``dev/*`` (main rank)."""

@@ -175,3 +175,37 @@ def test_a_run_whose_checkpoints_cannot_fit_stops_before_it_writes(
         Trainer(FrameConfig(run_dir=str(tmp_path / "run"), steps=4, save_every=2), tokenizer)
     assert "2 checkpoints of about" in str(err.value)  # keep_checkpoints=1: one kept + one new
     assert not (tmp_path / "run" / "run.json").exists()  # nothing of this start written
+
+
+@pytest.mark.parametrize("stop_after_update", [False, True])
+def test_a_stop_inside_a_step_saves_the_last_finished_step_in_one_process(
+    tmp_path, tokenizer, stop_after_update
+):
+    """A retrieval outage (a ``RunStopped``) in step 3 of a run that saves only at its last
+    step: before the step's update, the weights are step 2's and are saved, so a resume starts
+    at step 3; after it, they are no step's, and nothing is saved."""
+    from common.launcher import RunStopped
+
+    cfg = config(tmp_path / "run", steps=6, save_every=0, eval_every=0)
+    trainer = Trainer(cfg, tokenizer)
+    plain_step = trainer.step
+
+    def step(s: int) -> StepRecord:
+        if s == 3 and not stop_after_update:
+            raise RunStopped("retrieval server down")
+        record = plain_step(s)
+        if s == 3:
+            raise RunStopped("retrieval server down")
+        return record
+
+    with pytest.raises(RunStopped):
+        trainer.run.fit(step)
+    ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
+    if stop_after_update:
+        assert ckpts == []
+        return
+    assert ckpts == ["step_2"]
+    again = Trainer(config(tmp_path / "run", steps=6, save_every=0, eval_every=0, resume=True),
+                    tokenizer)  # fmt: skip
+    again.fit()
+    assert again.steps == [3, 4, 5, 6]

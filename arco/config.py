@@ -207,9 +207,21 @@ class RubricConfig:
 class ArcoWarmupConfig:
     """ARCO's warmup: teacher trajectories, hindsight annotation, projection, π and μ SFT."""
 
-    teacher: Literal["oracle", "llm"] = field(
+    teacher: Literal["oracle", "llm", "file"] = field(
         default="oracle",
-        metadata={"help": "oracle (tiny world: the world annotates) | llm (OpenAI-compatible)"},
+        metadata={
+            "help": "oracle (tiny world: the world annotates) | llm (OpenAI-compatible) | file "
+            "(the ARCO release's warmup data, warmup.release_file: no request)"
+        },
+    )
+    release_file: str = field(
+        default="",
+        metadata={
+            "help": "warmup.teacher=file: the release's warmup JSONL (data/hotpotqa/output/"
+            "warmup_train_*.jsonl, written by its src/training/warmup_collect.py); its "
+            "example_id are assets.train's HotpotQA _id; warmup.questions and warmup.samples "
+            "cap what is imported (the file's first questions, each one's first records)"
+        },
     )
     questions: int = field(default=1000, metadata={"help": "training questions played", "ge": 1})
     samples: int = field(default=3, metadata={"help": "teacher trajectories per question", "ge": 1})
@@ -318,8 +330,8 @@ class ArcoWarmupConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.teacher not in ("oracle", "llm"):
-            raise ValueError(f"warmup.teacher={self.teacher!r}; choose oracle or llm")
+        if self.teacher not in ("oracle", "llm", "file"):
+            raise ValueError(f"warmup.teacher={self.teacher!r}; choose oracle, llm or file")
         self.player_usd_per_mtok = tuple(self.player_usd_per_mtok)
         self.annotator_usd_per_mtok = tuple(self.annotator_usd_per_mtok)
         if self.max_api_usd and not any(self.player_usd_per_mtok + self.annotator_usd_per_mtok):
@@ -625,6 +637,12 @@ class ArcoConfig(RunLoopConfig):
         if "warmup" in needs and not (Path(self.warmup_dir) / "arco.json").is_file():
             problems.append(
                 f"warmup_dir: {self.warmup_dir!r} has no arco.json; {HOW_TO_GET['warmup']}"
+            )
+        release = self.warmup.release_file
+        if "teacher" in needs and self.warmup.teacher == "file" and not Path(release).is_file():
+            problems.append(
+                f"warmup.release_file: {release!r} not found; the ARCO release's warmup data "
+                "(data/hotpotqa/output/warmup_train_*.jsonl) or a file in its format"
             )
         if "teacher" in needs and self.warmup.teacher == "llm":
             for key in (

@@ -1,6 +1,7 @@
 """ARCO's supervised warmup (specs/arco.md, "Supervised warmup"):
 
-    1. teacher trajectories   (llm: a cheap LLM plays the policy; oracle: the tiny agent does)
+    1. teacher trajectories   (llm: a cheap LLM plays the policy; oracle: the tiny agent does;
+                               file: the ARCO release's warmup data, ``arco.release_import``)
     2. hindsight annotation   (llm: a strong LLM; oracle: the tiny world, which knows which
                                searches found a supporting document and whether R = 1)
     3. projection             scores onto {Σ_t mean_k = R, [-1, 1]}; unparseable ones dropped
@@ -53,6 +54,7 @@ from arco.config import ArcoConfig
 from arco.environment import build_environment
 from arco.losses import rubric_sft_loss, scatter_positions
 from arco.projection import decomposition_holds, project_scores
+from arco.release_import import ReleaseImport, import_release
 from arco.rubric_model import ArcoModel, build_arco_model, load_adapters, save_arco
 from arco.rubric_prompt import format_criteria
 from arco.rubrics import RubricItem, rubric_batch, write_criteria
@@ -73,6 +75,7 @@ from common.jsonl import write_atomic
 from common.llm_client import LLMClient
 from common.retrieval.base import Doc
 from common.retrieval.client import probe_retrieval
+from common.retrieval.per_question import paragraph_docs
 from common.rl import logprobs_from_logits
 from common.rl_loop import evaluate
 from common.rollout import AgentConfig, Trajectory, run_agent
@@ -213,6 +216,28 @@ def collect_oracle(
         annotations.append(oracle_annotation(ep, cfg.rubric.k, support))
         counts["ok"] += 1
     return trajs, episodes, annotations, counts
+
+
+def collect_release(
+    tokenizer, agent_cfg, imported: ReleaseImport
+) -> tuple[list[Trajectory], list[Episode], list[list[StepAnnotation] | None], dict]:
+    """The release's warmup data (``warmup.teacher=file``, ``arco.release_import``) as
+    ``collect_llm`` returns its collection: each search's paragraph shown as the agent shows it
+    (``shown_as_the_agent``) and the token view built in the agent's own frame
+    (``trajectory_from_episode``, the paragraph as the document). No request."""
+    by_episode = [
+        {d.id: d for d in paragraph_docs(ep.metadata["paragraphs"], ep.question_id)}
+        for ep in imported.episodes
+    ]
+    episodes = [
+        shown_as_the_agent(ep, tokenizer, agent_cfg, docs)
+        for ep, docs in zip(imported.episodes, by_episode, strict=True)
+    ]
+    trajs = [
+        trajectory_from_episode(ep, tokenizer, agent_cfg, docs)
+        for ep, docs in zip(episodes, by_episode, strict=True)
+    ]
+    return trajs, episodes, list(imported.annotations), dict(imported.counts)
 
 
 def teacher_clients(
@@ -763,7 +788,26 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     rng = random.Random(cfg.seed)
     order = list(range(len(train_set)))
     rng.shuffle(order)
-    if len(order) < w.questions + w.select_questions:
+    if w.teacher == "file":  # read now: a malformed file stops the warmup before a model loads
+        imported = import_release(
+            w.release_file,
+            train_set,
+            cfg.rubric.k,
+            cfg.env.max_searches,
+            w.questions,
+            w.samples,
+        )
+        if not imported.episodes:
+            raise ValueError(f"warmup.release_file {w.release_file}: no record imported")
+        # π's epoch is chosen on training questions the release never played
+        order = [i for i in order if train_set[i].id not in imported.question_ids]
+        if len(order) < w.select_questions:
+            raise ValueError(
+                f"warmup needs select_questions = {w.select_questions} training questions "
+                f"outside {w.release_file}; {cfg.assets.train} has {len(order)}"
+            )
+        played, select = [], [train_set[i] for i in order[: w.select_questions]]
+    elif len(order) < w.questions + w.select_questions:
         raise ValueError(
             f"warmup needs questions + select_questions = {w.questions + w.select_questions} "
             f"training questions; {cfg.assets.train} has {len(order)}"
@@ -773,8 +817,9 @@ def run_warmup(cfg: ArcoConfig) -> Path:
                 else ""
             )
         )
-    played = [train_set[i] for i in order[: w.questions]]
-    select = [train_set[i] for i in order[w.questions : w.questions + w.select_questions]]
+    else:
+        played = [train_set[i] for i in order[: w.questions]]
+        select = [train_set[i] for i in order[w.questions : w.questions + w.select_questions]]
     # Locked, no settings check (the phases' markers hold the settings they were done with);
     # phases done under these settings are skipped, the log keeps their rows (π's).
     folder = open_run_folder(out, None, resume=False, begin=False)
@@ -784,7 +829,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
             phases.skip(name)
         folder.close()
         return out
-    if w.teacher != "oracle" and "collect" not in phases.done:
+    if w.teacher == "llm" and "collect" not in phases.done:
         for client in teacher_clients(cfg, teacher_cache(cfg)):
             client.probe()  # each answers and serves its model, before any model loads
     if cfg.env.setting == "open" and "collect" not in phases.done:
@@ -830,6 +875,8 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     else:
         if w.teacher == "oracle":
             got = collect_oracle(cfg, engine, tokenizer, retriever, agent_cfg, played)
+        elif w.teacher == "file":  # the release's data, imported above: no request
+            got = collect_release(tokenizer, agent_cfg, imported)
         else:  # paid requests: rank 0 sends them, every rank gets its result
             got = on_rank_zero(
                 lambda: collect_llm(

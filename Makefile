@@ -27,6 +27,18 @@ EVIBACK_CONFIG := eviback/configs/qwen3_$(SCALE).yaml
 ARCO_CONFIG := arco/configs/$(subst -,_,$(SCALE))_$(ARCO_DATA).yaml
 endif
 
+# GPUS=N: the train-* and eval-* targets run under the DeepSpeed launcher on N GPUs of this node;
+# HOSTFILE=F: on the nodes F lists ("host slots=N" a line; .deepspeed_env forwards the environment;
+# docs/scale_out.md "Two nodes"). Neither: one process. DS_ARGS: more launcher options.
+GPUS ?=
+HOSTFILE ?=
+DS_ARGS ?=
+DEEPSPEED := $(VENV)/bin/deepspeed $(if $(HOSTFILE),--hostfile $(HOSTFILE)) \
+	$(if $(GPUS),--num_gpus $(GPUS)) $(DS_ARGS) --module
+LAUNCH := $(if $(HOSTFILE)$(GPUS),$(DEEPSPEED),$(PY) -m)
+# a multi-node launch: the variables other nodes' ranks need, written to ./.deepspeed_env first
+NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
+
 .PHONY: install test test-fast lint format world warmup train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
@@ -60,7 +72,7 @@ $(WARM)/config.json: $(WORLD)/manifest.json
 	$(PY) -m common.warmup --config common/configs/warmup_tiny.yaml
 
 train-grpo: warmup  ## the reference GRPO loop on the tiny world
-	$(PY) -m common.search_grpo --config common/configs/grpo_tiny.yaml $(SEED_ARG)
+	$(NODES_ENV) $(LAUNCH) common.search_grpo --config common/configs/grpo_tiny.yaml $(SEED_ARG)
 
 cer-tiny-assets: $(CER_WARM)/config.json
 $(CER_WARM)/config.json:
@@ -69,22 +81,22 @@ $(CER_WARM)/config.json:
 
 train-cer:  ## CER; SCALE=tiny|4b|8b, DATA=math|webinstruct (paper scales need GPUs)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) cer-tiny-assets)
-	$(PY) -m cer train --config $(CER_CONFIG) $(SEED_ARG)
+	$(NODES_ENV) $(LAUNCH) cer train --config $(CER_CONFIG) $(SEED_ARG)
 
 eval-cer:  ## CER's evaluation of the latest checkpoint of the run
-	$(PY) -m cer eval --config $(CER_CONFIG)
+	$(NODES_ENV) $(LAUNCH) cer eval --config $(CER_CONFIG)
 
 train-eviback:  ## EviBack; SCALE=tiny|0.6b|1.7b|4b (paper scales need GPUs)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
-	$(PY) -m eviback train --config $(EVIBACK_CONFIG) $(SEED_ARG)
+	$(NODES_ENV) $(LAUNCH) eviback train --config $(EVIBACK_CONFIG) $(SEED_ARG)
 
 train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (teacher off)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
-	$(PY) -m eviback train --config $(EVIBACK_CONFIG) teacher.enabled=false \
+	$(NODES_ENV) $(LAUNCH) eviback train --config $(EVIBACK_CONFIG) teacher.enabled=false \
 		run_dir=runs/eviback/$(SCALE)-baseline $(SEED_ARG)
 
 eval-eviback:  ## EviBack's evaluation of the latest checkpoint of the run
-	$(PY) -m eviback eval --config $(EVIBACK_CONFIG)
+	$(NODES_ENV) $(LAUNCH) eviback eval --config $(EVIBACK_CONFIG)
 
 warmup-arco:  ## ARCO's warmup (tiny: the world annotates; paper scales: an LLM teacher, API cost)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
@@ -95,10 +107,10 @@ $(ARCO_WARM)/arco.json: $(WARM)/config.json
 
 train-arco:  ## ARCO co-evolution RL; SCALE=tiny|qwen3-4b|llama3.2-3b, DATA=hotpotqa|2wiki|musique, VARIANT=
 	$(if $(filter tiny,$(SCALE)),$(MAKE) $(ARCO_WARM)/arco.json)
-	$(PY) -m arco train --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(SEED_ARG)
+	$(NODES_ENV) $(LAUNCH) arco train --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(SEED_ARG)
 
 eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy
-	$(PY) -m arco eval --config $(ARCO_CONFIG) $(ARCO_VARIANT)
+	$(NODES_ENV) $(LAUNCH) arco eval --config $(ARCO_CONFIG) $(ARCO_VARIANT)
 
 RUNS ?= runs
 RANKS ?= 1

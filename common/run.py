@@ -29,6 +29,7 @@ import torch
 from common.batches import BatchLog
 from common.guards import NonFiniteError, NonFiniteGuard, any_rank, nonfinite_parameters
 from common.launcher import RunStopped
+from common.multinode import check_placement, service_urls
 from common.rl_loop import logged_evals, plot_curve, policy_update
 from common.rollout import Trajectory
 from common.rollout.batch import padding_id
@@ -44,6 +45,7 @@ from common.train import (
     save_checkpoint,
 )
 from common.train.checkpoint import check_checkpoint_space, checkpoint_bytes, planned_saves
+from common.train.distributed import init_distributed
 from common.train.gpu_memory import phase_memory
 from common.train.run_folder import METRICS_FILE, open_run_folder
 
@@ -85,6 +87,12 @@ class Run:
         self.method, self.cfg = method, cfg
         self.dir = Path(cfg.run_dir)
         self.folder = open_run_folder(self.dir, cfg, cfg.resume, begin=False, method=method)
+        try:  # under a launcher: one run folder on every node, service URLs every rank reaches
+            init_distributed()
+            check_placement(self.dir, service_urls(cfg))
+        except BaseException:
+            self.folder.close()
+            raise
         self.evals: list[dict] = []
         self.logger: MetricsLogger | None = None
         # The run's guards, called on every rank with each step's metrics before they are logged

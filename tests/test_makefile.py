@@ -115,3 +115,31 @@ def test_the_hard_settings_build_their_own_warmups():
     assert f"{long}/arco " in arco
     prm = f"{long}/none warmup.policy_from=runs/compare/arco_long/warmup/arco rubric.mode=none"
     assert prm in arco
+
+
+LAUNCHED = [
+    ("train-cer", "SCALE=4b", "cer train --config cer/configs/qwen3_4b_base_math.yaml"),
+    ("eval-cer", "SCALE=4b", "cer eval --config cer/configs/qwen3_4b_base_math.yaml"),
+    ("train-eviback", "SCALE=1.7b", "eviback train --config eviback/configs/qwen3_1.7b.yaml"),
+    ("train-eviback-baseline", "SCALE=1.7b", "teacher.enabled=false"),
+    ("eval-eviback", "SCALE=1.7b", "eviback eval --config eviback/configs/qwen3_1.7b.yaml"),
+    ("train-arco", "SCALE=qwen3-4b", "arco train --config arco/configs/qwen3_4b_hotpotqa.yaml"),
+    ("eval-arco", "SCALE=qwen3-4b", "arco eval --config arco/configs/qwen3_4b_hotpotqa.yaml"),
+]
+
+
+@pytest.mark.parametrize(("target", "scale", "marker"), LAUNCHED)
+def test_gpus_and_hostfile_run_the_target_under_the_deepspeed_launcher(target, scale, marker):
+    (one,) = [x for x in dry_run(target, scale) if marker in x]
+    assert one.startswith(".venv/bin/python -m ") and "deepspeed" not in one
+    (eight,) = [x for x in dry_run(target, scale, "GPUS=8") if marker in x]
+    assert eight.split()[:4] == [".venv/bin/deepspeed", "--num_gpus", "8", "--module"]
+    assert eight.split()[4:] == one.split()[2:]  # the same command, launched
+    (nodes,) = [x for x in dry_run(target, scale, "HOSTFILE=hosts", "GPUS=8") if marker in x]
+    # the environment for the other nodes' ranks is written first (.deepspeed_env)
+    env, launch = nodes.split(" && ")
+    assert env == ".venv/bin/python -m common.multinode deepspeed-env"
+    assert launch.split()[:6] == [
+        ".venv/bin/deepspeed", "--hostfile", "hosts", "--num_gpus", "8", "--module"
+    ]  # fmt: skip
+    assert launch.split()[6:] == one.split()[2:]

@@ -13,8 +13,8 @@ GRPO loop and its warmup
 and PRM baselines (``method=outcome_only|prm``). The run's final checkpoint (``--step N``:
 ``checkpoints/step_N``; a warmup: its ``model/``) is evaluated by its package's own evaluator (``cer.evaluate``,
 ``eviback.evaluate``, ``arco.evaluate``; ``common.rl_loop.evaluate`` on the world's test split
-for GRPO runs) in a subprocess, under ``torchrun`` with ``--ranks N`` where the evaluator shards
-questions over ranks. Each evaluation is cached in ``<out>/cache/`` under a hash of the method,
+for GRPO runs) in a subprocess, under ``torchrun`` with ``--ranks N`` (every evaluator shards
+its questions over the ranks; rank 0 writes the rows). Each evaluation is cached in ``<out>/cache/`` under a hash of the method,
 the checkpoint's files and the run's config, so a second call evaluates only what is new.
 
 ``<out>/results.md`` and ``results.json``: one row per run and benchmark with the metrics the
@@ -366,14 +366,13 @@ def subprocess_evaluator(ranks: int = 1) -> Evaluator:
     evaluators that shard questions over ranks); its log is ``<folder>/eval.log``."""
 
     def evaluate(run: Run, folder: Path) -> None:
-        n = ranks if run.kind != "cer" else 1  # cer.evaluate runs on one rank
         cmd = [sys.executable]
-        if n > 1:
+        if ranks > 1:
             cmd += [
                 "-m",
                 "torch.distributed.run",
                 "--nproc_per_node",
-                str(n),
+                str(ranks),
                 "--master_port",
                 str(_free_port()),
             ]
@@ -574,9 +573,12 @@ def _eval_cer(cfg: Any, model: str, out: Path) -> dict[str, Any]:
     """``cer.evaluate.run_eval``: per problem the greedy verdict and the share of right samples
     (avg@k) by the rule verifier."""
     from cer.evaluate import run_eval
+    from common.train.distributed import current_rank
 
     cfg.eval.out = str(out / "eval")
-    results = run_eval(cfg, model)
+    results = run_eval(cfg, model)  # every rank samples its share; rank 0 writes the rows
+    if current_rank() != 0:
+        return {}
     benchmarks = {}
     for name in results:
         record = json.loads((out / "eval" / f"{name}.json").read_text(encoding="utf-8"))

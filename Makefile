@@ -35,7 +35,7 @@ HOSTFILE ?=
 DS_ARGS ?=
 DEEPSPEED := $(VENV)/bin/deepspeed $(if $(HOSTFILE),--hostfile $(HOSTFILE)) \
 	$(if $(GPUS),--num_gpus $(GPUS)) $(DS_ARGS) --module
-LAUNCH := $(if $(HOSTFILE)$(GPUS),$(DEEPSPEED),$(PY) -m)
+LAUNCH := $(if $(HOSTFILE)$(GPUS)$(DS_ARGS),$(DEEPSPEED),$(PY) -m)
 # a multi-node launch: the variables other nodes' ranks need, written to ./.deepspeed_env first
 NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 
@@ -44,7 +44,7 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
 	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
-	rehearse-all gpu-check
+	rehearse-all gpu-check serve-retrieval
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -111,6 +111,13 @@ train-arco:  ## ARCO co-evolution RL; SCALE=tiny|qwen3-4b|llama3.2-3b, DATA=hotp
 
 eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy
 	$(NODES_ENV) $(LAUNCH) arco eval --config $(ARCO_CONFIG) $(ARCO_VARIANT)
+
+# Search-R1's downloaded index folder (e5_Flat.index + wiki-18.jsonl) or an index folder of ours
+INDEX ?= data/search_r1
+HOST ?= 127.0.0.1
+PORT ?= 8000
+serve-retrieval:  ## the retrieval server on INDEX (Search-R1's E5 index as downloaded), HOST:PORT; docs/retrieval.md
+	$(PY) -m common.retrieval serve --index $(INDEX) --host $(HOST) --port $(PORT)
 
 RUNS ?= runs
 RANKS ?= 1

@@ -186,3 +186,112 @@ def test_build_index_with_dense_encoder(encoder_dir, tmp_path):
     assert isinstance(loaded, DenseRetriever) and len(loaded) == 10
     assert loaded.encoder.query_prefix == "query: " and loaded.encoder.passage_prefix == "passage: "
     assert loaded.search(["Horatio Hale"], 10) == built.search(["Horatio Hale"], 10)
+
+
+# --- Search-R1's own index, as downloaded (common/retrieval/search_r1_index.py) ------------------
+
+
+def test_line_offsets_skip_blank_lines_and_keep_a_last_row_without_newline(tmp_path, monkeypatch):
+    import common.retrieval.search_r1_index as sr1
+
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b'{"a":1}\n\n{"b":2}\n{"c":3}')
+    # newlines at 7, 8 (a blank line) and 16; the file ends at 24 without one
+    assert sr1.line_offsets(path, progress=False).tolist() == [0, 8, 17, 24]
+    monkeypatch.setattr(sr1, "_CHUNK", 3)  # rows and blank lines across chunk borders
+    assert sr1.line_offsets(path, progress=False).tolist() == [0, 8, 17, 24]
+    path.write_bytes(b'{"a":1}\n{"b":2}\n\n')
+    assert sr1.line_offsets(path, progress=False).tolist() == [0, 8, 16]
+
+
+@pytest.fixture(scope="module")
+def search_r1_folder(tmp_path_factory, docs, encoder_dir) -> Path:
+    """A folder as Search-R1's download leaves it: `wiki-18.jsonl` (its rows' format: the real
+    sample's 10 rows first) and `e5_Flat.index`, an IndexFlatIP of the passages' vectors
+    ("passage: " prefix, as Search-R1's index was encoded), written by faiss itself."""
+    folder = tmp_path_factory.mktemp("search_r1")
+    rows = [{"id": d.id, "contents": doc_contents(d)} for d in docs]
+    (folder / "wiki-18.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    vectors = Encoder(encoder_dir).encode_passages(docs)
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    faiss.write_index(index, str(folder / "e5_Flat.index"))
+    return folder
+
+
+def test_search_r1_folder_serves_what_an_index_built_here_serves(
+    search_r1_folder, docs, encoder_dir
+):
+    from common.retrieval.search_r1_index import open_search_r1, search_r1_files
+
+    files = search_r1_files(search_r1_folder)
+    assert files == (search_r1_folder / "e5_Flat.index", search_r1_folder / "wiki-18.jsonl")
+    opened = open_search_r1(*files, encoder_dir, gpu=False)
+    built = DenseRetriever.build(docs, Encoder(encoder_dir), "flat")
+    queries = ["Horatio Hale", "American football coach", docs[42].title]
+    assert opened.search(queries, 5) == built.search(queries, 5)
+    assert opened.search([docs[42].title], 1)[0][0].id == built.search([docs[42].title], 1)[0][0].id
+    # the row offsets were cached beside the corpus and are reused (checked by the file's size)
+    cache = search_r1_folder / "wiki-18.jsonl.offsets.npy"
+    assert np.load(cache).tolist()[-1] == (search_r1_folder / "wiki-18.jsonl").stat().st_size
+    assert open_search_r1(*files, encoder_dir, gpu=False).search(queries, 5) == built.search(
+        queries, 5
+    )
+
+
+def test_a_search_r1_index_of_another_corpus_is_refused(search_r1_folder, encoder_dir, tmp_path):
+    from common.retrieval.search_r1_index import open_search_r1
+
+    corpus = tmp_path / "wiki-18.jsonl"
+    corpus.write_text(
+        "".join((search_r1_folder / "wiki-18.jsonl").read_text().splitlines(True)[:7])
+    )
+    with pytest.raises(ValueError, match=r"holds 100 vectors and .* 7 rows: not the index"):
+        open_search_r1(search_r1_folder / "e5_Flat.index", corpus, encoder_dir, gpu=False)
+
+
+@pytest.mark.slow
+def test_serve_opens_a_search_r1_folder_and_refuses_a_folder_it_does_not_know(
+    search_r1_folder, encoder_dir, tmp_path, free_port
+):
+    """`python -m common.retrieval serve --index <Search-R1 folder>` answers /retrieve as the
+    index does; a non-empty folder holding neither kind of index is one error line, and
+    nothing is built into it."""
+    import subprocess
+    import sys
+
+    import httpx
+    from test_retrieval_server import wait_healthy
+
+    from common.retrieval.search_r1_index import open_search_r1
+
+    root = Path(__file__).resolve().parents[1]
+    cli = [sys.executable, "-m", "common.retrieval", "serve"]
+    corpus = search_r1_folder / "wiki-18.jsonl"
+    stranger = tmp_path / "e5_folder"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("an index from somewhere else")
+    refused = subprocess.run(
+        [*cli, "--index", str(stranger), "--corpus", str(corpus), "--port", "0"],
+        cwd=root, capture_output=True, text=True,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(f"error: {stranger}: holds neither a saved index")
+    assert sorted(p.name for p in stranger.iterdir()) == ["notes.txt"]
+
+    port = free_port()
+    args = ["--index", str(search_r1_folder), "--dense-encoder", str(encoder_dir)]
+    proc = subprocess.Popen([*cli, *args, "--port", str(port), "--no-faiss-gpu"], cwd=root,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        body = {"queries": ["Horatio Hale"], "topk": 3, "return_scores": True}
+        got = httpx.post(url + "/retrieve", json=body, timeout=30).json()["result"][0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    expected = open_search_r1(search_r1_folder / "e5_Flat.index", corpus, encoder_dir, gpu=False)
+    want = expected.search(["Horatio Hale"], 3)[0]
+    assert [hit["document"]["id"] for hit in got] == [d.id for d in want]
+    assert [hit["score"] for hit in got] == pytest.approx([d.score for d in want], abs=1e-5)

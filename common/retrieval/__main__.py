@@ -3,8 +3,12 @@
     python -m common.retrieval index --corpus wiki.jsonl --out idx/ [--dense-encoder DIR]
     python -m common.retrieval serve --corpus wiki.jsonl [--index idx/] [--port 8000]
 
-`serve` opens `--index` when that folder holds an index; otherwise it builds BM25 from
-`--corpus` (and saves it into `--index` when given, so the next start is fast).
+`serve --index` opens a saved index folder (`retriever.json`), or Search-R1's index as it is
+downloaded (a folder with `e5_Flat.index` and `wiki-18.jsonl`, or `--index e5_Flat.index
+--corpus wiki-18.jsonl`; queries encoded by `--dense-encoder`, e5-base-v2 by default; FAISS on
+the GPUs where faiss-gpu sees some). Otherwise it builds BM25 from `--corpus` (and saves it
+into `--index` when given, so the next start is fast); a non-empty `--index` folder that holds
+neither kind of index is an error, not a place to build into.
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from common.retrieval.base import CorpusError, CorpusRetriever
+from common.retrieval.doc_store import CONFIG_FILE
 from common.retrieval.index_folder import build_index, is_index_folder, load_index
+from common.retrieval.search_r1_index import E5, open_search_r1, search_r1_files
 from common.retrieval.server import ServerLimits, bind, serve
 
 
@@ -57,6 +64,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     srv.add_argument("--no-mmap", action="store_true", help="read the index into memory")
     srv.add_argument(
+        "--dense-encoder",
+        default=E5,
+        help=f"query encoder of a Search-R1 index: folder or hub id (default {E5})",
+    )
+    srv.add_argument(
+        "--no-faiss-gpu", action="store_true", help="keep a Search-R1 index's FAISS on the CPU"
+    )
+    srv.add_argument(
         "--bm25-backend",
         default="auto",
         choices=("auto", "numba", "numpy"),
@@ -66,8 +81,21 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _open_for_serving(args: argparse.Namespace) -> CorpusRetriever:
+    gpu = not args.no_faiss_gpu
+    if args.index and Path(args.index).is_file():  # Search-R1's flags: the .index file and corpus
+        if not args.corpus:
+            raise FileNotFoundError(f"{args.index}: an index file needs --corpus (its jsonl)")
+        return open_search_r1(args.index, args.corpus, args.dense_encoder, gpu=gpu)
     if args.index and is_index_folder(args.index):
         return load_index(args.index, mmap=not args.no_mmap, backend=args.bm25_backend)
+    if args.index and (files := search_r1_files(args.index)):
+        return open_search_r1(*files, args.dense_encoder, gpu=gpu)
+    if args.index and Path(args.index).is_dir() and any(Path(args.index).iterdir()):
+        raise FileNotFoundError(
+            f"{args.index}: holds neither a saved index ({CONFIG_FILE}) nor Search-R1's (one "
+            "*.index and one *.jsonl); not building BM25 into it. Give the folder Search-R1's "
+            "download wrote, or an empty or new folder for a BM25 index of --corpus"
+        )
     if not args.corpus:
         raise FileNotFoundError(f"{args.index}: no index there, and no --corpus to build one")
     if args.index:

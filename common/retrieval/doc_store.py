@@ -123,7 +123,7 @@ class DocStore:
             if not (folder / name).is_file():
                 raise FileNotFoundError(f"{folder}: missing {name}; not a saved index folder")
         if mmap:
-            return MappedDocStore(folder)
+            return MappedDocStore(folder / DOCS_FILE, np.load(folder / OFFSETS_FILE, mmap_mode="r"))
         path = folder / DOCS_FILE
         with open(path, encoding="utf-8") as f:
             return DocStore(
@@ -132,11 +132,12 @@ class DocStore:
 
 
 class MappedDocStore(DocStore):
-    """Docs read on demand from a memory-mapped `docs.jsonl`."""
+    """Docs read on demand from a memory-mapped jsonl (an index folder's `docs.jsonl`, or a
+    Search-R1 corpus): row i is the bytes `offsets[i]:offsets[i + 1]`."""
 
-    def __init__(self, folder: Path):
-        self._path = folder / DOCS_FILE
-        self._offsets = np.load(folder / OFFSETS_FILE, mmap_mode="r")
+    def __init__(self, path: Path, offsets: np.ndarray):
+        self._path = Path(path)
+        self._offsets = offsets
         with open(self._path, "rb") as f:
             # An empty corpus cannot be mapped; it has no rows to look up either.
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if len(self) else b""
@@ -159,5 +160,5 @@ class MappedDocStore(DocStore):
 
     def save(self, folder: str | Path) -> None:
         # Saving into the folder it maps would truncate the file while reading it.
-        if Path(folder).resolve() != self._path.parent.resolve():
+        if Path(folder, DOCS_FILE).resolve() != self._path.resolve():
             save_docs((self.get(i, 0.0) for i in range(len(self))), folder)

@@ -44,7 +44,7 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
 	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
-	rehearse-all gpu-check serve-retrieval
+	rehearse-all gpu-check serve-retrieval data
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -111,6 +111,12 @@ train-arco:  ## ARCO co-evolution RL; SCALE=tiny|qwen3-4b|llama3.2-3b, DATA=hotp
 
 eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy
 	$(NODES_ENV) $(LAUNCH) arco eval --config $(ARCO_CONFIG) $(ARCO_VARIANT)
+
+# METHOD=cer|eviback|arco with SCALE and DATA as for its train-* target; HUB=DIR: a local stand-in
+METHOD ?=
+DATA_CONFIG = $(if $(filter cer,$(METHOD)),$(CER_CONFIG),$(if $(filter eviback,$(METHOD)),$(EVIBACK_CONFIG),$(if $(filter arco,$(METHOD)),$(ARCO_CONFIG),$(error METHOD=cer|eviback|arco is needed))))
+data:  ## fetch what a paper config's assets name (METHOD=cer|eviback|arco SCALE= DATA=): files, models; experiments/prepare_data.py
+	$(PY) -m experiments.prepare_data --config $(DATA_CONFIG) $(if $(HUB),--hub $(HUB))
 
 # Search-R1's downloaded index folder (e5_Flat.index + wiki-18.jsonl) or an index folder of ours
 INDEX ?= data/search_r1

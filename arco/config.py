@@ -32,7 +32,8 @@ ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "d
 HOW_TO_GET = {
     "model": "the tiny warmup: `make warmup` (tiny world + supervised agent); a paper "
     "backbone: a hub id such as Qwen/Qwen3-4B-Instruct-2507, downloaded first "
-    "(`huggingface-cli download Qwen/Qwen3-4B-Instruct-2507`)",
+    "(`hf download Qwen/Qwen3-4B-Instruct-2507`; meta-llama/Llama-3.2-3B-Instruct is gated: "
+    "accept its licence on its hub page, then `hf auth login`)",
     "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; "
     "HotpotQA distractor JSON: hotpot_train_v1.1.json / hotpot_dev_distractor_v1.json from the "
     "HotpotQA site (or the hub dataset hotpotqa/hotpot_qa, config distractor); 2WikiMultiHopQA "

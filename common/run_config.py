@@ -32,6 +32,13 @@ class AssetsConfig:
     dev: str = field(
         default="", metadata={"help": "dev questions, evaluated during training (a QA file)"}
     )
+    sources: dict[str, str] = field(
+        default_factory=dict,
+        metadata={
+            "help": "where `make data` gets each data file: asset key (train, dev, eval.NAME, "
+            "train.NAME) -> hf://owner/name[:config]@split or hf-file://owner/name/path"
+        },
+    )
 
 
 @dataclass

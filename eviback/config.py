@@ -20,10 +20,10 @@ from common.run_config import EvalAssetsConfig, SearchAssetsConfig, SearchRunCon
 HOW_TO_GET = {
     "model": "build the tiny warmup with `python -m eviback warmup` (tiny), or give a hub id "
     "such as Qwen/Qwen3-1.7B (download it first on an offline machine: "
-    "`huggingface-cli download Qwen/Qwen3-1.7B`)",
+    "`hf download Qwen/Qwen3-1.7B`)",
     "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; the "
     "paper's data: FlashRAG jsonl files from the hub dataset RUC-NLPIR/FlashRAG_datasets "
-    "(`huggingface-cli download --repo-type dataset RUC-NLPIR/FlashRAG_datasets "
+    "(`hf download --repo-type dataset RUC-NLPIR/FlashRAG_datasets "
     "--local-dir data/flashrag`)",
     "corpus": "a corpus jsonl or an index folder (`python -m common.retrieval index ...`); "
     "Search-R1's E5 index of Wikipedia-2018 is the hub dataset PeterJinGo/wiki-18-e5-index, or set "

@@ -396,7 +396,7 @@ def test_missing_assets_are_named_with_how_to_get(tmp_path):
     text = str(err.value)
     assert f"assets.model = '{tmp_path / 'nope'}'" in text
     assert f"assets.train = '{tmp_path / 'math.jsonl'}'" in text
-    assert "assets.eval.aime24" in text and "huggingface-cli download" in text
+    assert "assets.eval.aime24" in text and "hf download" in text
 
 
 def test_cli_reports_a_missing_model_before_loading(tmp_path, capsys):

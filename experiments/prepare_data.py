@@ -1,0 +1,317 @@
+"""``make data``: fetch and build exactly the files a paper config's ``assets`` name.
+
+    python -m experiments.prepare_data --config eviback/configs/qwen3_1.7b.yaml [--hub DIR] [--dry-run]
+    make data METHOD=eviback SCALE=1.7b          # METHOD=cer|eviback|arco, SCALE and DATA as for train-*
+
+Each data file an ``assets`` key names (``train``, ``dev``, ``eval.NAME``, and per source
+``train.NAME`` / ``dev.NAME`` where the key holds several) comes from the config's
+``assets.sources`` under the same key:
+
+* ``hf://owner/name[:config]@split``: that split of a hub dataset (``datasets``), written as
+  jsonl, one row a line;
+* ``hf-file://owner/name/path/in/repo``: that file of a hub dataset repository, as it is.
+
+The models (``assets.model``, CER's ``assets.init_model``) go into the Hugging Face cache
+(``huggingface_hub.snapshot_download``; a gated model, Llama-3.2's, needs its licence accepted on
+its hub page and ``hf auth login`` first). The plan is printed before anything is fetched: each
+file, its source and size where the hub says, the total and the free disk. It is idempotent (a
+file already there is kept) and resumable: a file is written as ``<file>.part`` and renamed
+when whole; a file from a repository resumes a ``.part`` from its size, and the hub client
+resumes its own downloads. Data keys without a source are listed with the config's way to get
+them (exit code 1 after the rest is fetched).
+
+``--hub DIR`` reads a local stand-in for the hub instead, in the same layout: a repository's file
+at ``DIR/owner/name/path``, a split at ``DIR/owner/name/<config or default>/<split>.jsonl``, a
+model at ``DIR/owner/name/`` (checked, not copied). The tests use it; nothing else here is
+offline-tested (the remote path runs ``huggingface_hub`` and ``datasets``, which need the hub).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from common.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+HF_SPLIT = re.compile(r"hf://(?P<repo>[^/:@]+/[^/:@]+)(?::(?P<config>[^@]+))?@(?P<split>.+)")
+HF_FILE = re.compile(r"hf-file://(?P<repo>[^/]+/[^/]+)/(?P<path>.+)")
+_COPY_CHUNK = 8 << 20
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """One file to make: where it goes, where it comes from, the asset keys that name it."""
+
+    target: Path
+    source: str
+    keys: tuple[str, ...]
+
+
+def config_class(path: str | Path) -> type:
+    """The config class of a method's config file (by its package folder)."""
+    resolved = Path(path).resolve()
+    method = resolved.relative_to(ROOT).parts[0] if resolved.is_relative_to(ROOT) else ""
+    if method == "cer":
+        from cer.config import CERConfig
+
+        return CERConfig
+    if method == "eviback":
+        from eviback.config import EviBackConfig
+
+        return EviBackConfig
+    if method == "arco":
+        from arco.config import ArcoConfig
+
+        return ArcoConfig
+    raise ConfigError(f"{path}: not a config of cer/, eviback/ or arco/")
+
+
+def data_keys(assets: Any) -> dict[str, str]:
+    """The data files ``assets`` names, by key: ``train``, ``dev`` (or ``train.NAME`` /
+    ``dev.NAME`` where they map sources to files) and ``eval.NAME``; hub paths (``hf://``, loaded
+    at run time) and empty values left out."""
+    out: dict[str, str] = {}
+    for key in ("train", "dev", "eval"):
+        value = getattr(assets, key, None)
+        items = value.items() if isinstance(value, Mapping) else [(None, value)]
+        for name, path in items:
+            if isinstance(path, str) and path and not path.startswith("hf://"):
+                out[key if name is None else f"{key}.{name}"] = path
+    return out
+
+
+def plan(assets: Any, root: Path = ROOT) -> tuple[list[Fetch], list[str], dict[str, str]]:
+    """(files to fetch, keys with no source, keys already there -> path) for ``assets``: a file
+    named by several keys is fetched once; a source must be one of the two forms."""
+    sources: Mapping[str, str] = getattr(assets, "sources", {}) or {}
+    for key, source in sources.items():
+        if not (HF_SPLIT.fullmatch(source) or HF_FILE.fullmatch(source)):
+            raise ConfigError(
+                f"assets.sources.{key}: {source!r} is neither hf://owner/name[:config]@split "
+                "nor hf-file://owner/name/path"
+            )
+    by_target: dict[Path, tuple[str, list[str]]] = {}
+    unsourced, present = [], {}
+    for key, path in data_keys(assets).items():
+        target = Path(path) if Path(path).is_absolute() else root / path
+        if target.is_file():
+            present[key] = path
+            continue
+        source = sources.get(key)
+        if source is None:
+            unsourced.append(key)
+            continue
+        if target in by_target and by_target[target][0] != source:
+            raise ConfigError(
+                f"assets.sources: {path} is named by {by_target[target][1][0]} and {key} with "
+                f"two sources ({by_target[target][0]}, {source})"
+            )
+        by_target.setdefault(target, (source, []))[1].append(key)
+    fetches = [Fetch(t, s, tuple(keys)) for t, (s, keys) in by_target.items()]
+    return fetches, unsourced, present
+
+
+class FolderHub:
+    """A local stand-in for the hub, in its layout (see the module's docstring)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def _file(self, source: str) -> Path:
+        if m := HF_FILE.fullmatch(source):
+            return self.root / m["repo"] / m["path"]
+        m = HF_SPLIT.fullmatch(source)
+        assert m is not None
+        return self.root / m["repo"] / (m["config"] or "default") / f"{m['split']}.jsonl"
+
+    def size(self, source: str) -> int | None:
+        path = self._file(source)
+        return path.stat().st_size if path.is_file() else None
+
+    def fetch(self, source: str, part: Path) -> None:
+        src = self._file(source)
+        if not src.is_file():
+            raise FileNotFoundError(f"{source}: not in the stand-in hub ({src})")
+        if HF_FILE.fullmatch(source):
+            copy_resuming(src, part)
+        else:  # a split: its rows, rewritten whole
+            write_rows(
+                (json.loads(line) for line in src.open(encoding="utf-8") if line.strip()), part
+            )
+
+    def model(self, repo: str) -> str:
+        folder = self.root / repo
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{repo}: not in the stand-in hub ({folder}/config.json)")
+        return str(folder)
+
+
+class RemoteHub:
+    """The Hugging Face hub (``huggingface_hub``, ``datasets``); never run offline here."""
+
+    def size(self, source: str) -> int | None:
+        m = HF_FILE.fullmatch(source)
+        if m is None:
+            return None  # a split's size is the rows', known once they are written
+        from huggingface_hub import HfApi
+
+        try:
+            (info,) = HfApi().get_paths_info(m["repo"], [m["path"]], repo_type="dataset")
+        except Exception:  # noqa: BLE001 (the size is only shown)
+            return None
+        return getattr(info, "size", None)
+
+    def fetch(self, source: str, part: Path) -> None:
+        if m := HF_FILE.fullmatch(source):
+            from huggingface_hub import hf_hub_download
+
+            cached = hf_hub_download(m["repo"], m["path"], repo_type="dataset")  # resumes itself
+            copy_resuming(Path(cached), part)
+            return
+        m = HF_SPLIT.fullmatch(source)
+        assert m is not None
+        import datasets
+
+        rows = datasets.load_dataset(m["repo"], m["config"], split=m["split"])
+        write_rows(iter(rows), part)
+
+    def model(self, repo: str) -> str:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import GatedRepoError
+
+        try:
+            return snapshot_download(repo)
+        except GatedRepoError:
+            raise ConfigError(
+                f"{repo} is gated: accept its licence on https://huggingface.co/{repo} with "
+                "your account, then `hf auth login` on this machine, and run again"
+            ) from None
+
+
+def copy_resuming(src: Path, part: Path) -> None:
+    """Copy ``src`` into ``part``, continuing after the bytes a ``part`` already holds (a copy
+    cut off midway); a ``part`` longer than ``src`` is started again."""
+    total = src.stat().st_size
+    done = part.stat().st_size if part.is_file() else 0
+    if done > total:
+        done = 0
+    with (
+        src.open("rb") as f,
+        part.open("r+b" if done else "wb") as out,
+        tqdm(
+            total=total, initial=done, unit="B", unit_scale=True, desc=part.name[: -len(".part")]
+        ) as bar,
+    ):
+        f.seek(done)
+        out.seek(done)
+        while chunk := f.read(_COPY_CHUNK):
+            out.write(chunk)
+            bar.update(len(chunk))
+        out.truncate()
+
+
+def write_rows(rows: Any, part: Path) -> int:
+    """Write ``rows`` (dicts) as jsonl into ``part``; returns how many."""
+    n = 0
+    with part.open("w", encoding="utf-8") as f:
+        for row in tqdm(rows, unit=" rows", desc=part.name[: -len(".part")]):
+            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            n += 1
+    return n
+
+
+def model_ids(cfg: Any) -> list[str]:
+    """The hub ids of the models the config trains from (not local folders)."""
+    assets = cfg.assets
+    ids = [getattr(assets, k, "") for k in ("model", "init_model")]
+    return [m for m in dict.fromkeys(ids) if m and not Path(m).exists() and "/" in m]
+
+
+def how_to_get(cfg: Any) -> str:
+    """The config's own words on getting its data (CER's ``assets.how_to_get``; the package's
+    ``HOW_TO_GET["qa"]`` for EviBack and ARCO)."""
+    text = getattr(cfg.assets, "how_to_get", "")
+    if not text:
+        text = getattr(sys.modules[type(cfg).__module__], "HOW_TO_GET", {}).get("qa", "")
+    return " ".join(text.split())
+
+
+def _size(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def prepare(config: str | Path, hub: Any, *, dry_run: bool = False, root: Path = ROOT) -> int:
+    """Print the plan for ``config``'s assets, then fetch what is missing. 0 when every data
+    file and model is there at the end; 1 when some key has no source; errors raise."""
+    cfg = load_config(config_class(config), str(config))
+    fetches, unsourced, present = plan(cfg.assets, root)
+    models = model_ids(cfg)
+    sizes = [hub.size(f.source) for f in fetches]
+    print(
+        f"[data] {config}: {len(set(present.values()))} file(s) already there, {len(fetches)} to fetch"
+    )
+    for f, size in zip(fetches, sizes, strict=True):
+        print(f"[data]   {f.target.relative_to(root) if f.target.is_relative_to(root) else f.target}"
+              f"  <- {f.source}  ({_size(size)}; {', '.join(f.keys)})")  # fmt: skip
+    for model in models:
+        print(f"[data]   model {model} -> the Hugging Face cache")
+    known = sum(s for s in sizes if s is not None)
+    free = shutil.disk_usage(_existing_parent(root / "data")).free
+    unknown = sum(s is None for s in sizes)
+    print(
+        f"[data] {_size(known)} of files" + (f" + {unknown} of unknown size" if unknown else "")
+        + f" + the models; {free / 2**30:,.1f} GiB free"
+    )  # fmt: skip
+    for key in unsourced:
+        print(f"[data]   no source for assets.{key}")
+    if unsourced:
+        print(f"[data]   how to get them: {how_to_get(cfg)}")
+    if dry_run:
+        return 1 if unsourced else 0
+    for f in fetches:
+        f.target.parent.mkdir(parents=True, exist_ok=True)
+        part = f.target.with_name(f.target.name + ".part")
+        hub.fetch(f.source, part)
+        part.replace(f.target)
+        print(f"[data] wrote {f.target}", flush=True)
+    for model in models:
+        print(f"[data] model {model}: {hub.model(model)}", flush=True)
+    if unsourced:
+        print(f"[data] {len(unsourced)} key(s) without a source: see above", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m experiments.prepare_data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--config", required=True, help="a paper config of cer/, eviback/, arco/")
+    parser.add_argument("--hub", help="a local stand-in for the hub, in its layout")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, fetch nothing")
+    args = parser.parse_args(argv)
+    try:
+        hub = FolderHub(args.hub) if args.hub else RemoteHub()
+        return prepare(args.config, hub, dry_run=args.dry_run)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""``make data`` (experiments/prepare_data.py) on a local stand-in for the hub, in its layout, with
+the shared sample formats: every file a paper config names, once, loadable; a second run fetches
+nothing; a half-done copy resumes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.config import ConfigError, load_config
+from common.data import load_qa
+from eviback.config import EviBackConfig
+from experiments.prepare_data import FolderHub, copy_resuming, plan, prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).parent / "data"
+EVIBACK = ROOT / "eviback/configs/qwen3_0.6b.yaml"
+CER = ROOT / "cer/configs/qwen3_4b_base_math.yaml"
+FLASHRAG = "RUC-NLPIR/FlashRAG_datasets"
+
+
+@pytest.fixture
+def hub(tmp_path) -> Path:
+    """The stand-in: FlashRAG's files (the hand-made FlashRAG rows), CER's splits (the hand-made
+    MATH rows as jsonl) and the two models' folders."""
+    root = tmp_path / "hub"
+    cfg = load_config(EviBackConfig, str(EVIBACK))
+    for source in cfg.assets.sources.values():
+        path = root / FLASHRAG / source.removeprefix(f"hf-file://{FLASHRAG}/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(DATA / "qa" / "flashrag_handmade.jsonl", path)
+    math500 = json.loads((DATA / "cer" / "math500_handmade.json").read_text())
+    for repo, split in [("DigitalLearningGmbH/MATH-lighteval", "train"),
+                        ("HuggingFaceH4/MATH-500", "test"), ("math-ai/amc23", "test"),
+                        ("HuggingFaceH4/aime_2024", "train"), ("math-ai/aime25", "test"),
+                        ("TIGER-Lab/MMLU-Pro", "test"), ("m-a-p/SuperGPQA", "train")]:  # fmt: skip
+        path = root / repo / "default" / f"{split}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in math500))
+    for model in ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-4B-Base"):
+        (root / model).mkdir(parents=True)
+        (root / model / "config.json").write_text("{}")
+    return root
+
+
+def test_eviback_gets_exactly_flashrags_files_it_reads_then_nothing_again(hub, tmp_path, capsys):
+    out = tmp_path / "project"
+    assert prepare(EVIBACK, FolderHub(hub), root=out) == 0
+    said = capsys.readouterr().out
+    assert "0 file(s) already there, 12 to fetch" in said  # 13 keys, hotpotqa's dev twice
+    assert f"model Qwen/Qwen3-0.6B: {hub / 'Qwen/Qwen3-0.6B'}" in said
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert len(written) == 12 and not any(p.endswith(".part") for p in written)
+    assert "data/flashrag/2wikimultihopqa/train.jsonl" in written
+    assert "data/flashrag/hotpotqa/dev.jsonl" in written  # dev.hotpotqa and eval.hotpotqa
+    rows = load_qa(out / "data/flashrag/bamboogle/test.jsonl")
+    assert len(rows) == 3 and rows[0].golden_answers  # FlashRAG rows load as the run loads them
+    assert prepare(EVIBACK, FolderHub(hub), root=out) == 0
+    assert "12 file(s) already there, 0 to fetch" in capsys.readouterr().out
+
+
+def test_cer_writes_each_split_as_jsonl_once(hub, tmp_path, capsys):
+    out = tmp_path / "project"
+    assert prepare(CER, FolderHub(hub), root=out) == 0
+    said = capsys.readouterr().out
+    assert "data/cer/math500.jsonl  <- hf://HuggingFaceH4/MATH-500@test" in said
+    assert "; dev, eval.math500)" in said  # one file, two keys
+    expected = json.loads((DATA / "cer" / "math500_handmade.json").read_text())
+    for name in ("math_train", "math500", "amc23", "aime24", "aime25", "mmlu_pro", "supergpqa"):
+        lines = (out / "data" / "cer" / f"{name}.jsonl").read_text().splitlines()
+        assert [json.loads(line) for line in lines] == expected, name
+
+
+def test_a_half_done_copy_resumes_after_its_bytes(hub, tmp_path):
+    src = hub / FLASHRAG / "nq" / "train.jsonl"
+    data = src.read_bytes()
+    part = tmp_path / "train.jsonl.part"
+    part.write_bytes(b"X" * 10)  # what a cut-off copy left: its bytes are kept, the rest follows
+    copy_resuming(src, part)
+    assert part.read_bytes() == b"X" * 10 + data[10:]
+    part.write_bytes(data + b"more")  # longer than the source: started again
+    copy_resuming(src, part)
+    assert part.read_bytes() == data
+    # through make data: a .part of the first half becomes the whole file
+    out = tmp_path / "project"
+    target = out / "data/flashrag/nq/train.jsonl"
+    target.parent.mkdir(parents=True)
+    (target.parent / "train.jsonl.part").write_bytes(data[: len(data) // 2])
+    assert prepare(EVIBACK, FolderHub(hub), root=out) == 0
+    assert target.read_bytes() == data and not (target.parent / "train.jsonl.part").exists()
+
+
+def test_plan_lists_keys_without_a_source_and_refuses_bad_sources(tmp_path):
+    cfg = load_config(EviBackConfig, str(EVIBACK))
+    cfg.assets.sources.pop("eval.popqa")
+    fetches, unsourced, present = plan(cfg.assets, tmp_path)
+    assert unsourced == ["eval.popqa"] and present == {} and len(fetches) == 11
+    cfg.assets.sources["eval.popqa"] = "https://example.org/popqa.jsonl"
+    with pytest.raises(ConfigError, match=r"^assets.sources.eval.popqa: 'https://example.org"):
+        plan(cfg.assets, tmp_path)
+    cfg.assets.sources["eval.popqa"] = "hf-file://RUC-NLPIR/FlashRAG_datasets/popqa/test.jsonl"
+    cfg.assets.sources["eval.hotpotqa"] = "hf://hotpotqa/hotpot_qa:distractor@validation"
+    with pytest.raises(ConfigError, match="hotpotqa/dev.jsonl is named by dev.hotpotqa and"):
+        plan(cfg.assets, tmp_path)
+
+
+@pytest.mark.parametrize("scale", ["llama3_2_3b", "qwen3_4b"])
+def test_arco_has_no_sources_yet_and_says_how_to_get_its_data(scale, tmp_path):
+    """ARCO's splits (HotpotQA's 2,000 / 500 from its release, 2Wiki and MuSiQue by rule) are not
+    made by `make data` yet: the command says which keys and how to get them, exit 1."""
+    config = f"arco/configs/{scale.replace('3_2', '3.2')}_hotpotqa.yaml"
+    run = subprocess.run(
+        [sys.executable, "-m", "experiments.prepare_data", "--config", config, "--dry-run"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert "no source for assets.train" in run.stdout and "how to get them: " in run.stdout
+    assert "HotpotQA distractor JSON" in run.stdout
+
+
+def test_a_model_missing_from_the_hub_is_one_error_line(hub, tmp_path):
+    shutil.rmtree(hub / "Qwen/Qwen3-0.6B")
+    command = [sys.executable, "-m", "experiments.prepare_data", "--config", str(EVIBACK)]
+    run = subprocess.run([*command, "--hub", str(hub)], cwd=tmp_path, capture_output=True,
+                         text=True)  # fmt: skip
+    assert run.returncode == 2
+    assert (
+        run.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: Qwen/Qwen3-0.6B: not in the stand-in hub")
+    )

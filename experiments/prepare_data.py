@@ -9,7 +9,9 @@ Each data file an ``assets`` key names (``train``, ``dev``, ``eval.NAME``, and p
 
 * ``hf://owner/name[:config]@split``: that split of a hub dataset (``datasets``), written as
   jsonl, one row a line;
-* ``hf-file://owner/name/path/in/repo``: that file of a hub dataset repository, as it is.
+* ``hf-file://owner/name/path/in/repo``: that file of a hub dataset repository, as it is;
+* ``https://...``: that file, as it is (ARCO's HotpotQA splits from its release's repository,
+  pinned to a commit).
 
 The models (``assets.model``, CER's ``assets.init_model``) go into the Hugging Face cache
 (``huggingface_hub.snapshot_download``; a gated model, Llama-3.2's, needs its licence accepted on
@@ -22,7 +24,7 @@ them (exit code 1 after the rest is fetched).
 
 ``--hub DIR`` reads a local stand-in for the hub instead, in the same layout: a repository's file
 at ``DIR/owner/name/path``, a split at ``DIR/owner/name/<config or default>/<split>.jsonl``, a
-model at ``DIR/owner/name/`` (checked, not copied). The tests use it; nothing else here is
+URL's file at ``DIR/urls/<host>/<path>``, a model at ``DIR/owner/name/`` (checked, not copied). The tests use it; nothing else here is
 offline-tested (the remote path runs ``huggingface_hub`` and ``datasets``, which need the hub).
 """
 
@@ -45,6 +47,7 @@ from common.config import ConfigError, load_config
 ROOT = Path(__file__).resolve().parents[1]
 HF_SPLIT = re.compile(r"hf://(?P<repo>[^/:@]+/[^/:@]+)(?::(?P<config>[^@]+))?@(?P<split>.+)")
 HF_FILE = re.compile(r"hf-file://(?P<repo>[^/]+/[^/]+)/(?P<path>.+)")
+URL = re.compile(r"https://(?P<host>[^/\s]+)/(?P<path>\S+)")
 _COPY_CHUNK = 8 << 20
 
 
@@ -95,10 +98,10 @@ def plan(assets: Any, root: Path = ROOT) -> tuple[list[Fetch], list[str], dict[s
     named by several keys is fetched once; a source must be one of the two forms."""
     sources: Mapping[str, str] = getattr(assets, "sources", {}) or {}
     for key, source in sources.items():
-        if not (HF_SPLIT.fullmatch(source) or HF_FILE.fullmatch(source)):
+        if not any(form.fullmatch(source) for form in (HF_SPLIT, HF_FILE, URL)):
             raise ConfigError(
-                f"assets.sources.{key}: {source!r} is neither hf://owner/name[:config]@split "
-                "nor hf-file://owner/name/path"
+                f"assets.sources.{key}: {source!r} is none of hf://owner/name[:config]@split, "
+                "hf-file://owner/name/path and https://..."
             )
     by_target: dict[Path, tuple[str, list[str]]] = {}
     unsourced, present = [], {}
@@ -130,6 +133,8 @@ class FolderHub:
     def _file(self, source: str) -> Path:
         if m := HF_FILE.fullmatch(source):
             return self.root / m["repo"] / m["path"]
+        if m := URL.fullmatch(source):
+            return self.root / "urls" / m["host"] / m["path"]
         m = HF_SPLIT.fullmatch(source)
         assert m is not None
         return self.root / m["repo"] / (m["config"] or "default") / f"{m['split']}.jsonl"
@@ -142,7 +147,7 @@ class FolderHub:
         src = self._file(source)
         if not src.is_file():
             raise FileNotFoundError(f"{source}: not in the stand-in hub ({src})")
-        if HF_FILE.fullmatch(source):
+        if HF_FILE.fullmatch(source) or URL.fullmatch(source):
             copy_resuming(src, part)
         else:  # a split: its rows, rewritten whole
             write_rows(
@@ -160,6 +165,14 @@ class RemoteHub:
     """The Hugging Face hub (``huggingface_hub``, ``datasets``); never run offline here."""
 
     def size(self, source: str) -> int | None:
+        if URL.fullmatch(source):
+            import httpx
+
+            try:
+                head = httpx.head(source, follow_redirects=True, timeout=30)
+                return int(head.headers["content-length"])
+            except (httpx.HTTPError, KeyError, ValueError):
+                return None
         m = HF_FILE.fullmatch(source)
         if m is None:
             return None  # a split's size is the rows', known once they are written
@@ -177,6 +190,9 @@ class RemoteHub:
 
             cached = hf_hub_download(m["repo"], m["path"], repo_type="dataset")  # resumes itself
             copy_resuming(Path(cached), part)
+            return
+        if URL.fullmatch(source):
+            download_resuming(source, part)
             return
         m = HF_SPLIT.fullmatch(source)
         assert m is not None
@@ -196,6 +212,27 @@ class RemoteHub:
                 f"{repo} is gated: accept its licence on https://huggingface.co/{repo} with "
                 "your account, then `hf auth login` on this machine, and run again"
             ) from None
+
+
+class FetchError(RuntimeError):
+    """A file could not be fetched; its ``.part`` stays for the next run."""
+
+
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
+
+
+def check_not_a_pointer(part: Path, source: str) -> None:
+    """A Git LFS pointer instead of the file (a repository's large file fetched by its plain
+    URL) is an error that says so; the ``.part`` is removed."""
+    with part.open("rb") as f:
+        head = f.read(len(LFS_POINTER))
+    if head == LFS_POINTER:
+        part.unlink()
+        raise FetchError(
+            f"{source} is a Git LFS pointer, not the file: fetch it through the repository's "
+            "LFS (for GitHub, https://media.githubusercontent.com/media/<owner>/<repo>/<commit>/"
+            "<path>) and give that URL in assets.sources"
+        )
 
 
 def copy_resuming(src: Path, part: Path) -> None:
@@ -218,6 +255,28 @@ def copy_resuming(src: Path, part: Path) -> None:
             out.write(chunk)
             bar.update(len(chunk))
         out.truncate()
+
+
+def download_resuming(url: str, part: Path) -> None:
+    """Download ``url`` into ``part``, asking for the bytes after those ``part`` holds (an HTTP
+    Range request); a server that answers with the whole file starts it again."""
+    import httpx
+
+    done = part.stat().st_size if part.is_file() else 0
+    headers = {"Range": f"bytes={done}-"} if done else {}
+    with httpx.stream("GET", url, headers=headers, follow_redirects=True, timeout=60) as r:
+        if r.status_code == 416:  # nothing after `done`: the part is whole
+            return
+        r.raise_for_status()
+        resumed = r.status_code == 206
+        total = int(r.headers.get("content-length", 0)) + (done if resumed else 0)
+        with part.open("ab" if resumed else "wb") as out, tqdm(
+            total=total or None, initial=done if resumed else 0, unit="B", unit_scale=True,
+            desc=part.name[: -len(".part")],
+        ) as bar:  # fmt: skip
+            for chunk in r.iter_bytes(_COPY_CHUNK):
+                out.write(chunk)
+                bar.update(len(chunk))
 
 
 def write_rows(rows: Any, part: Path) -> int:
@@ -281,7 +340,11 @@ def prepare(config: str | Path, hub: Any, *, dry_run: bool = False, root: Path =
     for f in fetches:
         f.target.parent.mkdir(parents=True, exist_ok=True)
         part = f.target.with_name(f.target.name + ".part")
-        hub.fetch(f.source, part)
+        try:
+            hub.fetch(f.source, part)
+        except Exception as e:  # the network, the hub, a missing split: name what failed
+            raise FetchError(f"{f.source} -> {part} (kept, resumed next time): {e}") from e
+        check_not_a_pointer(part, f.source)
         part.replace(f.target)
         print(f"[data] wrote {f.target}", flush=True)
     for model in models:
@@ -308,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hub = FolderHub(args.hub) if args.hub else RemoteHub()
         return prepare(args.config, hub, dry_run=args.dry_run)
-    except (ConfigError, FileNotFoundError) as e:
+    except (ConfigError, FileNotFoundError, FetchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -15,7 +15,7 @@ import pytest
 from common.config import ConfigError, load_config
 from common.data import load_qa
 from eviback.config import EviBackConfig
-from experiments.prepare_data import FolderHub, copy_resuming, plan, prepare
+from experiments.prepare_data import FetchError, FolderHub, copy_resuming, plan, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -100,8 +100,8 @@ def test_plan_lists_keys_without_a_source_and_refuses_bad_sources(tmp_path):
     cfg.assets.sources.pop("eval.popqa")
     fetches, unsourced, present = plan(cfg.assets, tmp_path)
     assert unsourced == ["eval.popqa"] and present == {} and len(fetches) == 11
-    cfg.assets.sources["eval.popqa"] = "https://example.org/popqa.jsonl"
-    with pytest.raises(ConfigError, match=r"^assets.sources.eval.popqa: 'https://example.org"):
+    cfg.assets.sources["eval.popqa"] = "ftp://example.org/popqa.jsonl"
+    with pytest.raises(ConfigError, match=r"^assets.sources.eval.popqa: 'ftp://example.org"):
         plan(cfg.assets, tmp_path)
     cfg.assets.sources["eval.popqa"] = "hf-file://RUC-NLPIR/FlashRAG_datasets/popqa/test.jsonl"
     cfg.assets.sources["eval.hotpotqa"] = "hf://hotpotqa/hotpot_qa:distractor@validation"
@@ -109,11 +109,11 @@ def test_plan_lists_keys_without_a_source_and_refuses_bad_sources(tmp_path):
         plan(cfg.assets, tmp_path)
 
 
-@pytest.mark.parametrize("scale", ["llama3_2_3b", "qwen3_4b"])
-def test_arco_has_no_sources_yet_and_says_how_to_get_its_data(scale, tmp_path):
-    """ARCO's splits (HotpotQA's 2,000 / 500 from its release, 2Wiki and MuSiQue by rule) are not
-    made by `make data` yet: the command says which keys and how to get them, exit 1."""
-    config = f"arco/configs/{scale.replace('3_2', '3.2')}_hotpotqa.yaml"
+@pytest.mark.parametrize("config", ["llama3.2_3b_2wiki", "qwen3_4b_musique"])
+def test_arco_2wiki_and_musique_have_no_sources_yet_and_say_how_to_get_them(config, tmp_path):
+    """ARCO's 2Wiki and MuSiQue splits (no release split exists) are not made by `make data`
+    yet: the command says which keys and how to get them, exit 1."""
+    config = f"arco/configs/{config}.yaml"
     run = subprocess.run(
         [sys.executable, "-m", "experiments.prepare_data", "--config", config, "--dry-run"],
         cwd=ROOT, capture_output=True, text=True,
@@ -121,6 +121,36 @@ def test_arco_has_no_sources_yet_and_says_how_to_get_its_data(scale, tmp_path):
     assert run.returncode == 1, run.stderr
     assert "no source for assets.train" in run.stdout and "how to get them: " in run.stdout
     assert "HotpotQA distractor JSON" in run.stdout
+
+
+ARCO_RELEASE = (
+    "urls/raw.githubusercontent.com/zihangtian/ARCO/5974454e522e8997b92bb9c4e5a656ff23894e72"
+)
+
+
+def test_arco_hotpotqa_gets_the_releases_splits_and_refuses_an_lfs_pointer(tmp_path, capsys):
+    """The release's dev split (here its first 3 rows) under the config's file name loads as the
+    run loads it; a Git LFS pointer where the train split should be is one error, no file."""
+    hub = tmp_path / "hub"
+    splits = hub / ARCO_RELEASE / "data/hotpotqa/splits"
+    splits.mkdir(parents=True)
+    shutil.copy(DATA / "qa" / "hotpotqa_sample.jsonl", splits / "dev.jsonl")
+    (splits / "train.jsonl").write_text(
+        "version https://git-lfs.github.com/spec/v1\noid sha256:ab12\nsize 123\n"
+    )
+    (hub / "Qwen/Qwen3-4B-Instruct-2507").mkdir(parents=True)
+    (hub / "Qwen/Qwen3-4B-Instruct-2507/config.json").write_text("{}")
+    out = tmp_path / "project"
+    config = ROOT / "arco/configs/qwen3_4b_hotpotqa.yaml"
+    with pytest.raises(FetchError, match="train.jsonl is a Git LFS pointer, not the file"):
+        prepare(config, FolderHub(hub), root=out)
+    assert not list((out / "data/hotpotqa").glob("*"))
+    shutil.copy(DATA / "qa" / "hotpotqa_sample.jsonl", splits / "train.jsonl")
+    assert prepare(config, FolderHub(hub), root=out) == 0
+    dev = load_qa(out / "data/hotpotqa/hotpot_dev_hard_500.json")
+    assert [q.golden_answers for q in dev] == [
+        [json.loads(line)["answer"]] for line in (DATA / "qa/hotpotqa_sample.jsonl").open()
+    ]
 
 
 def test_a_model_missing_from_the_hub_is_one_error_line(hub, tmp_path):

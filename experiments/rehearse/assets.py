@@ -182,7 +182,7 @@ EVIBACK_OTHER = (
     "model", "train_quotas", "eval_quotas", "selection", "train_selection_seed",
     "eval_selection_seed", "release_names", "retrieval_url", "retrieval_max_wait_s",
     "teacher_endpoint", "teacher_model", "controller_endpoint", "controller_model", "api_key_env",
-    "train_where", "dev_where",
+    "train_where", "dev_where", "sources",
 )  # fmt: skip
 
 
@@ -229,7 +229,7 @@ _CER_FORMATS = {
     "supergpqa": "supergpqa",
 }  # fmt: skip
 CER_DATA = ("train", "dev", "eval", "warmup")
-CER_OTHER = ("model", "init_model", "train_format", "train_filter", "how_to_get")
+CER_OTHER = ("model", "init_model", "train_format", "train_filter", "how_to_get", "sources")
 
 
 def cer_layout(name: str) -> str | None:
@@ -303,7 +303,7 @@ ARCO_DATA = ("train", "dev", "eval", "corpus")
 ARCO_OTHER = (
     "model", "retrieval_url", "retrieval_max_wait_s", "teacher_endpoint", "teacher_model",
     "annotator_endpoint", "annotator_model", "api_key_env", "train_where", "dev_where",
-    "eval_where",
+    "eval_where", "sources",
 )  # fmt: skip
 _ARCO_NAMES = (("hotpot", "hotpotqa"), ("2wiki", "2wiki"), ("musique", "musique"))
 

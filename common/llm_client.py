@@ -69,6 +69,18 @@ class EndpointError(RunStopped):
     """The endpoint cannot serve the run (``probe``): not answering, or not serving the model."""
 
 
+THINK_END = "</think>"
+
+
+def strip_reasoning(text: str) -> str:
+    """The answer after a thinking model's reasoning: the text after the last ``</think>`` when
+    the content holds one (a server started without a reasoning parser, e.g. GLM-4.7-Flash or
+    Qwen3 in thinking mode), else ``text`` itself (the same object)."""
+    if THINK_END not in text:
+        return text
+    return text.rpartition(THINK_END)[2].strip()
+
+
 @dataclass
 class ClientStats:
     """Totals over a client's life. Tokens, cost and latency count requests actually sent."""
@@ -79,6 +91,7 @@ class ClientStats:
     retries: int = 0
     failures: int = 0  # items that came back with an error
     rejected: int = 0  # replies the caller's ``accept`` refused
+    reasoning_stripped: int = 0  # replies whose thinking block came inside the content
     prompt_tokens: int = 0
     completion_tokens: int = 0
     latency_s: float = 0.0
@@ -383,7 +396,11 @@ class LLMClient:
             raise _Failure(f"malformed response from {url}: {type(e).__name__}: {e}", True) from e
         if not isinstance(text, str):
             raise _Failure(f"response from {url} has no message content", True)
-        return {"text": text, "prompt": prompt, "completion": completion}
+        answer = strip_reasoning(text)
+        if answer is not text:
+            with self._lock:
+                self.stats.reasoning_stripped += 1
+        return {"text": answer, "prompt": prompt, "completion": completion}
 
     def _account(self, result: dict[str, Any], latency: float) -> float:
         """Count an answered request; returns its cost in USD."""

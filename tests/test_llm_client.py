@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from loopback_server import serve
 
-from common.llm_client import EndpointError, LLMClient
+from common.llm_client import EndpointError, LLMClient, strip_reasoning
 
 SECRET = "sk-test-0123456789-very-secret"
 
@@ -32,6 +32,7 @@ class ServerState:
     bad_body_next: int = 0  # that many 200s that are not JSON, then answers
     trickle_s: float = 0.0  # a valid answer sent a byte at a time, this many seconds apart
     models: list[str] | None = None  # GET /v1/models lists these (None: 404)
+    think: bool = False  # the reply's content starts with a thinking block
     requests: int = 0
     concurrent: int = 0
     max_concurrent: int = 0
@@ -66,6 +67,8 @@ def make_app(state: ServerState) -> FastAPI:
                 await asyncio.sleep(state.sleep_s)
             prompt = body["messages"][-1]["content"]
             text = f"echo {prompt}"
+            if state.think:  # a thinking model served without a reasoning parser
+                text = f"<think>maybe A? {prompt} -> A</think>\n\n{text}"
             usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())}
             message = {"role": "assistant", "content": text}
             answer = {"choices": [{"index": 0, "message": message}], "usage": usage}
@@ -478,3 +481,30 @@ def test_malformed_input_raises_before_any_request(srv):
         c.chat_many([[]])
     assert state.requests == 0
     assert c.chat_many([]) == []
+
+
+def test_a_thinking_block_in_the_content_is_cut_off_and_counted(srv):
+    """GLM-4.7-Flash or Qwen3 served without a reasoning parser: the verdict is what follows the
+    reasoning, never a letter inside it."""
+    state, url = srv
+    state.think = True
+    c = client(url)
+    (result,) = c.chat_many([msgs("B")])
+    assert result.text == "echo B" and c.stats.reasoning_stripped == 1
+    state.think = False
+    (plain,) = c.chat_many([msgs("C")])
+    assert plain.text == "echo C" and c.stats.reasoning_stripped == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "answer"),
+    [
+        ("A", "A"),
+        ("<think>a</think>B", "B"),
+        ("<think>a</think><think>b</think>\n C \n", "C"),
+        ("a</think>B", "B"),  # the template opened the block in the prompt
+        ("<think>never closed", "<think>never closed"),
+    ],
+)
+def test_strip_reasoning(content, answer):
+    assert strip_reasoning(content) == answer

@@ -40,11 +40,11 @@ LAUNCH := $(if $(HOSTFILE)$(GPUS)$(DS_ARGS),$(DEEPSPEED),$(PY) -m)
 NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 
 .PHONY: install test test-fast lint format world warmup train-grpo demo bench bench-trl \
-	cer-tiny-assets train-cer eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
+	cer-tiny-assets train-cer train-cer-baseline eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
 	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
-	rehearse-all gpu-check serve-retrieval data
+	rehearse-all gpu-check serve-retrieval serve-teacher data
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -82,6 +82,12 @@ $(CER_WARM)/config.json:
 train-cer:  ## CER; SCALE=tiny|4b|8b, DATA=math|webinstruct (paper scales need GPUs)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) cer-tiny-assets)
 	$(NODES_ENV) $(LAUNCH) cer train --config $(CER_CONFIG) $(SEED_ARG)
+
+CER_RULE_DIR := $(if $(filter tiny,$(SCALE)),runs/cer/tiny/rule,runs/cer/qwen3_$(SCALE)_base_$(DATA)_rule)
+train-cer-baseline:  ## CER's baseline in the same trainer: the rule verifier's reward (reward.type=rule)
+	$(if $(filter tiny,$(SCALE)),$(MAKE) cer-tiny-assets)
+	$(NODES_ENV) $(LAUNCH) cer train --config $(CER_CONFIG) reward.type=rule \
+		run_dir=$(CER_RULE_DIR) $(SEED_ARG)
 
 eval-cer:  ## CER's evaluation of the latest checkpoint of the run
 	$(NODES_ENV) $(LAUNCH) cer eval --config $(CER_CONFIG)
@@ -124,6 +130,18 @@ HOST ?= 127.0.0.1
 PORT ?= 8000
 serve-retrieval:  ## the retrieval server on INDEX (Search-R1's E5 index as downloaded), HOST:PORT; docs/retrieval.md
 	$(PY) -m common.retrieval serve --index $(INDEX) --host $(HOST) --port $(PORT)
+
+# the teacher as an OpenAI-compatible vLLM server on TEACHER_GPUS (tensor parallel over them),
+# its reasoning split from the answer (GLM-4.7-Flash thinks; the client also cuts a </think>)
+TEACHER_MODEL ?= zai-org/GLM-4.7-Flash
+TEACHER_GPUS ?= 0
+TEACHER_PORT ?= 8001
+TEACHER_ARGS ?= --reasoning-parser glm45
+comma := ,
+serve-teacher:  ## the teacher (TEACHER_MODEL, default GLM-4.7-Flash) on TEACHER_GPUS=4,5 at HOST:TEACHER_PORT; docs/scale_out.md
+	CUDA_VISIBLE_DEVICES=$(TEACHER_GPUS) $(VENV)/bin/vllm serve $(TEACHER_MODEL) --host $(HOST) \
+		--port $(TEACHER_PORT) --tensor-parallel-size $(words $(subst $(comma), ,$(TEACHER_GPUS))) \
+		$(TEACHER_ARGS)
 
 RUNS ?= runs
 RANKS ?= 1

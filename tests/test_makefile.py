@@ -20,6 +20,7 @@ SEEDED = [
     ("train-eviback", "SCALE=1.7b", "eviback train --config eviback/configs/qwen3_1.7b.yaml"),
     ("train-eviback-baseline", "SCALE=1.7b", "run_dir=runs/eviback/1.7b-baseline"),
     ("train-cer", "SCALE=4b", "cer train --config cer/configs/qwen3_4b_base_math.yaml"),
+    ("train-cer-baseline", "SCALE=4b", "run_dir=runs/cer/qwen3_4b_base_math_rule"),
     ("warmup-arco", "SCALE=qwen3-4b", "arco warmup --config arco/configs/qwen3_4b_hotpotqa.yaml"),
     ("train-arco", "SCALE=qwen3-4b", "arco train --config arco/configs/qwen3_4b_hotpotqa.yaml"),
     ("train-grpo", "SCALE=tiny", "common.search_grpo --config common/configs/grpo_tiny.yaml"),
@@ -119,6 +120,7 @@ def test_the_hard_settings_build_their_own_warmups():
 
 LAUNCHED = [
     ("train-cer", "SCALE=4b", "cer train --config cer/configs/qwen3_4b_base_math.yaml"),
+    ("train-cer-baseline", "SCALE=8b", "reward.type=rule"),
     ("eval-cer", "SCALE=4b", "cer eval --config cer/configs/qwen3_4b_base_math.yaml"),
     ("train-eviback", "SCALE=1.7b", "eviback train --config eviback/configs/qwen3_1.7b.yaml"),
     ("train-eviback-baseline", "SCALE=1.7b", "teacher.enabled=false"),
@@ -143,3 +145,14 @@ def test_gpus_and_hostfile_run_the_target_under_the_deepspeed_launcher(target, s
         ".venv/bin/deepspeed", "--hostfile", "hosts", "--num_gpus", "8", "--module"
     ]  # fmt: skip
     assert launch.split()[6:] == one.split()[2:]
+
+
+def test_the_servers_start_on_the_gpus_and_address_given():
+    lines = dry_run("serve-teacher", "TEACHER_GPUS=4,5", "HOST=0.0.0.0")
+    command = " ".join(x.rstrip("\\").strip() for x in lines)  # the recipe's continued lines
+    assert command.startswith("CUDA_VISIBLE_DEVICES=4,5 .venv/bin/vllm serve zai-org/GLM-4.7-Flash")
+    assert "--host 0.0.0.0 --port 8001 --tensor-parallel-size 2 --reasoning-parser glm45" in command
+    (retrieval,) = dry_run("serve-retrieval", "INDEX=data/search_r1", "HOST=0.0.0.0")
+    assert retrieval == (
+        ".venv/bin/python -m common.retrieval serve --index data/search_r1 --host 0.0.0.0 --port 8000"
+    )

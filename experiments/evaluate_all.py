@@ -300,17 +300,18 @@ def starting_model(run: Run) -> str | None:
     return str(Path(start).resolve()) if start else None
 
 
-def baseline_arm(run: Run) -> str | None:
-    """The arm each method is compared with, as in the papers and the compare specs."""
+def baseline_arms(run: Run) -> list[str]:
+    """The arms each method is compared with, as in the papers and the compare specs: CER's
+    rewards against the rule verifier (the paper's baseline) and exact match."""
     if run.method == "grpo":
-        return "warmup"
+        return ["warmup"]
     if run.method == "eviback":
-        return "search_r1"
+        return ["search_r1"]
     if run.method == "arco":
-        return "arco_outcome_only"
+        return ["arco_outcome_only"]
     if run.method == "cer" and run.arm != "cer/exact":
-        return "cer/exact"
-    return None
+        return [arm for arm in ("cer/rule", "cer/exact") if arm != run.arm]
+    return []
 
 
 def benchmark_files(run: Run) -> dict[str, str]:
@@ -366,6 +367,9 @@ def subprocess_evaluator(ranks: int = 1) -> Evaluator:
     evaluators that shard questions over ranks); its log is ``<folder>/eval.log``."""
 
     def evaluate(run: Run, folder: Path) -> None:
+        if why := retrieval_problem(run):  # before an engine starts: one line, the rest go on
+            (folder / "error.txt").write_text(why + "\n")
+            return
         cmd = [sys.executable]
         if ranks > 1:
             cmd += [
@@ -415,6 +419,24 @@ def read_record(path: Path) -> tuple[dict[str, Any] | None, str]:
         if not isinstance(rows, list) or not all(isinstance(r, dict) and "id" in r for r in rows):
             return None, f"benchmark {name!r}: `rows` is not a list of per-question rows"
     return record, ""
+
+
+def retrieval_problem(run: Run) -> str:
+    """Why ``run`` cannot be evaluated now for want of its retrieval server (the search agents'
+    ``assets.retrieval_url`` that does not answer a query), or ""."""
+    url = (run.config.get("assets") or {}).get("retrieval_url") if run.kind != "cer" else ""
+    if not url:
+        return ""
+    from common.retrieval.client import RetrievalError, probe_retrieval
+
+    try:
+        probe_retrieval(url)
+    except RetrievalError as e:
+        return (
+            f"its retrieval server does not answer ({' '.join(str(e).split())}); start it "
+            "(`make serve-retrieval INDEX=...`, docs/retrieval.md) and run eval-all again"
+        )
+    return ""
 
 
 def evaluate_runs(
@@ -648,8 +670,31 @@ def bootstrap_interval(
     return float(lo), float(hi)
 
 
+# CER's headline number: the mean over its six benchmarks of each one's avg@k (k = 16 on the four
+# maths benchmarks, one sample on MMLU-Pro and SuperGPQA in the paper configs)
+CER_SIX = ("math500", "amc23", "aime24", "aime25", "mmlu_pro", "supergpqa")
+MEAN_OF_SIX = "mean of 6"
+
+
+def mean_over_benchmarks(
+    rows_by_benchmark: Sequence[Sequence[dict]], field: str, resamples: int, seed: int = 0
+) -> dict[str, float]:
+    """The unweighted mean over benchmarks of each one's mean ``field``, with a percentile
+    bootstrap interval that redraws each benchmark's questions on their own."""
+    rng = np.random.default_rng(seed)
+    values, draws = [], np.zeros(resamples)
+    for rows in rows_by_benchmark:
+        x = np.array([float(r[field]) for r in rows])
+        values.append(x.mean())
+        draws += x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(1)
+    draws = np.sort(draws / len(values))
+    lo, hi = draws[int(0.025 * resamples)], draws[min(int(0.975 * resamples), resamples - 1)]
+    return {"value": float(np.mean(values)), "ci_low": float(lo), "ci_high": float(hi)}
+
+
 def summarize_record(record: dict[str, Any], kind: str, resamples: int) -> dict[str, Any]:
-    """``{benchmark: {"n", "file", "digest", "metrics": {m: {value, ci_low, ci_high}}}}``."""
+    """``{benchmark: {"n", "file", "digest", "metrics": {m: {value, ci_low, ci_high}}}}``; a CER
+    run evaluated on its six benchmarks also gets ``"mean of 6"`` (avg@k), its paper's number."""
     out = {}
     for name, b in record["benchmarks"].items():
         rows = b["rows"]
@@ -666,6 +711,16 @@ def summarize_record(record: dict[str, Any], kind: str, resamples: int) -> dict[
             "metrics": metrics,
             **({"k": b["k"]} if "k" in b else {}),
         }
+    benchmarks = record["benchmarks"]
+    if kind == "cer" and all(benchmarks.get(name, {}).get("rows") for name in CER_SIX):
+        six = [benchmarks[name]["rows"] for name in CER_SIX]
+        if all("avg@k" in r for rows in six for r in rows):
+            out[MEAN_OF_SIX] = {
+                "n": sum(len(rows) for rows in six),
+                "file": "",
+                "digest": None,
+                "metrics": {"avg@k": mean_over_benchmarks(six, "avg@k", resamples)},
+            }
     return out
 
 
@@ -689,8 +744,8 @@ def paired_comparisons(
     Δ = run − baseline per question, ``experiments.compare.paired_bootstrap`` over questions."""
     out = []
     evaluated = [r for r in runs if r.name in records]
-    for run in evaluated:
-        arm = baseline_arm(run)
+    arms = [(r, arm) for r in evaluated for arm in baseline_arms(r)]
+    for run, arm in arms:
         candidates = [c for c in evaluated if c.arm == arm]
         for bench, b in records[run.name]["benchmarks"].items():
             mine = {r["id"]: r for r in b["rows"]}

@@ -474,3 +474,81 @@ def test_a_malformed_section_lists_the_run_and_goes_on(tmp_path, run, key, value
         f"| {run} | ? |  | not evaluated: config.yaml: `{key}` must be"
         in (out / "results.md").read_text()
     )
+
+
+def test_mean_over_benchmarks_weighs_each_benchmark_once():
+    from experiments.evaluate_all import mean_over_benchmarks
+
+    rows = [[{"a": 1}, {"a": 0}], [{"a": 1}, {"a": 1}, {"a": 1}, {"a": 0}]]
+    got = mean_over_benchmarks(rows, "a", resamples=2000)
+    assert got["value"] == 0.625  # (0.5 + 0.75) / 2, not 4 / 6
+    assert got["ci_low"] < 0.625 < got["ci_high"]
+    constant = mean_over_benchmarks([[{"a": 1}], [{"a": 0}, {"a": 0}]], "a", resamples=100)
+    assert constant == {"value": 0.5, "ci_low": 0.5, "ci_high": 0.5}
+
+
+class SixBenchmarks:
+    """A CER evaluator's records over the paper's six benchmarks: benchmark b's question i is
+    right in a share (i + b) % 3 / 2 of its samples."""
+
+    def __call__(self, run, folder: Path) -> None:
+        from experiments.evaluate_all import CER_SIX
+
+        shift = {"cer/cer": 2, "cer/rule": 1, "cer/exact": 0}[run.arm]
+        benchmarks = {
+            name: {
+                "file": f"{name}.jsonl",
+                "digest": name,
+                "k": 2,
+                "rows": [
+                    {
+                        "id": f"{name}{i}",
+                        "greedy": float((i + shift) % 2),
+                        "avg@k": ((i + b + shift) % 3) / 2,
+                    }
+                    for i in range(3)
+                ],  # fmt: skip
+            }
+            for b, name in enumerate(CER_SIX)
+        }
+        record = {"method": run.method, "model": str(run.model), "benchmarks": benchmarks}
+        (folder / "record.json").write_text(json.dumps(record))
+
+
+def test_cer_is_paired_with_rule_and_exact_and_its_mean_of_six_sits_beside_the_papers(tmp_path):
+    runs = tmp_path / "runs"
+    for reward in ("cer", "rule", "exact"):
+        overrides = [f"reward.type={reward}", "assets.model=Qwen/Qwen3-4B-Base"]
+        cfg = load_config(CERConfig, ROOT / "cer/configs/tiny.yaml", overrides)
+        dump_config(cfg, runs / reward / "config.yaml")
+        (runs / reward / "run.json").write_text(json.dumps({"method": "cer"}))
+        _checkpoint(runs / reward, 10)
+    report = evaluate_all([runs], tmp_path / "eval", SixBenchmarks(), resamples=500,
+                          project_root=ROOT, plots=False)  # fmt: skip
+    pairs = {(c["run"], c["baseline"]) for c in report["comparisons"]}
+    assert pairs == {("cer", "rule"), ("cer", "exact"), ("rule", "exact")}
+    by_run = {r["run"]: r for r in report["runs"]}
+    mean = by_run["cer"]["benchmarks"]["mean of 6"]
+    # each benchmark's avg@k: the mean of ((i + b + 2) % 3) / 2 over i = 0..2 is 0.5 for every b
+    assert mean["n"] == 18 and mean["metrics"]["avg@k"]["value"] == pytest.approx(0.5)
+    beside = [b for b in report["beside_published"] if b["run"] == "cer"]
+    assert [(b["benchmark"], b["metric"], b["published"]) for b in beside] == [
+        ("mean of 6", "avg@k", 0.487)
+    ]
+    assert {b["run"] for b in report["beside_published"]} == {"cer", "rule"}
+
+
+def test_a_search_run_whose_retrieval_server_is_down_is_listed_not_evaluated(tmp_path, free_port):
+    runs = tmp_path / "runs"
+    url = f"http://127.0.0.1:{free_port()}/retrieve"  # nothing listens there
+    cfg = load_config(EviBackConfig, ROOT / "eviback/configs/tiny.yaml",
+                      [f"assets.retrieval_url={url}"])  # fmt: skip
+    dump_config(cfg, runs / "eviback" / "config.yaml")
+    _checkpoint(runs / "eviback", 10)
+    report = evaluate_all([runs], tmp_path / "eval", subprocess_evaluator(), resamples=100,
+                          project_root=ROOT, plots=False)  # fmt: skip
+    (row,) = report["runs"]  # no engine started: the probe came first
+    assert not list((tmp_path / "eval").glob("cache/*/eval.log"))
+    why = "evaluation failed: its retrieval server does not answer ("
+    assert row["problem"].startswith(why) and url in row["problem"]
+    assert "make serve-retrieval" in row["problem"]

@@ -44,7 +44,12 @@ from common.train import (
     read_metrics,
     save_checkpoint,
 )
-from common.train.checkpoint import check_checkpoint_space, checkpoint_bytes, planned_saves
+from common.train.checkpoint import (
+    check_checkpoint_space,
+    check_resume_ranks,
+    checkpoint_bytes,
+    planned_saves,
+)
 from common.train.distributed import init_distributed
 from common.train.gpu_memory import phase_memory
 from common.train.run_folder import METRICS_FILE, open_run_folder
@@ -88,8 +93,9 @@ class Run:
         self.dir = Path(cfg.run_dir)
         self.folder = open_run_folder(self.dir, cfg, cfg.resume, begin=False, method=method)
         try:  # under a launcher: one run folder on every node, service URLs every rank reaches
-            init_distributed()
+            _, world, _ = init_distributed()
             check_placement(self.dir, service_urls(cfg))
+            check_resume_ranks(self.folder.checkpoint, world)
         except BaseException:
             self.folder.close()
             raise

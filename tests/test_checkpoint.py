@@ -478,3 +478,21 @@ def test_a_real_full_disk_mid_save(tmp_path, small_disk):
     assert shutil.disk_usage(disk).free == free_after_one < free_before
     assert find_latest_checkpoint(disk) == checkpoints / "step_1"
     assert load_checkpoint(build_engine(), checkpoints / "step_1") == {"position": 2}
+
+
+def test_a_resume_on_another_rank_count_is_refused_before_anything_loads(tmp_path):
+    from common.config import ConfigError
+    from common.train.checkpoint import check_resume_ranks
+
+    step = tmp_path / "step_40"
+    step.mkdir()
+    (step / "trainer_state.json").write_text(json.dumps({"world_size": 8, "global_step": 40}))
+    check_resume_ranks(step, 8)
+    check_resume_ranks(None, 4)
+    with pytest.raises(
+        ConfigError,
+        match=r"step_40 was written by 8 rank\(s\) and this start has 4: resume on 8 \(GPUS=8",
+    ):
+        check_resume_ranks(step, 4)
+    (step / "trainer_state.json").write_text("{")  # load_checkpoint names an unreadable state
+    check_resume_ranks(step, 4)

@@ -254,6 +254,27 @@ def find_latest_checkpoint(run_dir: str | Path) -> Path | None:
     return complete[-1] if complete else None
 
 
+def check_resume_ranks(checkpoint: str | Path | None, world_size: int) -> None:
+    """Before any model loads: a ``ConfigError`` when the checkpoint a start would resume from
+    was written by another number of ranks (its optimizer state and RNGs are per rank), saying
+    how to start instead. No checkpoint, or an unreadable state (``load_checkpoint`` says so):
+    nothing to check here."""
+    from common.config import ConfigError
+
+    if checkpoint is None:
+        return
+    try:
+        written = json.loads((Path(checkpoint) / "trainer_state.json").read_text())["world_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if written != world_size:
+        raise ConfigError(
+            f"{checkpoint} was written by {written} rank(s) and this start has {world_size}: "
+            f"resume on {written} (GPUS={written}, or the same hostfile), or start the run "
+            "again with resume=false (a checkpoint's optimizer state and RNGs are per rank)"
+        )
+
+
 def load_checkpoint(engine: TrainEngine, path: str | Path) -> dict[str, Any]:
     """Restore weights, optimizer, schedule, RNGs and global step from `path` (all ranks must
     call); return the data_state given to save_checkpoint."""

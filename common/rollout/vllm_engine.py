@@ -100,7 +100,13 @@ def _vllm_logging_config() -> str:
         "loggers": {"vllm": {"handlers": ["vllm"], "level": level, "propagate": False}},
     }
     path = Path(tempfile.gettempdir()) / f"rlrewards-vllm-logging-{level}.json"
-    path.write_text(json.dumps(config))
+    text = json.dumps(config)
+    # every rank (and every test worker) imports this at once: a rename, so that no reader sees
+    # the file half written
+    if not path.is_file() or path.read_text() != text:
+        partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        partial.write_text(text)
+        partial.replace(path)
     return str(path)
 
 

@@ -49,8 +49,11 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
 
+# make test runs the suite on TEST_WORKERS processes (pytest-xdist), a test file's tests on one
+# of them; TEST_WORKERS=0: in this process
+TEST_WORKERS ?= 2
 test: lint  ## ruff, then the whole test suite (GPU tests skip without a GPU)
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) --durations=25
 
 test-fast: lint  ## without the tests that start engines or subprocesses
 	$(PY) -m pytest -q -m "not slow"

@@ -36,8 +36,8 @@ def hub(tmp_path) -> Path:
         shutil.copy(DATA / "qa" / "flashrag_handmade.jsonl", path)
     math500 = json.loads((DATA / "cer" / "math500_handmade.json").read_text())
     for repo, split in [("DigitalLearningGmbH/MATH-lighteval", "train"),
-                        ("HuggingFaceH4/MATH-500", "test"), ("math-ai/amc23", "test"),
-                        ("HuggingFaceH4/aime_2024", "train"), ("math-ai/aime25", "test"),
+                        ("math-ai/math500", "test"), ("math-ai/amc23", "test"),
+                        ("math-ai/aime24", "test"), ("math-ai/aime25", "test"),
                         ("TIGER-Lab/MMLU-Pro", "test"), ("m-a-p/SuperGPQA", "train")]:  # fmt: skip
         path = root / repo / "default" / f"{split}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ def test_cer_writes_each_split_as_jsonl_once(hub, tmp_path, capsys):
     out = tmp_path / "project"
     assert prepare(CER, FolderHub(hub), root=out) == 0
     said = capsys.readouterr().out
-    assert "data/cer/math500.jsonl  <- hf://HuggingFaceH4/MATH-500@test" in said
+    assert "data/cer/math500.jsonl  <- hf://math-ai/math500@test" in said
     assert "; dev, eval.math500)" in said  # one file, two keys
     expected = json.loads((DATA / "cer" / "math500_handmade.json").read_text())
     for name in ("math_train", "math500", "amc23", "aime24", "aime25", "mmlu_pro", "supergpqa"):

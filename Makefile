@@ -49,9 +49,9 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
 
-# make test runs the suite on TEST_WORKERS processes (pytest-xdist), a test file's tests on one
-# of them; TEST_WORKERS=0: in this process
-TEST_WORKERS ?= 2
+# TEST_WORKERS=N: the suite on N pytest-xdist processes, a test file's tests on one of them
+# (slower on 2 cores: benchmarks/README.md "The test suite"); 0 (the default): in this process
+TEST_WORKERS ?= 0
 test: lint  ## ruff, then the whole test suite (GPU tests skip without a GPU)
 	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) --durations=25
 

@@ -279,22 +279,7 @@ def teacher_clients(
 
 def warmup_budget(cfg: ArcoConfig, cache: Path) -> ApiBudget:
     """The warmup's API cap (``warmup.max_api_calls``, ``warmup.max_api_usd``; 0: none)."""
-    w = cfg.warmup
-    return ApiBudget(
-        w.max_api_calls,
-        w.max_api_usd,
-        "warmup.max_api_calls",
-        "warmup.max_api_usd",
-        f"the answers so far are cached under {cache}: rerun with a higher cap to continue "
-        "without paying for them again",
-    )
-
-
-def cap_text(cfg: ArcoConfig) -> str:
-    w = cfg.warmup
-    caps = [f"warmup.max_api_calls={w.max_api_calls}"] if w.max_api_calls else []
-    caps += [f"warmup.max_api_usd={w.max_api_usd:g}"] if w.max_api_usd else []
-    return ", ".join(caps) or "none (warmup.max_api_calls, warmup.max_api_usd)"
+    return ApiBudget.for_section("warmup", cfg.warmup.max_api_calls, cfg.warmup.max_api_usd, cache)
 
 
 def collect_llm(
@@ -304,7 +289,8 @@ def collect_llm(
     through ``LLMClient`` (cached, concurrent, cost counted, one budget: ``warmup_budget``).
     Failures are dropped and counted. Before the first request: the estimate of what it costs
     (``arco.teacher.warmup_estimate``); after the last: what it spent."""
-    player, annotator = teacher_clients(cfg, cache, warmup_budget(cfg, cache))
+    budget = warmup_budget(cfg, cache)
+    player, annotator = teacher_clients(cfg, cache, budget)
     estimate = warmup_estimate(
         player,
         annotator,
@@ -315,7 +301,7 @@ def collect_llm(
         agent_cfg.max_obs_tokens,
         cache_tag=f"seed{cfg.seed}",
     )
-    print(estimate_text("[arco warmup]", estimate, cap_text(cfg)), flush=True)
+    print(estimate_text("[arco warmup]", estimate, budget.describe()), flush=True)
 
     protocol = get_protocol(agent_cfg.protocol)
     returned: dict[str, dict[str, Doc]] = {}  # question id -> doc id -> the document, uncut

@@ -24,6 +24,7 @@ import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from common.launcher import RunStopped
@@ -136,6 +137,25 @@ class ApiBudget:
         self.stopped: str | None = None
         self._tokens_per_char = 1 / CHARS_PER_TOKEN  # the highest seen, for the USD bound
         self._lock = threading.Lock()
+
+    @classmethod
+    def for_section(cls, section: str, max_calls: int, max_usd: float, cache: Path) -> ApiBudget:
+        """The cap of a command whose config section ``section`` holds ``max_api_calls`` and
+        ``max_api_usd``, its answers cached under ``cache`` (said in the stop message)."""
+        return cls(
+            max_calls,
+            max_usd,
+            f"{section}.max_api_calls",
+            f"{section}.max_api_usd",
+            f"the answers so far are cached under {cache}: rerun with a higher cap to continue "
+            "without paying for them again",
+        )
+
+    def describe(self) -> str:
+        """The caps in one line, as the config keys that set them."""
+        caps = [f"{self.calls_key}={self.max_calls}"] if self.max_calls else []
+        caps += [f"{self.usd_key}={self.max_usd:g}"] if self.max_usd else []
+        return ", ".join(caps) or f"none ({self.calls_key}, {self.usd_key})"
 
     @property
     def capped(self) -> bool:

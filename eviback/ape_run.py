@@ -332,21 +332,7 @@ def ape_estimate(
 def ape_budget(cfg: EviBackConfig, cache: Path) -> ApiBudget:
     """The command's API cap (``ape.max_api_calls``, ``ape.max_api_usd``; 0: none), shared by
     the labeller, the controller and the teacher."""
-    return ApiBudget(
-        cfg.ape.max_api_calls,
-        cfg.ape.max_api_usd,
-        "ape.max_api_calls",
-        "ape.max_api_usd",
-        f"the answers so far are cached under {cache}: rerun with a higher cap to continue "
-        "without paying for them again",
-    )
-
-
-def cap_text(cfg: EviBackConfig) -> str:
-    ape = cfg.ape
-    caps = [f"ape.max_api_calls={ape.max_api_calls}"] if ape.max_api_calls else []
-    caps += [f"ape.max_api_usd={ape.max_api_usd:g}"] if ape.max_api_usd else []
-    return ", ".join(caps) or "none (ape.max_api_calls, ape.max_api_usd)"
+    return ApiBudget.for_section("ape", cfg.ape.max_api_calls, cfg.ape.max_api_usd, cache)
 
 
 def evaluate_policy(
@@ -396,7 +382,8 @@ def run_ape(cfg: EviBackConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     bench, counts_file = out / "benchmark.jsonl", out / "benchmark_counts.json"
     a = cfg.assets
-    budget, cap = ape_budget(cfg, out / "cache"), cap_text(cfg)
+    budget = ape_budget(cfg, out / "cache")
+    cap = budget.describe()
     ctl_prices, usage = cfg.ape.controller_usd_per_mtok, {}
     if cfg.ape.unlabelled == "llm" and not (a.controller_endpoint and a.controller_model):
         raise ValueError(

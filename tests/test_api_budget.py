@@ -126,3 +126,17 @@ def test_two_ranks_pay_once_and_stop_together(tmp_path, launch_two_ranks):
         "rank 1: error failed RuntimeError: rank 0 failed in the calls made for every rank: "
         "ValueError: the teacher's data is broken" in out
     )
+
+
+def test_a_sections_budget_names_its_keys_in_the_cap_line_and_the_stop(tmp_path):
+    budget = ApiBudget.for_section("ape", 3, 0.0, tmp_path / "cache")
+    assert budget.describe() == "ape.max_api_calls=3"
+    assert ApiBudget.for_section("warmup", 0, 2.5, tmp_path).describe() == "warmup.max_api_usd=2.5"
+    assert ApiBudget.for_section("warmup", 0, 0.0, tmp_path).describe() == (
+        "none (warmup.max_api_calls, warmup.max_api_usd)"
+    )
+    for _ in range(3):
+        budget.reserve()
+    with pytest.raises(BudgetExceeded, match=r"ape\.max_api_calls") as stop:
+        budget.reserve()
+    assert f"cached under {tmp_path / 'cache'}" in str(stop.value)

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from common.config import ConfigError
 from experiments.rehearse.runner import (
     ARCO_VARIANT_CONFIG,
     PAPER_CONFIGS,
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             print("[rehearse] failed: " + "; ".join(failed), file=sys.stderr)
             return 1
         return 0
-    except RehearsalError as e:
+    except (RehearsalError, ConfigError) as e:  # a config that is not there or does not load
         print(f"rehearse: error: {e}", file=sys.stderr)
         return 2
 

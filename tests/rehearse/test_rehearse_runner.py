@@ -146,3 +146,10 @@ def test_a_variant_on_a_non_arco_config_is_refused(capsys):
     code = main(["--config", "cer/configs/qwen3_4b_base_math.yaml", "--variant", "prm"])
     assert code == 2 and "ARCO configs only" in capsys.readouterr().err
     assert sys.executable  # the stages run under this interpreter
+
+
+def test_a_config_that_is_not_there_is_one_error_line(capsys, tmp_path):
+    missing = "arco/configs/qwen3_4b_instruct_2wiki.yaml"
+    assert main(["--config", missing, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rehearse: error: cannot read config file")

@@ -43,6 +43,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from common.config import ConfigError, load_config
+from common.train.memory_plan import MemoryPlanError, config_class
 
 ROOT = Path(__file__).resolve().parents[1]
 HF_SPLIT = re.compile(r"hf://(?P<repo>[^/:@]+/[^/:@]+)(?::(?P<config>[^@]+))?@(?P<split>.+)")
@@ -58,25 +59,6 @@ class Fetch:
     target: Path
     source: str
     keys: tuple[str, ...]
-
-
-def config_class(path: str | Path) -> type:
-    """The config class of a method's config file (by its package folder)."""
-    resolved = Path(path).resolve()
-    method = resolved.relative_to(ROOT).parts[0] if resolved.is_relative_to(ROOT) else ""
-    if method == "cer":
-        from cer.config import CERConfig
-
-        return CERConfig
-    if method == "eviback":
-        from eviback.config import EviBackConfig
-
-        return EviBackConfig
-    if method == "arco":
-        from arco.config import ArcoConfig
-
-        return ArcoConfig
-    raise ConfigError(f"{path}: not a config of cer/, eviback/ or arco/")
 
 
 def data_keys(assets: Any) -> dict[str, str]:
@@ -371,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hub = FolderHub(args.hub) if args.hub else RemoteHub()
         return prepare(args.config, hub, dry_run=args.dry_run)
-    except (ConfigError, FileNotFoundError, FetchError) as e:
+    except (ConfigError, MemoryPlanError, FileNotFoundError, FetchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -49,11 +49,12 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
 
-# TEST_WORKERS=N: the suite on N pytest-xdist processes, a test file's tests on one of them
-# (slower on 2 cores: benchmarks/README.md "The test suite"); 0 (the default): in this process
-TEST_WORKERS ?= 0
+# TEST_WORKERS=N: the suite on N pytest-xdist processes, a test file's tests on one of them, each
+# worker pinned to its own CPUs (tests/conftest.py); by default one per CPU, at most 4; 0 or 1: in
+# this process. Measured: benchmarks/README.md "The test suite".
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 test: lint  ## ruff, then the whole test suite (GPU tests skip without a GPU)
-	$(PY) -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) --durations=25
+	$(PY) -m pytest -q $(if $(filter 0 1,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) --durations=25
 
 test-fast: lint  ## without the tests that start engines or subprocesses
 	$(PY) -m pytest -q -m "not slow"

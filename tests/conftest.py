@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from xdist_pinning import pin_xdist_worker
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,10 +23,26 @@ settings.load_profile("project")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# The longest files, started first: under pytest-xdist (`--dist loadfile`) a file runs whole on one
+# worker, so a long one left for the end keeps the other worker idle. Serially the order is moot.
+LONG_FILES = (
+    "tests/rehearse/test_rehearse_configs.py",
+    "tests/arco/test_arco_run.py",
+    "tests/arco/test_arco_two_ranks.py",
+    "tests/test_train_engine.py",
+    "tests/test_evaluate_all.py",
+    "tests/eviback/test_eviback_train_run.py",
+)
+
+
+pin_xdist_worker()  # before anything imports torch
+
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    first = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0], len(first)))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -11,7 +11,12 @@ Each data file an ``assets`` key names (``train``, ``dev``, ``eval.NAME``, and p
   jsonl, one row a line;
 * ``hf-file://owner/name/path/in/repo``: that file of a hub dataset repository, as it is;
 * ``https://...``: that file, as it is (ARCO's HotpotQA splits from its release's repository,
-  pinned to a commit).
+  pinned to a commit);
+* any of these followed by ``#sample=N&seed=S``: N rows of that file drawn without replacement
+  (``random.Random(S).sample`` over the row indices, kept in the file's order) and written as a
+  JSON list (a ``.json`` file) or jsonl. The whole file is kept under ``data/.sources/`` so a
+  second sample (or a rerun) fetches nothing. ARCO's 2WikiMultiHopQA and MuSiQue configs draw
+  their 2,000 training and 500 dev questions this way: the release ships no split of them.
 
 The models (``assets.model``, CER's ``assets.init_model``) go into the Hugging Face cache
 (``huggingface_hub.snapshot_download``; a gated model, Llama-3.2's, needs its licence accepted on
@@ -21,6 +26,13 @@ file already there is kept) and resumable: a file is written as ``<file>.part`` 
 when whole; a file from a repository resumes a ``.part`` from its size, and the hub client
 resumes its own downloads. Data keys without a source are listed with the config's way to get
 them (exit code 1 after the rest is fetched).
+
+``--search-r1-index DIR`` (``make data-index INDEX=DIR``) makes Search-R1's E5 index of
+Wikipedia-2018 as its download script leaves it, for ``common.retrieval serve --index DIR``:
+``e5_Flat.index`` joined from the two parts of the hub dataset ``PeterJinGo/wiki-18-e5-index``
+and ``wiki-18.jsonl`` unzipped from ``PeterJinGo/wiki-18-corpus`` (the index: 21M vectors of 768
+float32, about 65 GB). Each part is kept until the file it makes is whole, so the disk holds both
+for a while; the sizes the hub reports are printed first.
 
 ``--hub DIR`` reads a local stand-in for the hub instead, in the same layout: a repository's file
 at ``DIR/owner/name/path``, a split at ``DIR/owner/name/<config or default>/<split>.jsonl``, a
@@ -46,9 +58,10 @@ from common.config import ConfigError, load_config
 from common.train.memory_plan import MemoryPlanError, config_class
 
 ROOT = Path(__file__).resolve().parents[1]
-HF_SPLIT = re.compile(r"hf://(?P<repo>[^/:@]+/[^/:@]+)(?::(?P<config>[^@]+))?@(?P<split>.+)")
-HF_FILE = re.compile(r"hf-file://(?P<repo>[^/]+/[^/]+)/(?P<path>.+)")
-URL = re.compile(r"https://(?P<host>[^/\s]+)/(?P<path>\S+)")
+HF_SPLIT = re.compile(r"hf://(?P<repo>[^/:@]+/[^/:@]+)(?::(?P<config>[^@]+))?@(?P<split>[^#]+)")
+HF_FILE = re.compile(r"hf-file://(?P<repo>[^/]+/[^/]+)/(?P<path>[^#]+)")
+URL = re.compile(r"https://(?P<host>[^/\s#]+)/(?P<path>[^\s#]+)")
+SAMPLE = re.compile(r"(?P<source>.+)#sample=(?P<n>[1-9][0-9]*)&seed=(?P<seed>[0-9]+)")
 _COPY_CHUNK = 8 << 20
 
 
@@ -59,6 +72,46 @@ class Fetch:
     target: Path
     source: str
     keys: tuple[str, ...]
+
+    @property
+    def sample(self) -> tuple[str, int, int] | None:
+        """(the whole file's source, rows, seed) when the file is a seeded sample of another."""
+        m = SAMPLE.fullmatch(self.source)
+        return (m["source"], int(m["n"]), int(m["seed"])) if m else None
+
+
+def whole_file(source: str, root: Path = ROOT) -> Path:
+    """Where the whole file a sample is drawn from is kept: ``data/.sources/`` and the source's
+    repository path (``owner/name/path``, ``host/path``, ``owner/name/config/split.jsonl``)."""
+    if m := HF_FILE.fullmatch(source):
+        rel = Path(m["repo"]) / m["path"]
+    elif m := URL.fullmatch(source):
+        rel = Path(m["host"]) / m["path"]
+    else:
+        m = HF_SPLIT.fullmatch(source)
+        assert m is not None
+        rel = Path(m["repo"]) / (m["config"] or "default") / f"{m['split']}.jsonl"
+    return root / "data" / ".sources" / rel
+
+
+def write_sample(whole: Path, part: Path, n: int, seed: int, source: str) -> int:
+    """Write ``n`` rows of ``whole`` (jsonl or a JSON list) drawn with ``seed`` into ``part``:
+    a JSON list when the file it becomes ends in ``.json``, jsonl otherwise; returns the rows
+    the whole file has. Fewer rows than ``n`` is a ``FetchError`` naming both."""
+    import random
+
+    from common.data import read_json_rows
+
+    rows = [row for _, row in read_json_rows(whole)]
+    if n > len(rows):
+        raise FetchError(f"{source}: asks for {n} rows, the file ({whole}) has {len(rows)}")
+    chosen = [rows[i] for i in sorted(random.Random(seed).sample(range(len(rows)), n))]
+    with part.open("w", encoding="utf-8") as f:
+        if part.name.removesuffix(".part").endswith(".json"):
+            json.dump(chosen, f, ensure_ascii=False)
+        else:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in chosen)
+    return len(rows)
 
 
 def data_keys(assets: Any) -> dict[str, str]:
@@ -80,10 +133,13 @@ def plan(assets: Any, root: Path = ROOT) -> tuple[list[Fetch], list[str], dict[s
     named by several keys is fetched once; a source must be one of the two forms."""
     sources: Mapping[str, str] = getattr(assets, "sources", {}) or {}
     for key, source in sources.items():
-        if not any(form.fullmatch(source) for form in (HF_SPLIT, HF_FILE, URL)):
+        m = SAMPLE.fullmatch(source)
+        whole = m["source"] if m else source
+        if not any(form.fullmatch(whole) for form in (HF_SPLIT, HF_FILE, URL)):
             raise ConfigError(
                 f"assets.sources.{key}: {source!r} is none of hf://owner/name[:config]@split, "
-                "hf-file://owner/name/path and https://..."
+                "hf-file://owner/name/path and https://..., each with an optional "
+                "#sample=N&seed=S"
             )
     by_target: dict[Path, tuple[str, list[str]]] = {}
     unsourced, present = [], {}
@@ -112,7 +168,8 @@ class FolderHub:
     def __init__(self, root: str | Path):
         self.root = Path(root)
 
-    def _file(self, source: str) -> Path:
+    def place(self, source: str) -> Path:
+        """Where ``source`` sits in the stand-in hub."""
         if m := HF_FILE.fullmatch(source):
             return self.root / m["repo"] / m["path"]
         if m := URL.fullmatch(source):
@@ -122,11 +179,11 @@ class FolderHub:
         return self.root / m["repo"] / (m["config"] or "default") / f"{m['split']}.jsonl"
 
     def size(self, source: str) -> int | None:
-        path = self._file(source)
+        path = self.place(source)
         return path.stat().st_size if path.is_file() else None
 
     def fetch(self, source: str, part: Path) -> None:
-        src = self._file(source)
+        src = self.place(source)
         if not src.is_file():
             raise FileNotFoundError(f"{source}: not in the stand-in hub ({src})")
         if HF_FILE.fullmatch(source) or URL.fullmatch(source):
@@ -297,13 +354,14 @@ def prepare(config: str | Path, hub: Any, *, dry_run: bool = False, root: Path =
     cfg = load_config(config_class(config), str(config))
     fetches, unsourced, present = plan(cfg.assets, root)
     models = model_ids(cfg)
-    sizes = [hub.size(f.source) for f in fetches]
+    sizes = [hub.size(f.sample[0] if f.sample else f.source) for f in fetches]
     print(
         f"[data] {config}: {len(set(present.values()))} file(s) already there, {len(fetches)} to fetch"
     )
     for f, size in zip(fetches, sizes, strict=True):
+        what = f"{_size(size)}" + (f", {f.sample[1]} rows of it kept" if f.sample else "")
         print(f"[data]   {f.target.relative_to(root) if f.target.is_relative_to(root) else f.target}"
-              f"  <- {f.source}  ({_size(size)}; {', '.join(f.keys)})")  # fmt: skip
+              f"  <- {f.source}  ({what}; {', '.join(f.keys)})")  # fmt: skip
     for model in models:
         print(f"[data]   model {model} -> the Hugging Face cache")
     known = sum(s for s in sizes if s is not None)
@@ -320,21 +378,103 @@ def prepare(config: str | Path, hub: Any, *, dry_run: bool = False, root: Path =
     if dry_run:
         return 1 if unsourced else 0
     for f in fetches:
-        f.target.parent.mkdir(parents=True, exist_ok=True)
         part = f.target.with_name(f.target.name + ".part")
-        try:
-            hub.fetch(f.source, part)
-        except Exception as e:  # the network, the hub, a missing split: name what failed
-            raise FetchError(f"{f.source} -> {part} (kept, resumed next time): {e}") from e
-        check_not_a_pointer(part, f.source)
-        part.replace(f.target)
-        print(f"[data] wrote {f.target}", flush=True)
+        if f.sample is None:
+            fetch_file(hub, f.source, f.target)
+        else:
+            source, n, seed = f.sample
+            whole = whole_file(source, root)
+            if not whole.is_file():
+                fetch_file(hub, source, whole)
+            f.target.parent.mkdir(parents=True, exist_ok=True)
+            total = write_sample(whole, part, n, seed, f.source)
+            part.replace(f.target)
+            print(f"[data] wrote {f.target}: {n} of {total} rows (seed {seed})", flush=True)
     for model in models:
         print(f"[data] model {model}: {hub.model(model)}", flush=True)
     if unsourced:
         print(f"[data] {len(unsourced)} key(s) without a source: see above", file=sys.stderr)
         return 1
     return 0
+
+
+def fetch_file(hub: Any, source: str, target: Path) -> None:
+    """Fetch ``source`` whole into ``target`` through ``<target>.part`` (kept on failure)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    try:
+        hub.fetch(source, part)
+    except Exception as e:  # the network, the hub, a missing split: name what failed
+        raise FetchError(f"{source} -> {part} (kept, resumed next time): {e}") from e
+    check_not_a_pointer(part, source)
+    part.replace(target)
+    print(f"[data] wrote {target}", flush=True)
+
+
+SEARCH_R1_INDEX: dict[
+    str, tuple[str, ...]
+] = {  # Search-R1's scripts/download.py, then cat / gzip -d
+    "e5_Flat.index": (
+        "hf-file://PeterJinGo/wiki-18-e5-index/part_aa",
+        "hf-file://PeterJinGo/wiki-18-e5-index/part_ab",
+    ),
+    "wiki-18.jsonl": ("hf-file://PeterJinGo/wiki-18-corpus/wiki-18.jsonl.gz",),
+}
+
+
+def prepare_search_r1_index(folder: str | Path, hub: Any, *, dry_run: bool = False) -> int:
+    """Make Search-R1's index folder (``SEARCH_R1_INDEX``) in ``folder``: each file from its
+    parts (fetched into ``folder/.parts/``, resumable), joined or unzipped into ``<file>.part``
+    and renamed when whole; a file already there is kept. Prints the plan and the free disk
+    first; returns 0."""
+    folder = Path(folder)
+    todo = {name: parts for name, parts in SEARCH_R1_INDEX.items() if not (folder / name).is_file()}
+    print(f"[data] Search-R1's E5 index in {folder}: {len(SEARCH_R1_INDEX) - len(todo)} file(s) "
+          f"there, {len(todo)} to make")  # fmt: skip
+    known = 0
+    for name, parts in todo.items():
+        sizes = [hub.size(src) for src in parts]
+        known += sum(s for s in sizes if s is not None)
+        shown = ", ".join(f"{src} ({_size(n)})" for src, n in zip(parts, sizes, strict=True))
+        print(f"[data]   {name}  <- {shown}")
+    free = shutil.disk_usage(_existing_parent(folder)).free
+    print(f"[data] {_size(known)} to fetch, about as much again while a file is joined or "
+          f"unzipped; {free / 2**30:,.1f} GiB free")  # fmt: skip
+    if dry_run:
+        return 0
+    for name, parts in todo.items():
+        fetched = []
+        for src in parts:
+            part_file = folder / ".parts" / src.rsplit("/", 1)[1]
+            if not part_file.is_file():
+                fetch_file(hub, src, part_file)
+            fetched.append(part_file)
+        target = folder / name
+        part = target.with_name(name + ".part")
+        join_parts(fetched, part)
+        part.replace(target)
+        for f in fetched:
+            f.unlink()
+        print(f"[data] wrote {target}", flush=True)
+    shutil.rmtree(folder / ".parts", ignore_errors=True)
+    return 0
+
+
+def join_parts(parts: list[Path], out: Path) -> None:
+    """``parts`` one after another into ``out`` (``cat``), a ``.gz`` part unzipped (``gzip -d``);
+    the progress bar counts the parts' bytes read."""
+    import gzip
+
+    total = sum(p.stat().st_size for p in parts)
+    with out.open("wb") as f, tqdm(total=total, unit="B", unit_scale=True, desc=out.stem) as bar:
+        for p in parts:
+            with p.open("rb") as raw:
+                src = gzip.GzipFile(fileobj=raw) if p.suffix == ".gz" else raw
+                read = 0
+                while chunk := src.read(_COPY_CHUNK):
+                    f.write(chunk)
+                    bar.update(raw.tell() - read)
+                    read = raw.tell()
 
 
 def _existing_parent(path: Path) -> Path:
@@ -346,12 +486,16 @@ def _existing_parent(path: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m experiments.prepare_data", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--config", required=True, help="a paper config of cer/, eviback/, arco/")
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--config", help="a paper config of cer/, eviback/, arco/")
+    what.add_argument("--search-r1-index", metavar="DIR", help="make Search-R1's E5 index in DIR")
     parser.add_argument("--hub", help="a local stand-in for the hub, in its layout")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, fetch nothing")
     args = parser.parse_args(argv)
     try:
         hub = FolderHub(args.hub) if args.hub else RemoteHub()
+        if args.search_r1_index:
+            return prepare_search_r1_index(args.search_r1_index, hub, dry_run=args.dry_run)
         return prepare(args.config, hub, dry_run=args.dry_run)
     except (ConfigError, MemoryPlanError, FileNotFoundError, FetchError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -156,3 +156,8 @@ def test_the_servers_start_on_the_gpus_and_address_given():
     assert retrieval == (
         ".venv/bin/python -m common.retrieval serve --index data/search_r1 --host 0.0.0.0 --port 8000"
     )
+    # the index it serves is the one `make data-index` makes, in the same folder by default
+    (made,) = dry_run("data-index", "HUB=/tmp/hub")
+    assert made == (
+        ".venv/bin/python -m experiments.prepare_data --search-r1-index data/search_r1 --hub /tmp/hub"
+    )

@@ -15,7 +15,15 @@ import pytest
 from common.config import ConfigError, load_config
 from common.data import load_qa
 from eviback.config import EviBackConfig
-from experiments.prepare_data import FetchError, FolderHub, copy_resuming, plan, prepare
+from experiments.prepare_data import (
+    FetchError,
+    FolderHub,
+    copy_resuming,
+    plan,
+    prepare,
+    whole_file,
+    write_sample,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data"
@@ -109,13 +117,18 @@ def test_plan_lists_keys_without_a_source_and_refuses_bad_sources(tmp_path):
         plan(cfg.assets, tmp_path)
 
 
-@pytest.mark.parametrize("config", ["llama3.2_3b_2wiki", "qwen3_4b_musique"])
-def test_arco_2wiki_and_musique_have_no_sources_yet_and_say_how_to_get_them(config, tmp_path):
-    """ARCO's 2Wiki and MuSiQue splits (no release split exists) are not made by `make data`
-    yet: the command says which keys and how to get them, exit 1."""
-    config = f"arco/configs/{config}.yaml"
+def test_keys_without_a_source_are_listed_with_how_to_get_them(tmp_path):
+    """A paper config whose data keys have no source (ARCO's 2Wiki config with its sources cut):
+    the command names the keys and the config's way to get them, exit 1."""
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "arco/configs/llama3.2_3b_2wiki.yaml").read_text())
+    del raw["assets"]["sources"]
+    config = tmp_path / "arco/configs/llama3.2_3b_2wiki.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text(yaml.safe_dump(raw))
     run = subprocess.run(
-        [sys.executable, "-m", "experiments.prepare_data", "--config", config, "--dry-run"],
+        [sys.executable, "-m", "experiments.prepare_data", "--config", str(config), "--dry-run"],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip
     assert run.returncode == 1, run.stderr
@@ -176,10 +189,10 @@ PAPER_CONFIGS = sorted(
 
 def standin_hub(config: str, hub: Path, work: Path) -> dict[str, str]:
     """A stand-in hub holding, at each of ``config``'s sources, the rehearsal's stand-in file
-    for that key (experiments/rehearse/assets.py: the data sets' own layouts); returns the
-    sources by key."""
+    for that key (experiments/rehearse/assets.py: the data sets' own layouts; a sampled source
+    N + 3 rows of it); returns the sources by key."""
     from common.config import config_to_dict
-    from experiments.prepare_data import HF_FILE, HF_SPLIT, URL, config_class
+    from experiments.prepare_data import config_class
     from experiments.rehearse import assets as rehearsal_data
 
     cfg = load_config(config_class(ROOT / config), str(ROOT / config))
@@ -187,44 +200,28 @@ def standin_hub(config: str, hub: Path, work: Path) -> dict[str, str]:
     write = {"cer": rehearsal_data.cer_data, "eviback": rehearsal_data.eviback_data,
              "arco": rehearsal_data.arco_data}[family]  # fmt: skip
     written = write(config_to_dict(cfg), work, 4)
-    for key, source in cfg.assets.sources.items():
-        standin = Path(written[f"assets.{key}"])
-        if m := HF_FILE.fullmatch(source):
-            place = hub / m["repo"] / m["path"]
-        elif m := URL.fullmatch(source):
-            place = hub / "urls" / m["host"] / m["path"]
-        else:
-            m = HF_SPLIT.fullmatch(source)
-            place = hub / m["repo"] / (m["config"] or "default") / f"{m['split']}.jsonl"
-        place.parent.mkdir(parents=True, exist_ok=True)
-        if m.re is HF_SPLIT and standin.suffix == ".json":  # a split is rows: written as jsonl
-            rows = json.loads(standin.read_text())
-            place.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        else:
-            shutil.copy(standin, place)
-    for model in (cfg.assets.model, getattr(cfg.assets, "init_model", "")):
-        if model:
-            (hub / model).mkdir(parents=True, exist_ok=True)
-            (hub / model / "config.json").write_text("{}")
+    models = {m: work for m in (cfg.assets.model, getattr(cfg.assets, "init_model", "")) if m}
+    (work / "config.json").write_text("{}")
+    rehearsal_data.standin_hub(cfg.assets.sources, written, hub, models)
     return dict(cfg.assets.sources)
 
 
 @pytest.mark.parametrize("config", PAPER_CONFIGS)
-def test_every_paper_configs_data_is_made_and_loads_as_its_run_loads_it(config, tmp_path, capsys):
+def test_every_paper_configs_data_is_made_and_loads_as_its_run_loads_it(config, tmp_path):
     """The 13 paper configs: `make data` on a stand-in hub holding the data sets' own layouts
     writes every file the config names, and the method's loader reads each; ARCO's 2Wiki and
-    MuSiQue configs list their keys without a source."""
-    from experiments.prepare_data import config_class, data_keys
+    MuSiQue files hold the rows their seeded rule draws."""
+    from experiments.prepare_data import SAMPLE, config_class, data_keys
 
     sources = standin_hub(config, tmp_path / "hub", tmp_path / "standin")
     out = tmp_path / "project"
     code = prepare(ROOT / config, FolderHub(tmp_path / "hub"), root=out)
     cfg = load_config(config_class(ROOT / config), str(ROOT / config))
     keys = data_keys(cfg.assets)
-    if not sources:
-        assert code == 1 and "no source for assets.train" in capsys.readouterr().out
-        return
     assert code == 0 and set(keys) <= set(sources)
+    for key, source in sources.items():
+        if m := SAMPLE.fullmatch(source):
+            assert len(load_qa(out / keys[key])) == int(m["n"]), key
     for key, path in keys.items():
         if config.startswith("cer/"):
             from cer.data import load_math_examples
@@ -234,3 +231,48 @@ def test_every_paper_configs_data_is_made_and_loads_as_its_run_loads_it(config, 
             assert loaded.examples, (key, path)
         else:
             assert load_qa(out / path), (key, path)
+
+
+def test_a_seeded_sample_is_the_same_rows_in_file_order_and_never_more_than_the_file(tmp_path):
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text("".join(json.dumps({"id": i, "question": f"q{i}"}) + "\n" for i in range(50)))
+    first, again, other = (tmp_path / n for n in ("a.jsonl.part", "b.jsonl.part", "c.json.part"))
+    assert write_sample(whole, first, 10, 42, "src") == 50
+    write_sample(whole, again, 10, 42, "src")
+    write_sample(whole, other, 10, 7, "src")
+    ids = [json.loads(line)["id"] for line in first.read_text().splitlines()]
+    assert first.read_text() == again.read_text()  # the seed fixes the rows
+    assert len(set(ids)) == 10 and ids == sorted(ids) and set(ids) <= set(range(50))
+    assert ids == sorted(__import__("random").Random(42).sample(range(50), 10))
+    assert [r["id"] for r in json.loads(other.read_text())] != ids  # a .json file: a JSON list
+    with pytest.raises(FetchError, match="asks for 51 rows, the file .* has 50"):
+        write_sample(whole, tmp_path / "d.part", 51, 42, "src")
+
+
+def test_a_sampled_source_keeps_its_whole_file_and_a_second_sample_fetches_nothing(tmp_path):
+    """ARCO's MuSiQue config: the whole train and dev files land under data/.sources/ and the
+    2,000 / 500 rows are drawn from them; with the source files gone from the hub, a rerun of a
+    deleted sample draws the same rows from the kept whole file."""
+    config = "arco/configs/qwen3_4b_musique.yaml"
+    sources = standin_hub(config, tmp_path / "hub", tmp_path / "standin")
+    out = tmp_path / "project"
+    assert prepare(ROOT / config, FolderHub(tmp_path / "hub"), root=out) == 0
+    train = out / "data/musique/musique_ans_train_2000.jsonl"
+    drawn = train.read_text()
+    whole = whole_file(sources["train"].split("#")[0], out)
+    assert whole == out / "data/.sources/dgslibisey/MuSiQue/musique_ans_v1.0_train.jsonl"
+    assert len(whole.read_text().splitlines()) == 2003 and len(drawn.splitlines()) == 2000
+    shutil.rmtree(tmp_path / "hub/dgslibisey")
+    train.unlink()
+    assert prepare(ROOT / config, FolderHub(tmp_path / "hub"), root=out) == 0
+    assert train.read_text() == drawn
+
+
+def test_a_source_with_a_bad_sample_suffix_is_a_config_error(tmp_path):
+    cfg = load_config(EviBackConfig, str(EVIBACK))
+    for bad in ("#sample=0&seed=1", "#sample=5", "#seed=1&sample=5"):
+        cfg.assets.sources["eval.popqa"] = (
+            f"hf-file://RUC-NLPIR/FlashRAG_datasets/popqa/t.jsonl{bad}"
+        )
+        with pytest.raises(ConfigError, match="optional #sample=N&seed=S"):
+            plan(cfg.assets, tmp_path)

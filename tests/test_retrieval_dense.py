@@ -295,3 +295,38 @@ def test_serve_opens_a_search_r1_folder_and_refuses_a_folder_it_does_not_know(
     want = expected.search(["Horatio Hale"], 3)[0]
     assert [hit["document"]["id"] for hit in got] == [d.id for d in want]
     assert [hit["score"] for hit in got] == pytest.approx([d.score for d in want], abs=1e-5)
+
+
+def test_make_data_index_joins_and_unzips_search_r1s_download_into_a_folder_serve_opens(
+    search_r1_folder, encoder_dir, tmp_path, capsys
+):
+    """`make data-index`: the index in two parts and the gzipped corpus, in the hub's layout
+    (a stand-in), become the folder Search-R1's download script leaves, byte for byte; the parts
+    are removed; a second run (the hub gone) makes nothing."""
+    import gzip
+    import shutil
+
+    from common.retrieval.search_r1_index import open_search_r1, search_r1_files
+    from experiments.prepare_data import FolderHub, prepare_search_r1_index
+
+    hub = tmp_path / "hub"
+    index = (search_r1_folder / "e5_Flat.index").read_bytes()
+    corpus = (search_r1_folder / "wiki-18.jsonl").read_bytes()
+    (hub / "PeterJinGo/wiki-18-e5-index").mkdir(parents=True)
+    (hub / "PeterJinGo/wiki-18-e5-index/part_aa").write_bytes(index[:1000])
+    (hub / "PeterJinGo/wiki-18-e5-index/part_ab").write_bytes(index[1000:])
+    (hub / "PeterJinGo/wiki-18-corpus").mkdir(parents=True)
+    (hub / "PeterJinGo/wiki-18-corpus/wiki-18.jsonl.gz").write_bytes(gzip.compress(corpus))
+    made = tmp_path / "search_r1"
+    assert prepare_search_r1_index(made, FolderHub(hub)) == 0
+    assert (made / "e5_Flat.index").read_bytes() == index
+    assert (made / "wiki-18.jsonl").read_bytes() == corpus
+    assert sorted(p.name for p in made.iterdir()) == ["e5_Flat.index", "wiki-18.jsonl"]
+    queries = ["Horatio Hale", "American football coach"]
+    opened = open_search_r1(*search_r1_files(made), encoder_dir, gpu=False)
+    original = open_search_r1(*search_r1_files(search_r1_folder), encoder_dir, gpu=False)
+    assert opened.search(queries, 5) == original.search(queries, 5)
+    shutil.rmtree(hub)
+    capsys.readouterr()
+    assert prepare_search_r1_index(made, FolderHub(hub)) == 0
+    assert "2 file(s) there, 0 to make" in capsys.readouterr().out

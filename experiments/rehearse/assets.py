@@ -474,3 +474,51 @@ def standin_e5_encoder(out: Path, layers: int = 2, hidden: int = 32, seed: int =
     BertModel(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+# --- a stand-in hub --------------------------------------------------------------------------
+
+
+def standin_hub(
+    sources: Mapping[str, str], files: Mapping[str, str], hub: Path, models: Mapping[str, Path]
+) -> None:
+    """Lay stand-in files out in ``hub`` as ``experiments.prepare_data.FolderHub`` reads a hub:
+    at each source of ``sources`` (``assets.sources``: key -> source) the stand-in file of that
+    key (``files``: ``"assets.KEY"`` -> path, as the writers above return them); a sampled source
+    (``#sample=N&seed=S``) gets the file's rows cycled to N + 3 (``cycle_rows``, each id then
+    suffixed with its row number: the stand-in's rows may be copies already), a split its rows
+    as jsonl; each model id of ``models`` a folder with its stand-in's ``config.json``."""
+    from experiments.prepare_data import SAMPLE, FolderHub
+
+    places = FolderHub(hub)
+    for key, source in sources.items():
+        if f"assets.{key}" not in files:
+            raise AssetsError(f"standin_hub: assets.sources.{key} names no stand-in file")
+        standin = Path(files[f"assets.{key}"])
+        text = standin.read_text(encoding="utf-8")
+        rows = json.loads(text) if standin.suffix == ".json" else None
+        if sampled := SAMPLE.fullmatch(source):
+            source = sampled["source"]
+            if rows is None:
+                rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            rows = _numbered_ids(cycle_rows(rows, int(sampled["n"]) + 3))
+        place = places.place(source)
+        place.parent.mkdir(parents=True, exist_ok=True)
+        if place.suffix == ".jsonl" and rows is not None:
+            place.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        elif rows is not None:
+            place.write_text(json.dumps(rows, ensure_ascii=False))
+        else:
+            place.write_text(text, encoding="utf-8")
+    for model_id, folder in models.items():
+        (hub / model_id).mkdir(parents=True, exist_ok=True)
+        (hub / model_id / "config.json").write_text((Path(folder) / "config.json").read_text())
+
+
+def _numbered_ids(rows: list[Row]) -> list[Row]:
+    """``rows`` with each id made unique by its position (an integer id: the position)."""
+    for i, row in enumerate(rows):
+        key = next((key for key in _ID_KEYS if key in row), None)
+        if key is not None:
+            row[key] = i if isinstance(row[key], int) else f"{row[key]}-{i}"
+    return rows

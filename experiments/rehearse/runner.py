@@ -636,8 +636,9 @@ def _prepared(
         "cer": standin_assets.cer_data,
         "arco": standin_assets.arco_data,
     }[fam]
-    data = writer(raw, out, DATA_ROWS)  # files under out/data/
-    notes = []
+    standins = writer(raw, out, DATA_ROWS)  # files under out/data/
+    data, made = _through_make_data(config, raw, standins, model_dir, out)
+    notes = [made] if made else []
     if device == "cpu" and raw.get("engine", {}).get("sleep_during_update"):
         notes.append(
             "engine.sleep_during_update=false: vLLM refuses sleep mode on a CPU ('Sleep mode is "
@@ -673,6 +674,43 @@ def _prepared(
             stats,
             notes,
         )
+
+
+def _through_make_data(
+    config: Path, raw: dict, standins: dict[str, str], model_dir: Path, out: Path
+) -> tuple[dict[str, str], str]:
+    """The data files as ``make data`` makes them: the stand-ins laid out as a hub
+    (``assets.standin_hub``), then ``experiments.prepare_data.prepare`` (``make data``'s code)
+    into ``out/project`` (its output in ``logs/data.log``). Returns the overrides, each key with
+    a source pointing at the file made for it, and a line for the report; a config without
+    ``assets.sources`` keeps the stand-ins as written ("")."""
+    from common.config import load_config
+    from experiments.prepare_data import SAMPLE, FolderHub, config_class, data_keys, prepare
+    from experiments.rehearse import assets as standin_assets
+
+    sources = raw["assets"].get("sources") or {}
+    if not sources:
+        return standins, ""
+    hub, project, log = out / "hub", out / "project", out / "logs" / "data.log"
+    for folder in (hub, project):
+        shutil.rmtree(folder, ignore_errors=True)
+    models = {raw["assets"][k]: model_dir for k in ("model", "init_model") if raw["assets"].get(k)}
+    standin_assets.standin_hub(sources, standins, hub, models)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        code = prepare(config, FolderHub(hub), root=project)
+    if code != 0:
+        raise RehearsalError(f"make data on the stand-in hub exited {code}: see {log}")
+    keys = data_keys(load_config(config_class(config), str(config)).assets)
+    made = {f"assets.{k}": str(project / path) for k, path in keys.items() if k in sources}
+    sampled = sum(bool(SAMPLE.fullmatch(sources[k])) for k in keys if k in sources)
+    line = (
+        f"data: {len(set(made.values()))} file(s) made by `make data` (experiments.prepare_data) "
+        f"from a stand-in hub of the config's {len(sources)} source(s)"
+        + (f", {sampled} key(s) drawn by its seeded rule" if sampled else "")
+        + f"; {log}"
+    )
+    return standins | made, line
 
 
 def _stats_reader(base_url: str) -> Callable[[], dict[str, Any]]:

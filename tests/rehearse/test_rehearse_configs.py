@@ -2,7 +2,8 @@
 their sizes cut further where a stage would dominate ``make test``: CER under two DeepSpeed ranks
 (ZeRO-3, bf16), EviBack on Qwen3-0.6B (APE, training with the teacher), ARCO on Llama-3.2-3B
 (warmup with the LLM player and annotator, a sparse and a dense step, evaluation) and on
-Qwen3-4B-Instruct-2507 over 2Wiki (warmup, training)."""
+Qwen3-4B-Instruct-2507 over 2Wiki (warmup, training). Each starts from ``make data`` on a
+stand-in hub (experiments/rehearse/runner.py ``_through_make_data``)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,7 @@ def test_arco_paper_config_on_qwen3(tmp_path):
     train = stages["train"]["counts"]
     assert train["phase_dense"] > 0 and train["nonzero_grad_steps"] >= 1
     assert stages["_report"]["standin"]["architecture"] == "Qwen3ForCausalLM"
+    # its data came through `make data`'s code: the config's seeded 2,000-question draw
+    notes = " ".join(stages["_report"]["notes"])
+    assert "made by `make data`" in notes and "3 key(s) drawn by its seeded rule" in notes
+    assert "/project/data/2wiki/train_2000.json" in stages["warmup"]["command"]

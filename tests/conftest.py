@@ -32,7 +32,7 @@ LONG_FILES = (
     "tests/test_train_engine.py",
     "tests/test_evaluate_all.py",
     "tests/eviback/test_eviback_train_run.py",
-    "tests/test_smol_model.py",
+    "tests/test_smol.py",
 )
 
 

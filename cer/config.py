@@ -48,7 +48,9 @@ class AssetsConfig(EvalAssetsConfig):
     train: str = field(
         default="runs/cer/tiny/task/train.jsonl", metadata={"help": "training problems"}
     )
-    train_format: Literal["auto", "math", "answer", "webinstruct", "mmlu_pro", "supergpqa"] = field(
+    train_format: Literal[
+        "auto", "math", "answer", "webinstruct", "mmlu_pro", "supergpqa", "hotpotqa"
+    ] = field(
         default="auto", metadata={"help": "cer.data format of the train file (auto: by its keys)"}
     )
     train_filter: Literal["none", "webinstruct_paper"] = field(

@@ -19,6 +19,12 @@ from the keys of the first row when ``auto``:
   difficulty}``; ``webinstruct_paper_filter`` keeps the paper's subset.
 - ``mmlu_pro``: ``{question, options, answer (letter) and/or answer_index}``.
 - ``supergpqa``: ``{question, options, answer_letter}``.
+- ``hotpotqa``: HotpotQA's own rows ``{_id, question, answer, supporting_facts, context}``, read as
+  reading comprehension: the problem is the supporting paragraphs (``Title: text``, in context
+  order) and ``Question: …``; the answer is a short phrase, written whole as the response
+  (``metadata["short_answer"]``: ``cer.prompt`` asks for the answer only,
+  ``cer.rewards.groups.split_for`` takes the whole response as both solution and answer) and
+  judged by SQuAD-normalised exact match (``metadata["verifier"] = "qa"``).
 
 Multiple-choice problems render their options as ``A. …`` lines under the question; the gold is
 the letter and ``metadata["multiple_choice"]`` is True. Every other key of a row is kept in
@@ -54,11 +60,11 @@ from common.data import (
 if TYPE_CHECKING:  # datasets is heavy: imported only where a hub split is loaded
     from datasets import Dataset
 
-FORMATS = ("math", "answer", "webinstruct", "mmlu_pro", "supergpqa")
+FORMATS = ("math", "answer", "webinstruct", "mmlu_pro", "supergpqa", "hotpotqa")
 ROW_VERIFIERS = ("alias",)  # values of an answer row's optional "verifier" field
 LETTERS = string.ascii_uppercase[:10]  # A-J: MMLU-Pro has up to 10 options
 _HF_PATH = re.compile(r"hf://(?P<id>[^:@]+)(?::(?P<config>[^@]+))?@(?P<split>.+)")
-_ID_KEYS = ("id", "unique_id", "question_id", "uuid", "idx")
+_ID_KEYS = ("id", "_id", "unique_id", "question_id", "uuid", "idx")
 log = logging.getLogger(__name__)
 
 
@@ -161,6 +167,8 @@ def _detect_format(row: Any, at: str) -> str:
         return "supergpqa" if "answer_letter" in keys else "mmlu_pro"
     if "answer_type" in keys:
         return "webinstruct"
+    if "supporting_facts" in keys:
+        return "hotpotqa"
     if "answer" in keys:
         return "answer"
     if "solution" in keys:
@@ -288,10 +296,30 @@ def _parse_supergpqa(row: dict, at: str) -> MathExample:
     return _multiple_choice(row, at, _letter(row, "answer_letter", len(options), at), options)
 
 
+def _parse_hotpotqa(row: dict, at: str) -> MathExample:
+    question, answer = _text(row, "question", at), _answer_text(row, "answer", at)
+    context, facts = row.get("context"), row.get("supporting_facts")
+    if not isinstance(context, list) or not all(
+        isinstance(c, list) and len(c) == 2 and isinstance(c[1], list) for c in context
+    ):
+        raise DataError(f"{at}: field 'context' must be a list of [title, [sentence, ...]]")
+    if not isinstance(facts, list) or not all(isinstance(f, list) and f for f in facts):
+        raise DataError(f"{at}: field 'supporting_facts' must be a list of [title, sentence]")
+    support = {str(f[0]) for f in facts}
+    paragraphs = [f"{t}: {''.join(map(str, s))}" for t, s in context if t in support]
+    if not paragraphs:
+        raise DataError(f"{at}: no paragraph of 'context' is named in 'supporting_facts'")
+    problem = "\n\n".join([*paragraphs, f"Question: {question}"])
+    meta = {**_rest(row, "question", "answer", "context", "supporting_facts"),
+            "verifier": "qa", "short_answer": True}  # fmt: skip
+    return MathExample("", problem, answer, meta)
+
+
 _PARSERS: dict[str, Callable[[dict, str], MathExample | str]] = {
     "math": _parse_math,
     "answer": _parse_answer,
     "webinstruct": _parse_webinstruct,
     "mmlu_pro": _parse_mmlu_pro,
     "supergpqa": _parse_supergpqa,
+    "hotpotqa": _parse_hotpotqa,
 }

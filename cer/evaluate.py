@@ -38,6 +38,7 @@ from cer.rewards.groups import (
 )
 from cer.rollout import sample_groups
 from common.data import question_char_limit
+from common.metrics import cover_exact_match, f1_score
 from common.rl_loop import build_engine, gather_in_order
 from common.rollout.engine import GenerationEngine, SamplingConfig
 from common.train import find_latest_checkpoint
@@ -86,19 +87,24 @@ def evaluate_problems(
 ) -> tuple[dict[str, float], list[dict]]:
     """``params.n`` samples per problem: accuracy (rule / letter; mean over all samples, i.e.
     avg@n), pass@n, exact-match accuracy and the share of samples with a boxed answer; and one
-    row per problem (its gold, answers, verdicts and exact matches)."""
+    row per problem (its gold, answers, verdicts and exact matches). Short-answer QA rows also
+    get token F1 and containment (the normalised gold inside the normalised answer), which judge
+    free-form answers that exact match misses."""
     groups = sample_groups(engine, tokenizer, examples, prompts, params, group_prefix="eval:")
     rows = []
     for g in groups:
-        rows.append(
-            {
-                "id": g.example.id,
-                "gold": g.example.answer,
-                "answers": [s.answer for s in g.splits],
-                "correct": group_verdicts(g, tokenizer, rules),
-                "exact": [is_exact(s.answer, g.example) for s in g.splits],
-            }
-        )
+        answers = [s.answer for s in g.splits]
+        row = {
+            "id": g.example.id,
+            "gold": g.example.answer,
+            "answers": answers,
+            "correct": group_verdicts(g, tokenizer, rules),
+            "exact": [is_exact(s.answer, g.example) for s in g.splits],
+        }
+        if g.example.metadata.get("short_answer"):
+            row["f1"] = [f1_score(a, g.example.answer) for a in answers]
+            row["contains"] = [cover_exact_match(a, g.example.answer) for a in answers]
+        rows.append(row)
     return row_metrics(rows, params.n), rows
 
 
@@ -111,6 +117,10 @@ def row_metrics(rows: Sequence[dict], n: int) -> dict[str, float]:
         "exact_accuracy": sum(sum(r["exact"]) for r in rows) / samples,
         "boxed_rate": sum(a is not None for r in rows for a in r["answers"]) / samples,
         "problems": len(rows),
+    } | {
+        name: sum(sum(r[key]) for r in rows) / samples
+        for name, key in (("f1", "f1"), ("containment", "contains"))
+        if rows and all(key in r for r in rows)
     }
 
 
@@ -197,6 +207,9 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         result = {f"avg@{k}": metrics["accuracy"], f"pass@{k}": metrics[f"pass@{k}"]}
         result[f"exact_avg@{k}"] = metrics["exact_accuracy"]
         result["boxed_rate"] = metrics["boxed_rate"]
+        for extra in ("f1", "containment"):  # short-answer QA benchmarks
+            if extra in metrics:
+                result[f"{extra}_avg@{k}"] = metrics[extra]
         verifiers = sorted({verifier_name(ex, rules) for ex in examples})
         record: dict[str, Any] = {
             "benchmark": name,
@@ -211,6 +224,9 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
             )
             result["greedy"] = g_metrics["accuracy"]
             result["greedy_exact"] = g_metrics["exact_accuracy"]
+            for extra in ("f1", "containment"):
+                if extra in g_metrics:
+                    result[f"greedy_{extra}"] = g_metrics[extra]
             record["greedy_rows"] = g_rows
         result["problems"] = metrics["problems"]
         results[name] = result

@@ -1,7 +1,10 @@
 """The CER prompt: the model's chat template around a system line and the question.
 
 system: "You are a helpful assistant."; user: the question, then the instruction to reason step by
-step and box the final answer (multiple-choice questions also ask for the letter only).
+step and box the final answer (multiple-choice questions also ask for the letter only); a
+short-answer row (``metadata["short_answer"]``: reading comprehension) asks for a short phrase
+from the paragraphs and nothing else, as a small model can follow (``benchmarks/README.md``
+"SmolLM2 before training": SmolLM2-135M boxes 1% of its answers when asked to).
 """
 
 from __future__ import annotations
@@ -13,10 +16,16 @@ from cer.data import MathExample
 SYSTEM_PROMPT = "You are a helpful assistant."
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 MC_INSTRUCTION = "Answer with the letter of the correct option only."
+SHORT_INSTRUCTION = (
+    "Read the paragraphs, then answer the question with a short phrase taken from them. "
+    "Reply with the answer only."
+)
 
 
 def user_message(example: MathExample) -> str:
     """The question followed by the instruction(s)."""
+    if example.metadata.get("short_answer"):
+        return "\n".join([example.problem.strip(), SHORT_INSTRUCTION])
     parts = [example.problem.strip(), INSTRUCTION]
     if example.metadata.get("multiple_choice"):
         parts.append(MC_INSTRUCTION)

@@ -7,7 +7,7 @@ from typing import Any
 
 from cer.config import CERConfig
 from cer.data import MathExample
-from cer.rewards.answer import solution_split
+from cer.rewards.answer import response_split
 from cer.rewards.groups import Group
 from common.rollout.engine import GenerationEngine, SamplingConfig
 from common.rollout.trajectory import Trajectory
@@ -67,19 +67,22 @@ def sample_groups(
     group_prefix: str = "",
 ) -> list[Group]:
     """``params.n`` responses for each example (one ``generate`` call), each split at its last
-    box (``solution_split``: a response without one keeps answer None)."""
+    box (``solution_split``: a response without one keeps answer None), or a short-answer row's
+    taken whole (``short_answer_split``)."""
     params.stop_token_ids = sorted(set(params.stop_token_ids) | set(stop_token_ids(tokenizer)))
     outs = engine.generate([list(p) for p in prompts], params)
     groups = []
     for i, (ex, prompt, comps) in enumerate(zip(examples, prompts, outs, strict=True)):
         trajs, splits = [], []
+        short = bool(ex.metadata.get("short_answer"))
         for k, c in enumerate(comps):
             t = Trajectory(f"{group_prefix}{i}", k, ex.id, ex.problem, [ex.answer], list(prompt))
             t.append(list(c.token_ids), sampled=True, logprobs=list(c.logprobs))
-            split = solution_split(list(c.token_ids), tokenizer)
+            split = response_split(list(c.token_ids), tokenizer, short)
             t.answer, t.done = split.answer, True
             trajs.append(t)
             splits.append(split)
-        kvs = [c.kv for c in comps]
+        # a short answer's solution ends in tokens the engine did not sample: no cache to reuse
+        kvs = [None if short else c.kv for c in comps]
         groups.append(Group(ex, list(prompt), trajs, splits, kvs if any(kvs) else None))
     return groups

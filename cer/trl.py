@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from cer.data import MathExample
-from cer.rewards.answer import solution_split
+from cer.rewards.answer import response_split
 from cer.rewards.expectation import SELECTIONS
 from cer.rewards.groups import DEFAULT_RULES, SCORED_TYPES, Group, Rules, group_rewards
 from cer.rewards.scoring import _max_over_ranks, hf_prefix_scorer
@@ -353,5 +353,5 @@ class CERReward:
             trajs.append(
                 Trajectory("trl", k, example.id, example.problem, [example.answer], prompt_ids, ids)
             )
-            splits.append(solution_split(ids, tokenizer))
+            splits.append(response_split(ids, tokenizer, bool(metadata.get("short_answer"))))
         return Group(example, list(prompt_ids), trajs, splits)

@@ -164,3 +164,22 @@ def test_the_servers_start_on_the_gpus_and_address_given():
     assert made == (
         ".venv/bin/python -m experiments.prepare_data --search-r1-index data/search_r1 --hub /tmp/hub"
     )
+
+
+def test_scale_smol_prepares_its_assets_then_trains_cer_and_refuses_the_other_methods():
+    lines = dry_run("train-cer", "SCALE=smol")
+    assert lines.index("make smol") < lines.index(
+        trainer_line(lines, "cer train --config cer/configs/smol.yaml")
+    )
+    line = trainer_line(dry_run("train-cer-baseline", "SCALE=smol"), "reward.type=rule")
+    assert "cer/configs/smol.yaml" in line
+    (rule_dir,) = [x for x in dry_run("train-cer-baseline", "SCALE=smol") if "run_dir=" in x]
+    assert "run_dir=runs/cer/smol/rule" in rule_dir
+    smol = dry_run("smol")
+    assert any("common.smol.model --out" in x for x in smol)
+    assert any("common.smol.data --out runs/smol/data" in x for x in smol)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL")}
+    for target in ("train-eviback", "train-arco"):
+        run = subprocess.run(["make", "-n", target, "SCALE=smol"], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert run.returncode != 0 and "only CER has a smol config" in run.stderr

@@ -130,3 +130,45 @@ def test_the_corpus_holds_each_paragraph_once_and_bm25_finds_the_supporting_ones
     one = sum(bool(s & g) for s, g in found) / len(found)
     both = sum(s <= g for s, g in found) / len(found)
     assert one >= 0.9 and both >= 0.45, (one, both)
+
+
+@pytest.mark.slow
+def test_cer_trains_a_step_and_evaluates_on_real_hotpotqa_answers(smol_dir, tmp_path):
+    """``cer/configs/smol.yaml`` on a small budget: one RL step of CER's reward on the real model,
+    then the test split's evaluation with F1 and containment beside exact match."""
+    import json
+
+    from cer.config import CERConfig
+    from cer.evaluate import run_eval
+    from cer.trainer import train_cer
+    from common.config import load_config
+    from common.smol.data import write
+
+    data = write(tmp_path / "data")
+    cfg = load_config(
+        CERConfig,
+        Path(__file__).resolve().parents[1] / "cer" / "configs" / "smol.yaml",
+        [
+            f"assets.model={smol_dir}",
+            f"assets.train={data['train']}",
+            f"assets.dev={data['dev']}",
+            f"assets.eval.smol_hotpotqa_test={data['test']}",
+            f"run_dir={tmp_path / 'run'}",
+            "steps=1", "prompts_per_step=2", "group_size=2", "loss.micro_batch_size=4",
+            "max_response_tokens=8",
+            "eval_every=0", "save_every=1",
+            "eval.k=1", "eval.max_examples=3", "eval.max_tokens=8",
+        ],
+    )  # fmt: skip
+    train_cer(cfg)
+    (step,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert step["step"] == 1 and 0.0 <= step["reward/cer"] <= 1.0
+    assert step["reward/exact"] == step["accuracy"]  # the rule on these rows is exact match
+    results = run_eval(cfg)["smol_hotpotqa_test"]
+    assert results["problems"] == 3
+    record = json.loads((tmp_path / "run" / "eval" / "smol_hotpotqa_test.json").read_text())
+    assert record["verifier"] == "qa-em" and "checkpoint" in record["model"]
+    for row in record["sampled_rows"] + record["greedy_rows"]:
+        for correct, f1, contains in zip(row["correct"], row["f1"], row["contains"], strict=True):
+            assert contains >= correct and f1 >= correct  # right by EM: contained, F1 1
+    assert 0.0 <= results["containment_avg@1"] <= 1.0 and "greedy_f1" in results

@@ -32,6 +32,16 @@ at the box like any other.
 A response without a box still serves as a solution (``solution_split``): all of its text, with the
 tokens after the last visible character (end-of-turn and other special tokens) left out, and
 ``tail = "\\boxed{"``, so that its scored continuations are ``"\\boxed{" + x + "}"``.
+
+A short-answer response (reading comprehension: the prompt asks for the answer only) has no
+solution apart from its answer (``short_answer_split``): the solution is its visible tokens
+followed by the tokens of ``"\\nThe answer is:"`` (a bridge the model did not sample), its
+stripped text (a final period dropped) is the answer, and an answer x is scored as ``" " + x``
+and the end-of-turn token (the tokenizer's ``eos_token``, ``"\\n"`` without one): the answer
+said whole, then the turn's end, the model's most likely token after a restated answer. CER's
+π(a* | s_k) is then how likely the model finds the reference once it has read its own answer:
+high for an answer that holds the reference ("John André, a British officer" for "John
+André"), which exact match misses.
 """
 
 from __future__ import annotations
@@ -188,6 +198,31 @@ def solution_split(response_ids: list[int], tokenizer: Any) -> AnswerSplit:
         closing="}",
         closing_ids=[],
     )
+
+
+SHORT_BRIDGE, SHORT_TAIL = "\nThe answer is:", " "
+
+
+def short_answer_split(response_ids: list[int], tokenizer: Any) -> AnswerSplit:
+    """A short-answer response as its own solution and answer (module docstring); ``answer`` is
+    None for a response with no visible text."""
+    text, groups = emission_groups(response_ids, tokenizer)
+    visible = list(response_ids[: max((g[1] for g in groups if g[3] > g[2]), default=0)])
+    answer = text.strip().removesuffix(".").strip()
+    return AnswerSplit(
+        solution_ids=visible + encode_text(tokenizer, SHORT_BRIDGE),
+        tail=SHORT_TAIL,
+        answer=answer or None,
+        answer_ids=visible,
+        closing=getattr(tokenizer, "eos_token", None) or "\n",
+        closing_ids=[],
+    )
+
+
+def response_split(response_ids: list[int], tokenizer: Any, short_answer: bool) -> AnswerSplit:
+    """``short_answer_split`` for a short-answer row's response, else ``solution_split``."""
+    split = short_answer_split if short_answer else solution_split
+    return split(response_ids, tokenizer)
 
 
 def _split_at_box(

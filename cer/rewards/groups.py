@@ -28,6 +28,7 @@ from cer.rewards.verifiers import (
     strict_choice_verifier,
 )
 from common import rewards as parts
+from common.metrics import exact_match
 from common.rollout.engine import GeneratedKV
 from common.rollout.trajectory import Trajectory
 
@@ -69,10 +70,13 @@ def rules_of(cfg: Any) -> Rules:
 
 def verifier_name(example: MathExample, rules: Rules = Rules()) -> str:
     """Which verifier is the rule for ``example``: ``alias`` (its row says ``verifier: alias``:
-    the alias oracle over its ``answer_forms``), ``letter`` or ``strict-choice`` (multiple
+    the alias oracle over its ``answer_forms``), ``qa-em`` (a short-answer QA row: SQuAD-normalised
+    exact match, ``common.metrics.exact_match``), ``letter`` or ``strict-choice`` (multiple
     choice), ``math-verify`` or ``math-verify-last512``."""
     if example.metadata.get("verifier") == "alias":
         return "alias"
+    if example.metadata.get("verifier") == "qa":
+        return "qa-em"
     if example.metadata.get("multiple_choice"):
         return "letter" if rules.choice == "letter" else "strict-choice"
     return "math-verify" if rules.math == "boxed" else "math-verify-last512"
@@ -93,6 +97,8 @@ def is_correct(
         return False
     if name == "alias":
         return alias_verifier(answer, example.metadata["answer_forms"])
+    if name == "qa-em":
+        return exact_match(answer, example.answer) == 1.0
     if name == "letter":
         return letter_verifier(answer, example.answer)
     if name == "strict-choice":

@@ -65,8 +65,8 @@ def test_every_paper_config_and_variant_is_known():
         str(p.relative_to(ROOT))
         for pkg in ("eviback", "cer", "arco")
         for p in (ROOT / pkg / "configs").glob("*.yaml")
-        # the tiny settings and their comparison specs are not paper configs
-        if not p.stem.startswith(("tiny", "compare")) and p.stem != "search_r1_values"
+        # the tiny and smol settings and their comparison specs are not paper configs
+        if not p.stem.startswith(("tiny", "compare", "smol")) and p.stem != "search_r1_values"
     )
     assert sorted(PAPER_CONFIGS) == on_disk and len(PAPER_CONFIGS) == 13
     assert {family(c) for c in PAPER_CONFIGS} == {"eviback", "cer", "arco"}

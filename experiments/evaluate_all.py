@@ -70,6 +70,8 @@ DEFINITIONS = {
     "duplicate_query_rate": ("duplicates", "searches"),
     "greedy": ("greedy", None),
     "avg@k": ("avg@k", None),
+    "greedy_containment": ("greedy_contains", None),
+    "greedy_f1": ("greedy_f1", None),
 }
 TITLES = {
     "search": "Reference GRPO and its warmup (common.rl_loop.evaluate, greedy)",
@@ -694,7 +696,8 @@ def _eval_eviback(cfg: Any, model: str, out: Path) -> dict[str, Any]:
 
 def _eval_cer(cfg: Any, model: str, out: Path) -> dict[str, Any]:
     """``cer.evaluate.run_eval``: per problem the greedy verdict and the share of right samples
-    (avg@k) by the rule verifier."""
+    (avg@k) by the rule verifier; on short free-form answers also the greedy answer's containment
+    and F1."""
     from cer.evaluate import run_eval
     from common.train.distributed import current_rank
 
@@ -705,12 +708,14 @@ def _eval_cer(cfg: Any, model: str, out: Path) -> dict[str, Any]:
     benchmarks = {}
     for name in results:
         record = json.loads((out / "eval" / f"{name}.json").read_text(encoding="utf-8"))
-        greedy = {r["id"]: r["correct"][0] for r in record.get("greedy_rows", [])}
+        greedy = {r["id"]: r for r in record.get("greedy_rows", [])}
         rows = []
         for r in record["sampled_rows"]:
             row = {"id": r["id"], "avg@k": sum(r["correct"]) / max(len(r["correct"]), 1)}
             if r["id"] in greedy:
-                row["greedy"] = float(greedy[r["id"]])
+                g = greedy[r["id"]]
+                row["greedy"] = float(g["correct"][0])
+                row |= {f"greedy_{k}": float(g[k][0]) for k in ("contains", "f1") if k in g}
             rows.append(row)
         k = len(record["sampled_rows"][0]["correct"]) if record["sampled_rows"] else cfg.eval.k
         benchmarks[name] = {"file": record["file"], "rows": rows, "k": k}

@@ -28,11 +28,12 @@ COLUMNS = {
         "forced_termination_rate",
     ),
     "arco": ("em", "f1"),
-    "cer": ("greedy", "avg@k"),
+    # the containment and F1 columns: short free-form answers only (SCALE=smol's HotpotQA)
+    "cer": ("greedy", "avg@k", "greedy_containment", "greedy_f1"),
 }
 PAIRED = {
     "search": ("em", "f1"),
     "eviback": ("f1", "em"),
     "arco": ("em", "f1"),
-    "cer": ("greedy", "avg@k"),
+    "cer": ("greedy", "avg@k", "greedy_containment", "greedy_f1"),
 }

@@ -602,3 +602,39 @@ def test_a_down_loopback_retrieval_server_is_started_on_the_index_given_once_the
         "http://10.1.2.3:8000/retrieve", "its server does not answer"
     )
     assert not missing.procs
+
+
+class ShortAnswers:
+    """A CER evaluator's record on short free-form answers (SCALE=smol): question i's greedy
+    answer is right by exact match for none, contained for i < 2 (cer) or i < 1 (rule)."""
+
+    def __call__(self, run, folder: Path) -> None:
+        contained = {"cer/cer": 2, "cer/rule": 1}[run.arm]
+        rows = [
+            {"id": f"q{i}", "greedy": 0.0, "avg@k": 0.0,
+             "greedy_contains": float(i < contained), "greedy_f1": 0.5 * (i < contained)}
+            for i in range(4)
+        ]  # fmt: skip
+        bench = {"file": "test.jsonl", "digest": "t", "k": 1, "rows": rows}
+        record = {"method": run.method, "model": str(run.model),
+                  "benchmarks": {"smol_hotpotqa_test": bench}}  # fmt: skip
+        (folder / "record.json").write_text(json.dumps(record))
+
+
+def test_short_answer_runs_get_containment_and_f1_columns_paired_with_the_rule(tmp_path):
+    runs = tmp_path / "runs"
+    for reward in ("cer", "rule"):
+        cfg = load_config(CERConfig, ROOT / "cer/configs/smol.yaml", [f"reward.type={reward}"])
+        dump_config(cfg, runs / reward / "config.yaml")
+        (runs / reward / "run.json").write_text(json.dumps({"method": "cer"}))
+        _checkpoint(runs / reward, 10)
+    report = evaluate_all([runs], tmp_path / "eval", ShortAnswers(), resamples=500,
+                          project_root=ROOT, plots=False)  # fmt: skip
+    by_run = {r["run"]: r["benchmarks"]["smol_hotpotqa_test"]["metrics"] for r in report["runs"]}
+    assert by_run["cer"]["greedy_containment"]["value"] == 0.5  # 2 of 4
+    assert by_run["rule"]["greedy_f1"]["value"] == 0.125  # 0.5 for 1 of 4
+    assert by_run["cer"]["greedy"]["value"] == 0.0
+    (diff,) = [c for c in report["comparisons"] if c["metric"] == "greedy_containment"]
+    assert (diff["run"], diff["baseline"]) == ("cer", "rule")
+    assert diff["delta"] == pytest.approx(0.25) and diff["n"] == 4  # q1: 1 - 0; the rest: 0
+    assert "greedy_containment" in (tmp_path / "eval" / "results.md").read_text()

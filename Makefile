@@ -212,8 +212,13 @@ compare-eviback-cer: warmup  ## EviBack's backoff over a CER base reward vs CER 
 compare-eviback-teacher:  ## EviBack's teacher: E2E-APE vs hand-written single prompt vs gated, Qwen3-0.6B, 3 seeds
 	$(PY) -m experiments.compare --spec eviback/configs/compare_teacher.yaml
 
-compare-cer: cer-tiny-assets  ## CER rewards (exact, rule = alias oracle, cer, rule+cer), 3 seeds, vs exact
-	$(PY) -m experiments.compare --spec cer/configs/compare_tiny.yaml
+# SCALE=smol: rule (exact match), cer, rule+cer on SmolLM2 and HotpotQA, by containment, then
+# by exact match and F1 from the same runs (about 11 hours on 2 cores)
+CER_COMPARE := cer/configs/compare_$(if $(filter smol,$(SCALE)),smol,tiny).yaml
+compare-cer: $(if $(filter smol,$(SCALE)),smol,cer-tiny-assets)  ## CER rewards, 3 seeds (tiny: exact, rule = alias oracle, cer, rule+cer vs exact; SCALE=smol: vs rule)
+	$(PY) -m experiments.compare --spec $(CER_COMPARE)
+	$(if $(filter smol,$(SCALE)),$(PY) -m experiments.compare --spec $(CER_COMPARE) --report-only \
+		--metric correct && $(PY) -m experiments.compare --spec $(CER_COMPARE) --report-only --metric f1)
 
 # Hard setting: the alias task whose warmup boxes the canonical form 90% of the time (a confident
 # self-verifier, cer/configs/tiny_selfverify.yaml), and the four rewards on it

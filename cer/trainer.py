@@ -162,12 +162,14 @@ def train_cer(cfg: CERConfig) -> dict:
         whole=frozen is None and cfg.reward.scorer == "engine",
     )
     # HF engine on the training model: the scorer reads the samples' generation caches instead
-    # of forwarding prompt and solution again (same model, same weights until the update).
+    # of forwarding prompt and solution again (same model, same weights until the update). A
+    # short answer's solution ends in tokens never sampled (cer.rollout): no cache to keep.
     reuse_kv = (
         isinstance(engine, HFEngine)
         and frozen is None
         and cfg.reward.scorer == "prefix"
         and not (train.world_size > 1 and cfg.train.zero_stage == 3)
+        and not all(ex.metadata.get("short_answer") for ex in train_set)
     )
     # A sleeping engine frees its memory (CER-8B's scoring forward needs it) from the end of
     # generation to the weight push, unless the engine is the scorer.

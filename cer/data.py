@@ -23,7 +23,7 @@ from the keys of the first row when ``auto``:
   reading comprehension: the problem is the supporting paragraphs (``Title: text``, in context
   order) and ``Question: …``; the answer is a short phrase, written whole as the response
   (``metadata["short_answer"]``: ``cer.prompt`` asks for the answer only,
-  ``cer.rewards.groups.split_for`` takes the whole response as both solution and answer) and
+  ``cer.rewards.answer.response_split`` takes the whole response as solution and answer) and
   judged by SQuAD-normalised exact match (``metadata["verifier"] = "qa"``).
 
 Multiple-choice problems render their options as ``A. …`` lines under the question; the gold is

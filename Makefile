@@ -22,10 +22,11 @@ CER_CONFIG := cer/configs/tiny.yaml
 EVIBACK_CONFIG := eviback/configs/tiny.yaml
 ARCO_CONFIG := arco/configs/tiny.yaml
 else ifeq ($(SCALE),smol)
-# SmolLM2-135M-Instruct on real HotpotQA questions, CPU, offline (make smol); CER only so far
+# SmolLM2-135M-Instruct on real HotpotQA questions, CPU, offline (make smol; the search agents
+# start from its format warmup, make warmup-smol); ARCO has no smol config yet
 CER_CONFIG := cer/configs/smol.yaml
-EVIBACK_CONFIG = $(error SCALE=smol: only CER has a smol config so far (cer/configs/smol.yaml))
-ARCO_CONFIG = $(error SCALE=smol: only CER has a smol config so far (cer/configs/smol.yaml))
+EVIBACK_CONFIG := eviback/configs/smol.yaml
+ARCO_CONFIG = $(error SCALE=smol: ARCO has no smol config yet (CER, EviBack and GRPO have))
 else
 CER_CONFIG := cer/configs/qwen3_$(SCALE)_base_$(DATA).yaml
 EVIBACK_CONFIG := eviback/configs/qwen3_$(SCALE).yaml
@@ -49,7 +50,7 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
 	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
-	rehearse-all gpu-check serve-retrieval serve-teacher data data-index smol
+	rehearse-all gpu-check serve-retrieval serve-teacher data data-index smol warmup-smol
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -80,8 +81,16 @@ warmup: $(WARM)/config.json  ## supervised warmup of the tiny agent on a weak te
 $(WARM)/config.json: $(WORLD)/manifest.json
 	$(PY) -m common.warmup --config common/configs/warmup_tiny.yaml
 
-train-grpo: warmup  ## the reference GRPO loop on the tiny world
-	$(NODES_ENV) $(LAUNCH) common.search_grpo --config common/configs/grpo_tiny.yaml $(SEED_ARG)
+# SCALE=smol's search agents start from SmolLM2's format warmup on HotpotQA's supporting titles
+SMOL_WARM := runs/warmup/smol/model
+warmup-smol: smol  ## the search protocol taught to SmolLM2 (about 16 min on 2 cores), once
+	$(if $(wildcard $(SMOL_WARM)/config.json),,$(PY) -m common.warmup --config common/configs/warmup_smol.yaml)
+# the warmup a search-agent target needs at this SCALE (paper scales: none)
+AGENT_WARMUP := $(if $(filter tiny,$(SCALE)),warmup,$(if $(filter smol,$(SCALE)),warmup-smol))
+
+GRPO_CONFIG := common/configs/grpo_$(if $(filter smol,$(SCALE)),smol,tiny).yaml
+train-grpo: $(if $(filter smol,$(SCALE)),warmup-smol,warmup)  ## the reference GRPO loop; SCALE=tiny|smol
+	$(NODES_ENV) $(LAUNCH) common.search_grpo --config $(GRPO_CONFIG) $(SEED_ARG)
 
 cer-tiny-assets: $(CER_WARM)/config.json
 $(CER_WARM)/config.json:
@@ -103,12 +112,12 @@ train-cer-baseline:  ## CER's baseline in the same trainer: the rule verifier's 
 eval-cer:  ## CER's evaluation of the latest checkpoint of the run
 	$(NODES_ENV) $(LAUNCH) cer eval --config $(CER_CONFIG)
 
-train-eviback:  ## EviBack; SCALE=tiny|0.6b|1.7b|4b (paper scales need GPUs)
-	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
+train-eviback:  ## EviBack; SCALE=tiny|smol|0.6b|1.7b|4b (paper scales need GPUs)
+	$(if $(AGENT_WARMUP),$(MAKE) $(AGENT_WARMUP))
 	$(NODES_ENV) $(LAUNCH) eviback train --config $(EVIBACK_CONFIG) $(SEED_ARG)
 
 train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (teacher off)
-	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
+	$(if $(AGENT_WARMUP),$(MAKE) $(AGENT_WARMUP))
 	$(NODES_ENV) $(LAUNCH) eviback train --config $(EVIBACK_CONFIG) teacher.enabled=false \
 		run_dir=runs/eviback/$(SCALE)-baseline $(SEED_ARG)
 

@@ -4,6 +4,13 @@ A gold trajectory is what an ideal agent would do: search each query of the ques
 path, read the retrieved documents, answer. It is assembled exactly as a rollout is (the
 agent's turns as "sampled" ids, observations inserted by the real retriever), and the loss
 falls on the agent's own tokens only.
+
+The gold path is ``metadata["gold_queries"]`` (the tiny world writes it) or, for real multi-hop
+data (HotpotQA, 2Wiki, MuSiQue), the supporting paragraphs' titles in the order the data lists
+them (``gold_path``): a title is the query that finds its paragraph, and HotpotQA lists a
+bridge question's paragraphs in reasoning order. On a pretrained model (``SCALE=smol``) the
+warmup is a format warmup: it teaches the search protocol, which the model cannot follow
+untrained.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ def gold_trajectories(
     shortcut_rate: float = 0.0,
     seed: int = 0,
 ) -> list[Trajectory]:
-    """One gold trajectory per example that has ``metadata["gold_queries"]``.
+    """One gold trajectory per example that has a gold path (``gold_path``).
 
     All hop-h queries go to the retriever in one call, as in a rollout turn. With
     ``shortcut_rate`` > 0 the teacher is deliberately weak: that share of the bridge questions
@@ -47,9 +54,11 @@ def gold_trajectories(
     mistake, a decision that RL can unlearn.
     """
     protocol = get_protocol(cfg.protocol)
-    usable = [ex for ex in examples if ex.metadata.get("gold_queries")]
+    usable = [ex for ex in examples if gold_path(ex)]
     if not usable:
-        raise ValueError("no example has metadata['gold_queries']: nothing to warmup on")
+        raise ValueError(
+            "no example has metadata['gold_queries'] or ['supporting_titles']: nothing to warmup on"
+        )
     rng = random.Random(seed)
     plans = [_teacher_plan(ex, shortcut_rate, rng) for ex in usable]
     trajs = [
@@ -87,9 +96,15 @@ def gold_trajectories(
     return trajs
 
 
+def gold_path(ex: QAExample) -> list[str]:
+    """The queries an ideal agent issues for ``ex``: ``metadata["gold_queries"]``, else the
+    supporting titles (each once, in the data's order); [] when the data has neither."""
+    return list(ex.metadata.get("gold_queries") or ex.metadata.get("supporting_titles") or [])
+
+
 def _teacher_plan(ex: QAExample, shortcut_rate: float, rng: random.Random) -> tuple[list, str]:
     """(queries, answer) the teacher writes for ``ex``: the gold path, or the shortcut."""
-    queries = list(ex.metadata["gold_queries"])
+    queries = gold_path(ex)
     draw = rng.random()  # one draw per example, so the choice for one does not shift the others
     if ex.metadata.get("type") == "bridge" and len(queries) > 1 and draw < shortcut_rate:
         return queries[:1], queries[1]
@@ -162,14 +177,23 @@ def sft_warmup(
 
 @dataclass
 class WarmupConfig:
-    """Supervised warmup of a tiny-world agent."""
+    """Supervised warmup of a search agent on gold paths: a tiny world's files unless ``model``,
+    ``train_data`` or ``corpus`` names another (``common/configs/warmup_smol.yaml``)."""
 
     DERIVED: ClassVar[dict[str, str]] = {  # set by run_warmup; refused in configs and overrides
         "train.total_steps": "steps",
         "train.seed": "seed",
     }
 
-    world: str = field(default="runs/tinyworld/seed0", metadata={"help": "tiny world folder"})
+    world: str = field(
+        default="runs/tinyworld/seed0",
+        metadata={"help": "tiny world folder: the default model, train and corpus"},
+    )
+    model: str = field(default="", metadata={"help": "HF model folder (default: <world>/model)"})
+    train_data: str = field(
+        default="", metadata={"help": "QA file with gold paths (default: <world>/train.jsonl)"}
+    )
+    corpus: str = field(default="", metadata={"help": "corpus (default: <world>/corpus.jsonl)"})
     out: str = field(default="runs/warmup/tiny", metadata={"help": "output folder"})
     seed: int = field(default=0, metadata={"help": "data order and init seed", "ge": 0})
     steps: int = field(default=600, metadata={"help": "optimizer steps", "ge": 1})
@@ -199,7 +223,7 @@ class WarmupConfig:
 
 
 def run_warmup(cfg: WarmupConfig) -> Path:
-    """Gold trajectories of the world's train split -> SFT -> ``<out>/model`` (HF folder)."""
+    """Gold trajectories of the train split -> SFT -> ``<out>/model`` (HF folder)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -208,17 +232,14 @@ def run_warmup(cfg: WarmupConfig) -> Path:
     from common.train.engine import TrainEngine
     from common.train.run_folder import open_run_folder
 
-    world = Path(cfg.world)
-    if not (world / "model").is_dir():
-        raise FileNotFoundError(
-            f"no tiny world at {world}: run `python -m common.tinyworld build --out {world}`"
-        )
+    paths = warmup_paths(cfg)
+    train_set = load_qa(paths["train_data"])  # a bad row costs nothing: read before any model loads
     folder = open_run_folder(cfg.out, None, resume=False)  # one warmup at a time in out
-    tokenizer = AutoTokenizer.from_pretrained(world / "model")
-    model = AutoModelForCausalLM.from_pretrained(world / "model", dtype=torch.float32)
-    retriever = BM25Retriever.from_corpus(world / "corpus.jsonl")
+    tokenizer = AutoTokenizer.from_pretrained(paths["model"])
+    model = AutoModelForCausalLM.from_pretrained(paths["model"], dtype=torch.float32)
+    retriever = BM25Retriever.from_corpus(paths["corpus"])
     trajs = gold_trajectories(
-        load_qa(world / "train.jsonl"), tokenizer, retriever, cfg.agent, cfg.shortcut_rate, cfg.seed
+        train_set, tokenizer, retriever, cfg.agent, cfg.shortcut_rate, cfg.seed
     )
     cfg.train.total_steps = cfg.steps  # WarmupConfig.DERIVED
     cfg.train.seed = cfg.seed
@@ -235,6 +256,26 @@ def run_warmup(cfg: WarmupConfig) -> Path:
     saved = save_warmup(engine, tokenizer, cfg, Path(cfg.out), history)
     folder.close()
     return saved
+
+
+def warmup_paths(cfg: WarmupConfig) -> dict[str, Path]:
+    """The model, train and corpus paths (``cfg``'s, else the world's), each checked to exist;
+    a missing one is a ``FileNotFoundError`` that says how to make it."""
+    world = Path(cfg.world)
+    paths = {
+        "model": Path(cfg.model or world / "model"),
+        "train_data": Path(cfg.train_data or world / "train.jsonl"),
+        "corpus": Path(cfg.corpus or world / "corpus.jsonl"),
+    }
+    for key, path in paths.items():
+        if not path.exists():
+            how = (
+                f"run `python -m common.tinyworld build --out {world}`"
+                if not getattr(cfg, key)
+                else "for the smol files: make smol"
+            )
+            raise FileNotFoundError(f"warmup: {key} {path} does not exist: {how}")
+    return paths
 
 
 def save_warmup(engine: TrainEngine, tokenizer, cfg: Any, out: Path, history: list[dict]) -> Path:

@@ -18,10 +18,12 @@ from common.rewards import ESTIMATORS, REWARDS, OutcomeReward, RewardConfig, loa
 from common.run_config import EvalAssetsConfig, SearchAssetsConfig, SearchRunConfig
 
 HOW_TO_GET = {
-    "model": "build the tiny warmup with `python -m eviback warmup` (tiny), or give a hub id "
+    "model": "build the tiny warmup with `python -m eviback warmup` (tiny) or SmolLM2's with "
+    "`make warmup-smol` (SCALE=smol), or give a hub id "
     "such as Qwen/Qwen3-1.7B (download it first on an offline machine: "
     "`hf download Qwen/Qwen3-1.7B`)",
-    "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; the "
+    "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; "
+    "SCALE=smol's HotpotQA questions: `make smol`; the "
     "paper's data: FlashRAG jsonl files from the hub dataset RUC-NLPIR/FlashRAG_datasets "
     "(`hf download --repo-type dataset RUC-NLPIR/FlashRAG_datasets "
     "--local-dir data/flashrag`)",

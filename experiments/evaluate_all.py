@@ -323,11 +323,24 @@ def baseline_arms(run: Run) -> list[str]:
     return []
 
 
+def search_benchmark(method: str, config: dict[str, Any]) -> tuple[str, Path]:
+    """(name, file) a reference GRPO run or its warmup is evaluated on: the test split beside
+    its train file, named for the folder above (``runs/smol/data/test.jsonl``: ``smol_test``),
+    or the tiny world's (``tiny_test``) when the run trains on the world's own files."""
+    source = (config.get("assets") or {}) if method == "grpo" else config
+    train = source.get("train" if method == "grpo" else "train_data") or ""
+    if not train:
+        return "tiny_test", Path(source.get("world") or "runs/tinyworld/seed0") / "test.jsonl"
+    test = Path(train).with_name("test.jsonl")
+    return f"{test.parent.parent.name}_test", test
+
+
 def benchmark_files(run: Run) -> dict[str, str]:
     """The files the run's evaluator reads, by benchmark name."""
     assets = run.config.get("assets") or {}
     if run.kind == "search":
-        return {"tiny_test": str(Path(assets.get("world", "runs/tinyworld/seed0")) / "test.jsonl")}
+        name, test = search_benchmark(run.method, run.config)
+        return {name: str(test)}
     if run.kind in ("eviback", "cer"):
         return dict(assets.get("eval") or {})
     return dict(assets.get("eval") or {}) or {"dev": assets.get("dev", "")}
@@ -624,7 +637,10 @@ def worker(run_dir: Path, method: str, model: str, out: Path) -> dict[str, Any]:
 
 
 def _eval_search(cfg: Any, method: str, model: str, out: Path) -> dict[str, Any]:
-    """``common.rl_loop.evaluate`` on the world's test split (greedy, one rollout)."""
+    """``common.rl_loop.evaluate`` on the test split beside the run's train file
+    (``search_benchmark``; greedy, one rollout)."""
+    from dataclasses import asdict
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from common.data import load_qa
@@ -634,22 +650,27 @@ def _eval_search(cfg: Any, method: str, model: str, out: Path) -> dict[str, Any]
     from common.train.distributed import init_distributed
 
     world = Path(cfg.assets.world if method == "grpo" else cfg.world)
-    test = world / "test.jsonl"
-    corpus = Path(cfg.path("corpus")) if method == "grpo" else world / "corpus.jsonl"
+    name, test = search_benchmark(method, asdict(cfg))
+    if method == "grpo":
+        corpus = Path(cfg.path("corpus"))
+    else:
+        corpus = Path(cfg.corpus or world / "corpus.jsonl")
     url = cfg.assets.retrieval_url if method == "grpo" else ""
     for need in [test] + ([] if url else [corpus]):
         if not need.is_file():
-            raise FileNotFoundError(
-                f"{need} not found; build the world with `python -m common.tinyworld build "
-                f"--out {world}`"
+            how = (
+                f"build the world with `python -m common.tinyworld build --out {world}`"
+                if name == "tiny_test"
+                else "it is the test split beside the run's train file (SCALE=smol: make smol)"
             )
+            raise FileNotFoundError(f"{need} not found; {how}")
     engine_cfg = cfg.engine if method == "grpo" else EngineConfig()
     rank, world_size, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(model)
     hf = AutoModelForCausalLM.from_pretrained(model) if engine_cfg.backend == "hf" else None
     engine = build_engine(engine_cfg, model, hf, tokenizer, cfg.seed + rank)
     retriever = HTTPRetriever(url) if url else BM25Retriever.from_corpus(corpus)
-    rows_file = out / "per_question" / "tiny_test.jsonl"
+    rows_file = out / "per_question" / f"{name}.jsonl"
     evaluate(
         engine,
         tokenizer,
@@ -664,7 +685,7 @@ def _eval_search(cfg: Any, method: str, model: str, out: Path) -> dict[str, Any]
         return {}
     rows = [json.loads(line) for line in rows_file.open(encoding="utf-8")]
     keep = ("id", "em", "f1", "valid", "searches", "forced")
-    return {"tiny_test": {"file": str(test), "rows": [{k: r[k] for k in keep} for r in rows]}}
+    return {name: {"file": str(test), "rows": [{k: r[k] for k in keep} for r in rows]}}
 
 
 def _eval_eviback(cfg: Any, model: str, out: Path) -> dict[str, Any]:

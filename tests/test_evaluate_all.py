@@ -638,3 +638,15 @@ def test_short_answer_runs_get_containment_and_f1_columns_paired_with_the_rule(t
     assert (diff["run"], diff["baseline"]) == ("cer", "rule")
     assert diff["delta"] == pytest.approx(0.25) and diff["n"] == 4  # q1: 1 - 0; the rest: 0
     assert "greedy_containment" in (tmp_path / "eval" / "results.md").read_text()
+
+
+def test_a_search_run_is_evaluated_on_the_test_split_beside_its_train_file():
+    from experiments.evaluate_all import search_benchmark
+
+    world = {"world": "w/seed0"}
+    assert search_benchmark("grpo", {"assets": world}) == ("tiny_test", Path("w/seed0/test.jsonl"))
+    assert search_benchmark("warmup", world) == ("tiny_test", Path("w/seed0/test.jsonl"))
+    smol = "runs/smol/data/train.jsonl"
+    expected = ("smol_test", Path("runs/smol/data/test.jsonl"))
+    assert search_benchmark("grpo", {"assets": {**world, "train": smol}}) == expected
+    assert search_benchmark("warmup", {**world, "train_data": smol}) == expected

@@ -166,7 +166,7 @@ def test_the_servers_start_on_the_gpus_and_address_given():
     )
 
 
-def test_scale_smol_prepares_its_assets_then_trains_cer_and_refuses_the_other_methods():
+def test_scale_smol_prepares_its_assets_then_trains_cer_eviback_and_grpo_and_refuses_arco():
     lines = dry_run("train-cer", "SCALE=smol")
     assert lines.index("make smol") < lines.index(
         trainer_line(lines, "cer train --config cer/configs/smol.yaml")
@@ -178,11 +178,28 @@ def test_scale_smol_prepares_its_assets_then_trains_cer_and_refuses_the_other_me
     smol = dry_run("smol")
     assert any("common.smol.model --out" in x for x in smol)
     assert any("common.smol.data --out runs/smol/data" in x for x in smol)
+    # the search agents: the smol assets, then the format warmup (skipped once built), then the run
+    built = (ROOT / "runs" / "warmup" / "smol" / "model" / "config.json").is_file()
+    warmup = "common.warmup --config common/configs/warmup_smol.yaml"
+    for target, trainer in [
+        ("train-eviback", "eviback train --config eviback/configs/smol.yaml"),
+        ("train-eviback-baseline", "eviback train --config eviback/configs/smol.yaml teacher."),
+        ("train-grpo", "common.search_grpo --config common/configs/grpo_smol.yaml"),
+    ]:
+        lines = dry_run(target, "SCALE=smol")
+        order = [i for i, x in enumerate(lines) if "common.smol.data --out" in x]
+        order += [i for i, x in enumerate(lines) if warmup in x] if not built else []
+        order.append(lines.index(trainer_line(lines, trainer)))
+        assert len(order) == (2 if built else 3) and order == sorted(order), (target, lines)
+    assert "run_dir=runs/eviback/smol-baseline" in "".join(
+        dry_run("train-eviback-baseline", "SCALE=smol")
+    )
+    tiny = trainer_line(dry_run("train-grpo"), "common.search_grpo")
+    assert tiny.split("--config ")[1].split()[0] == "common/configs/grpo_tiny.yaml"
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL")}
-    for target in ("train-eviback", "train-arco"):
-        run = subprocess.run(["make", "-n", target, "SCALE=smol"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert run.returncode != 0 and "only CER has a smol config" in run.stderr
+    run = subprocess.run(["make", "-n", "train-arco", "SCALE=smol"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode != 0 and "ARCO has no smol config yet" in run.stderr
 
 
 def test_compare_cer_at_scale_smol_reports_containment_then_exact_match_and_f1():

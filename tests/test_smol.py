@@ -172,3 +172,57 @@ def test_cer_trains_a_step_and_evaluates_on_real_hotpotqa_answers(smol_dir, tmp_
         for correct, f1, contains in zip(row["correct"], row["f1"], row["contains"], strict=True):
             assert contains >= correct and f1 >= correct  # right by EM: contained, F1 1
     assert 0.0 <= results["containment_avg@1"] <= 1.0 and "greedy_f1" in results
+
+
+@pytest.mark.slow
+def test_the_format_warmup_then_an_eviback_step_with_the_oracle_on_real_hotpotqa(
+    smol_dir, tmp_path
+):
+    """``common/configs/warmup_smol.yaml`` then ``eviback/configs/smol.yaml`` on small budgets: one
+    SFT step on the supporting-title paths, then one EviBack step from its checkpoint, whose
+    all-zero groups the evidence oracle judges against the real supporting titles."""
+    import json
+
+    from common.config import load_config
+    from common.smol.data import write
+    from common.warmup import WarmupConfig, run_warmup
+    from eviback.config import EviBackConfig
+    from eviback.trainer import train_eviback
+
+    root = Path(__file__).resolve().parents[1]
+    data = write(tmp_path / "data")
+    warmup = load_config(
+        WarmupConfig,
+        root / "common" / "configs" / "warmup_smol.yaml",
+        [f"model={smol_dir}", f"train_data={data['train']}", f"corpus={data['corpus']}",
+         f"out={tmp_path / 'warmup'}", "steps=3", "batch_size=2", "train.lr=3e-4",
+         "train.warmup_steps=0"],
+    )  # fmt: skip
+    model = run_warmup(warmup)
+    assert (model / "config.json").is_file() and (tmp_path / "warmup" / "config.yaml").is_file()
+    cfg = load_config(
+        EviBackConfig,
+        root / "eviback" / "configs" / "smol.yaml",
+        [f"assets.model={model}", f"assets.train.smol_hotpotqa={data['train']}",
+         f"assets.dev.smol_hotpotqa={data['dev']}", f"assets.corpus={data['corpus']}",
+         f"run_dir={tmp_path / 'run'}", "steps=1", "questions_per_step=2", "n=2",
+         "loss.micro_batch_size=4", "agent.max_turns=2", "agent.max_turn_tokens=16",
+         "eval_every=0", "save_every=0", "engine.backend=hf"],
+    )  # fmt: skip
+    train_eviback(cfg)
+    (step,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    # three SFT steps at a high rate teach the model to search (measured: every rollout searched
+    # and none answered right, so both groups are all-zero and all four rollouts are judged)
+    assert step["all_zero_share"] == 1.0 and step["teacher/items"] == 4
+    assert step["teacher/calls"] == 0  # the oracle reads the titles; it makes no calls
+    assert step["teacher/S"] + step["teacher/I"] == 1.0 and step["teacher/A"] == 0.0
+    titles = {
+        q["question"]: {t.casefold() for t, _ in q["supporting_facts"]}
+        for q in map(json.loads, data["train"].read_text(encoding="utf-8").splitlines())
+    }
+    samples = json.loads((tmp_path / "run" / "samples" / "step_00001.json").read_text())
+    assert len(samples) == 4
+    for row in samples:  # the verdict is S exactly when every supporting title was retrieved
+        seen = {d["title"].casefold() for s in row["steps"] for d in s.get("docs", [])}
+        status = row["verdict"]["final"]["status"]
+        assert status == ("S" if titles[row["question"]] <= seen else "I"), row["verdict"]

@@ -75,3 +75,62 @@ def test_weak_teacher_answers_the_first_hop_of_the_chosen_bridge_questions(tiny_
     ]  # the seed fixes the choice
     every = gold_trajectories(examples, tokenizer, retriever, cfg, shortcut_rate=1.0)
     assert [i for i, t in enumerate(every) if t.num_searches == 1 < gold[i].num_searches] == bridges
+
+
+def test_real_hotpotqa_questions_get_their_supporting_titles_as_the_gold_path(tiny_world):
+    """HotpotQA has no ``gold_queries``: the teacher searches each supporting title, in the data's
+    order; the gold answer closes the trajectory (``common/configs/warmup_smol.yaml``). A title
+    is a good query, not a perfect one: over these questions' own 60 paragraphs BM25 ranks 11 of
+    the 12 titled paragraphs in the top 3 ("Tom Clancy" loses to three "Tom Clancy's Net Force
+    Explorers" books); 142 of 150 trajectories of the smol train split find both."""
+    from transformers import AutoTokenizer
+
+    from common.data import load_qa
+    from common.retrieval.base import Doc
+    from common.retrieval.bm25 import BM25Retriever
+    from common.rollout.agent import AgentConfig
+    from common.smol import data
+    from common.warmup import gold_path, gold_trajectories
+
+    rows = data.rows()[:6]  # the project's HotpotQA sample (common/smol/README.md)
+    examples = load_qa(rows, source="hotpotqa")
+    docs = [
+        Doc(f"{i}.{j}", p["title"], p["text"], 0.0)
+        for i, ex in enumerate(examples)
+        for j, p in enumerate(ex.metadata["paragraphs"])
+    ]
+    retriever = BM25Retriever.from_docs(docs)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world / "model")
+    trajs = gold_trajectories(examples, tokenizer, retriever, AgentConfig(max_obs_tokens=64))
+    assert len(trajs) == len(examples)
+    found: list[bool] = []
+    for row, ex, t in zip(rows, examples, trajs, strict=True):
+        titles = list(dict.fromkeys(title for title, _ in row["supporting_facts"]))
+        assert gold_path(ex) == titles and len(titles) == 2
+        searches = [s for s in t.steps if s.kind == "search"]
+        assert [s.query for s in searches] == titles
+        found += [s.query in [d.title for d in s.docs] for s in searches]
+        assert t.answer == row["answer"] and t.done and t.num_searches == 2
+    assert sum(found) == 11 and len(found) == 12
+
+
+def test_gold_path_prefers_the_worlds_queries_and_is_empty_without_either():
+    from common.data import QAExample
+    from common.warmup import gold_path
+
+    both = {"gold_queries": ["a", "b"], "supporting_titles": ["T1", "T2"]}
+    assert gold_path(QAExample("1", "q", ["x"], both)) == ["a", "b"]
+    assert gold_path(QAExample("2", "q", ["x"], {"supporting_titles": ["T1"]})) == ["T1"]
+    assert gold_path(QAExample("3", "q", ["x"], {})) == []
+
+
+def test_a_missing_smol_input_names_the_key_and_says_how_to_make_it(tmp_path, tiny_world):
+    from common.warmup import WarmupConfig, main, warmup_paths
+
+    cfg = WarmupConfig(world=str(tiny_world), model=str(tmp_path / "none"), out=str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"model .*none does not exist: .*make smol"):
+        warmup_paths(cfg)
+    paths = warmup_paths(WarmupConfig(world=str(tiny_world)))
+    assert paths["train_data"] == tiny_world / "train.jsonl"
+    assert main([f"world={tmp_path}", f"out={tmp_path / 'w'}"]) == 2  # one line, exit 2
+    assert not (tmp_path / "w").exists()  # refused before the run folder opens

@@ -107,7 +107,12 @@ def collapse_values(metrics: Mapping[str, Any]) -> list[float] | None:
 def collapsed(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> bool:
     """Whether the step ``after`` looks collapsed: its loss, gradient norm and accuracy/reward
     all exactly 0 where the step ``before`` had one of them non-zero (a learning rate that
-    wrecked the model in one update: it answers nothing, so every advantage and gradient is 0)."""
+    wrecked the model in one update: it answers nothing, so every advantage and gradient is 0).
+    A search step whose rollouts still answer (``valid_answer_rate`` > 0) is not: every answer
+    wrong and no teacher reward is a step without signal, common where most groups are all-zero
+    (EviBack at ``SCALE=smol``: 85% of groups)."""
+    if float(after.get("valid_answer_rate", 0.0)) > 0.0:
+        return False
     now = collapse_values(after)
     then = collapse_values(before) if before is not None else None
     if now is None or then is None:

@@ -118,6 +118,9 @@ def test_restore_continues_the_counts_of_the_logged_steps():
         # ARCO's policy loss; CER logs both accuracy and reward: both must be 0
         ({"loss_pi": 0.2, "grad_norm": 0.5, "reward": 0.5}, {"loss_pi": 0.0, "grad_norm": 0.0, "reward": 0.0}, True),
         ({"loss": 0.1, "grad_norm": 0.5, "reward": 0.5, "accuracy": 0.5}, {"loss": 0.0, "grad_norm": 0.0, "reward": 0.0, "accuracy": 0.25}, False),
+        # a search step that still answers, all wrong, is a step without signal, not a collapse
+        ({"loss": 0.1, "grad_norm": 0.1, "em": 0.0}, {"loss": 0.0, "grad_norm": 0.0, "em": 0.0, "valid_answer_rate": 0.97}, False),
+        ({"loss": 0.1, "grad_norm": 0.1, "em": 0.1}, {"loss": 0.0, "grad_norm": 0.0, "em": 0.0, "valid_answer_rate": 0.0}, True),
     ],
 )  # fmt: skip
 def test_a_collapse_is_all_of_loss_grad_norm_and_reward_exactly_zero_after_a_step_that_was_not(

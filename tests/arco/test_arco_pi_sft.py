@@ -250,3 +250,15 @@ def test_mu_micro_batches_give_the_whole_batch_gradient(tiny_world):
         assert rows[micro]["score_mse"] == pytest.approx(rows[5]["score_mse"], abs=1e-6)
         for n, g in grads[5].items():
             torch.testing.assert_close(grads[micro][n], g, rtol=1e-6, atol=1e-6)
+
+
+def test_a_long_sft_epoch_says_where_it_is_at_most_once_a_minute(capsys):
+    import time
+
+    from arco.warmup import PROGRESS_EVERY_S, _progress
+
+    now = time.perf_counter()
+    assert _progress(now, "μ epoch 1: 3/9 steps") == now  # too soon: silent, clock kept
+    assert capsys.readouterr().out == ""
+    later = _progress(now - PROGRESS_EVERY_S - 1, "μ epoch 1: 4/9 steps")
+    assert later >= now and capsys.readouterr().out == "[arco warmup] μ epoch 1: 4/9 steps\n"

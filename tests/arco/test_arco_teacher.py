@@ -25,6 +25,7 @@ from arco.teacher import (
     annotation_messages,
     oracle_annotation,
     oracle_outcomes,
+    oracle_support,
     parse_annotation,
     parse_teacher_action,
     teacher_policy_messages,
@@ -32,6 +33,8 @@ from arco.teacher import (
 )
 from common.data import QAExample
 from common.llm_client import LLMClient
+from common.retrieval.base import Doc
+from common.rollout.trajectory import Step, Trajectory
 
 
 def episode(steps: list[AgentStep], reward: float, question: str = "Q?", answer=None) -> Episode:
@@ -301,6 +304,100 @@ def test_oracle_annotation_criteria_by_outcome():
     assert forced.criteria[0] == "answers when forced"
     with pytest.raises(ValueError):
         oracle_annotation(RIGHT, 6, SUPPORT)
+
+
+def _played(steps: list[Step]) -> Trajectory:
+    return Trajectory("g", 0, "q", "Q?", ["gold"], [1], steps=steps)
+
+
+def test_oracle_support_by_id_leaves_the_episode_as_it_is():
+    traj = _played([Step("search", 0, 1, "Foo", [Doc("d-film", "Other title", "", 0.0)])] * 4)
+    assert oracle_support(RIGHT, traj, {"supporting_ids": list(SUPPORT)}) == (RIGHT, list(SUPPORT))
+    assert oracle_support(RIGHT, traj, {"answer_type": "span"}) is None
+
+
+def test_oracle_support_by_title_counts_a_paragraph_by_its_title_whichever_row():
+    """HotpotQA names supporting documents by title: the same paragraph under another corpus row
+    is the same evidence, a search that finds it again is redundant, and titles compare as
+    ``eviback.oracle`` compares them (case and surrounding space ignored)."""
+
+    def search(*docs: tuple[str, str]) -> Step:
+        return Step("search", 0, 1, "q", [Doc(i, t, "text", 1.0) for i, t in docs])
+
+    traj = _played(
+        [
+            search(("p3", "Foo (film)"), ("p9", "Dog")),  # finds the film
+            search(("p41", " foo (FILM)"), ("p9", "Dog")),  # the film again, another row
+            search(("p7", "Bob")),  # finds the director
+            Step("answer", 0, 1),
+        ]
+    )
+    steps = [
+        AgentStep("search", "Search[Foo]", "…", 3, doc_ids=("p3", "p9")),
+        AgentStep("search", "Search[Foo film]", "…", 2, doc_ids=("p41", "p9")),
+        AgentStep("search", "Search[Bob]", "…", 1, doc_ids=("p7",)),
+        AgentStep("answer", "Finish[Oslo]", "", 0, forced=True),
+    ]
+    ep = episode(steps, 1.0, answer="Oslo")
+    keyed, support = oracle_support(ep, traj, {"supporting_titles": ["Foo (film)", "Bob"]})
+    assert support == ["foo (film)", "bob"]
+    assert [s.doc_ids for s in keyed.steps] == [
+        ("foo (film)", "dog"),
+        ("foo (film)", "dog"),
+        ("bob",),
+        (),
+    ]
+    assert [s.doc_ids for s in ep.steps][0] == ("p3", "p9")  # the played episode is kept
+    assert oracle_outcomes(keyed, support) == [
+        "useful_search",
+        "redundant_search",
+        "useful_search",
+        "grounded_right_answer",
+    ]
+    # by id the other row is a new document, not a supporting one: a missed search
+    assert oracle_outcomes(ep, ["p3", "p7"])[1] == "missed_search"
+    assert oracle_outcomes(ep, ["p41", "p7"])[:2] == ["missed_search", "useful_search"]
+    with pytest.raises(ValueError, match="4 steps in the episode, 3 in its trajectory"):
+        oracle_support(ep, _played(traj.steps[:3]), {"supporting_titles": ["Bob"]})
+
+
+def test_oracle_support_on_real_hotpotqa_gold_paths(tiny_world):
+    """The format warmup's gold paths over six real HotpotQA questions (tests/test_warmup.py: the
+    titles find their paragraph in 11 of 12 searches; "Tom Clancy" loses to three books named
+    after him): each search the oracle calls useful exactly when its title was among the
+    documents, and the right answer grounded exactly when both were."""
+    from transformers import AutoTokenizer
+
+    from arco.steps import episode_from_trajectory
+    from common.data import load_qa
+    from common.retrieval.bm25 import BM25Retriever
+    from common.rollout.agent import AgentConfig
+    from common.smol import data
+    from common.warmup import gold_trajectories
+
+    examples = load_qa(data.rows()[:6], source="hotpotqa")
+    docs = [
+        Doc(f"{i}.{j}", p["title"], p["text"], 0.0)
+        for i, ex in enumerate(examples)
+        for j, p in enumerate(ex.metadata["paragraphs"])
+    ]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_world / "model")
+    trajs = gold_trajectories(
+        examples, tokenizer, BM25Retriever.from_docs(docs), AgentConfig(max_obs_tokens=64)
+    )
+    useful, grounded = [], []
+    for ex, traj in zip(examples, trajs, strict=True):
+        ep = episode_from_trajectory(traj, tokenizer, max_searches=4)
+        assert ep.reward == 1.0
+        keyed, support = oracle_support(ep, traj, ex.metadata)
+        found = [s.query in [d.title for d in s.docs] for s in traj.steps[:-1]]
+        outcomes = oracle_outcomes(keyed, support)
+        assert outcomes[:-1] == ["useful_search" if f else "missed_search" for f in found]
+        assert outcomes[-1] == ("grounded_right_answer" if all(found) else "guessed_right_answer")
+        useful += found
+        grounded.append(outcomes[-1] == "grounded_right_answer")
+    assert sum(useful) == 11 and len(useful) == 12
+    assert sum(grounded) == 5
 
 
 # --- the LLM path against a scripted OpenAI-compatible server ---------------------------------

@@ -22,11 +22,11 @@ CER_CONFIG := cer/configs/tiny.yaml
 EVIBACK_CONFIG := eviback/configs/tiny.yaml
 ARCO_CONFIG := arco/configs/tiny.yaml
 else ifeq ($(SCALE),smol)
-# SmolLM2-135M-Instruct on real HotpotQA questions, CPU, offline (make smol; the search agents
-# start from its format warmup, make warmup-smol); ARCO has no smol config yet
+# SmolLM2-135M-Instruct on real HotpotQA questions, CPU, offline (make smol; the search agents,
+# ARCO's π among them, start from its format warmup, make warmup-smol)
 CER_CONFIG := cer/configs/smol.yaml
 EVIBACK_CONFIG := eviback/configs/smol.yaml
-ARCO_CONFIG = $(error SCALE=smol: ARCO has no smol config yet (CER, EviBack and GRPO have))
+ARCO_CONFIG := arco/configs/smol.yaml
 else
 CER_CONFIG := cer/configs/qwen3_$(SCALE)_base_$(DATA).yaml
 EVIBACK_CONFIG := eviback/configs/qwen3_$(SCALE).yaml
@@ -50,7 +50,7 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
 	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
-	rehearse-all gpu-check serve-retrieval serve-teacher data data-index smol warmup-smol
+	rehearse-all gpu-check serve-retrieval serve-teacher data data-index smol warmup-smol arco-smol-warmup
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -124,15 +124,22 @@ train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (tea
 eval-eviback:  ## EviBack's evaluation of the latest checkpoint of the run
 	$(NODES_ENV) $(LAUNCH) eviback eval --config $(EVIBACK_CONFIG)
 
-warmup-arco:  ## ARCO's warmup (tiny: the world annotates; paper scales: an LLM teacher, API cost)
+warmup-arco:  ## ARCO's warmup (tiny, smol: the data's supporting documents annotate; paper scales: an LLM teacher, API cost)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
+	$(if $(filter smol,$(SCALE)),$(MAKE) warmup-smol)
 	$(PY) -m arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(SEED_ARG)
 
 $(ARCO_WARM)/arco.json: $(WARM)/config.json
 	$(PY) -m arco warmup --config arco/configs/tiny.yaml
 
-train-arco:  ## ARCO co-evolution RL; SCALE=tiny|qwen3-4b|llama3.2-3b, DATA=hotpotqa|2wiki|musique, VARIANT=
+# SCALE=smol: ARCO's warmup on SmolLM2's format warmup, once (arco/configs/smol.yaml: its time)
+ARCO_SMOL_WARM := runs/arco/smol/warmup
+arco-smol-warmup: warmup-smol
+	$(if $(wildcard $(ARCO_SMOL_WARM)/arco.json),,$(PY) -m arco warmup --config arco/configs/smol.yaml)
+
+train-arco:  ## ARCO co-evolution RL; SCALE=tiny|smol|qwen3-4b|llama3.2-3b, DATA=hotpotqa|2wiki|musique, VARIANT=
 	$(if $(filter tiny,$(SCALE)),$(MAKE) $(ARCO_WARM)/arco.json)
+	$(if $(filter smol,$(SCALE)),$(MAKE) arco-smol-warmup)
 	$(NODES_ENV) $(LAUNCH) arco train --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(SEED_ARG)
 
 eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy

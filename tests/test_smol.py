@@ -230,7 +230,10 @@ def test_the_format_warmup_then_an_eviback_step_with_the_oracle_on_real_hotpotqa
 
 def test_the_smol_search_configs_load_and_share_the_warmups_protocol_and_budget():
     """RL must speak the protocol the warmup taught: the reference loop, EviBack and its LLM
-    teacher variant read the same agent settings as ``warmup_smol.yaml``, and start from it."""
+    teacher variant, and ARCO's environment read the same agent settings as
+    ``warmup_smol.yaml``, and start from it."""
+    from arco.config import ArcoConfig
+    from arco.environment import build_environment
     from common.config import load_config
     from common.grpo_config import GRPOConfig
     from common.warmup import WarmupConfig
@@ -250,3 +253,9 @@ def test_the_smol_search_configs_load_and_share_the_warmups_protocol_and_budget(
     assert (oracle.teacher.backend, llm.teacher.backend) == ("oracle", "llm")
     assert llm.assets.teacher_endpoint.startswith("http://127.0.0.1:")
     assert llm.run_dir != oracle.run_dir and llm.steps == oracle.steps  # the rest inherited
+    arco = load_config(ArcoConfig, root / "arco/configs/smol.yaml", [])
+    corpus = root / "tests/data/retrieval/wiki18_sample_corpus.jsonl"
+    _, agent = build_environment(arco.env, arco.agent, str(corpus))  # any corpus
+    assert [getattr(agent, k) for k in keys] == taught
+    assert agent.max_turns == warmup.agent.max_turns and arco.assets.model == f"{warmup.out}/model"
+    assert arco.warmup.teacher == "oracle" and arco.assets.train == warmup.train_data

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(
     p for p in (ROOT / "arco" / "configs").glob("*.yaml") if not p.name.startswith("compare")
 )
-PAPER = [p for p in CONFIGS if not p.stem.startswith("tiny")]  # tiny settings: not paper configs
+PAPER = [p for p in CONFIGS if not p.stem.startswith(("tiny", "smol"))]  # not paper configs
 
 # variant -> (method, rubric mode, prefix, k, frozen μ, KL direction, own warmup suffix)
 EXPECTED = {

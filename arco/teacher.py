@@ -23,7 +23,7 @@ from arco.projection import project_scores
 from arco.rubric_prompt import strip_thinking
 from arco.steps import AgentStep, Episode, agent_step, budget_before
 from common.api_budget import RequestGroup, messages_chars
-from common.data import QAExample
+from common.data import QAExample, title_key
 from common.llm_client import LLMClient
 from common.metrics import exact_match
 from common.rollout.protocols import ReActProtocol
@@ -524,11 +524,6 @@ def oracle_outcomes(episode: Episode, supporting_ids: Sequence[str]) -> list[str
             outcome = "invalid"
         outcomes.append(outcome)
     return outcomes
-
-
-def title_key(title: str) -> str:
-    """A title as the oracle compares it: stripped and casefolded (as ``eviback.oracle``)."""
-    return title.strip().casefold()
 
 
 def oracle_support(

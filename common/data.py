@@ -531,6 +531,12 @@ def _flashrag(row: dict[str, Any]) -> Parsed:
     return _id(row, "id"), _question(row), _golds(row, "golden_answers"), metadata
 
 
+def title_key(title: str) -> str:
+    """A supporting title as the evidence oracles compare it (``eviback.oracle``,
+    ``arco.teacher.oracle_support``): stripped and casefolded."""
+    return title.strip().casefold()
+
+
 def _flashrag_supporting_titles(metadata: dict[str, Any]) -> list[str]:
     """The supporting titles FlashRAG keeps in ``metadata``: HotpotQA's and 2Wiki's
     ``supporting_facts`` (columnar ``{title: [...], sent_id: [...]}`` or ``[[title, i], ...]``),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common.data import title_key
 from eviback.teacher import Judgement, TeacherItem, TeacherStats, Verdict, format_verdict
 
 
@@ -36,8 +37,8 @@ class EvidenceOracle:
             missing = [x for x in needed if x not in found]
         elif item.metadata.get("supporting_titles"):
             needed = [str(t) for t in item.metadata["supporting_titles"]]
-            found = {d.title.strip().casefold() for d in docs}
-            missing = [t for t in needed if t.strip().casefold() not in found]
+            found = {title_key(d.title) for d in docs}
+            missing = [t for t in needed if title_key(t) not in found]
         else:
             raise ValueError(
                 f"{where}: metadata has no 'supporting_ids' or 'supporting_titles'; the evidence "

@@ -107,6 +107,60 @@ def forward_logprobs(
     return logp[:, :-1]  # [B, T-1]: position t predicts token t+1
 
 
+def shared_prompt_logprobs(
+    forward: Callable[..., Any],
+    prompt_ids: Tensor,
+    response_ids: Tensor,
+    response_mask: Tensor,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    model: nn.Module | None = None,
+) -> Tensor:
+    """log π(response tokens | prompt) for b responses to one prompt, the prompt forwarded once.
+
+    prompt_ids [P] (P >= 2), response_ids and response_mask [b, R] (right-padded; 1 on real
+    tokens) -> [b, R]: the values `forward_logprobs` gives those positions of the b
+    concatenations, up to float rounding, and the same gradients. The prompt but its last token
+    runs once and returns its key/value cache; repeated b times, the cache holds the prompt for
+    the continuations [last prompt token, response[:-1]], whose outputs predict the responses.
+    The gradient reaches the prompt's forward through the cache. A GRPO group's G responses
+    share their prompt: with a 280-token prompt and 32-token answers the update forwards about
+    a fifth of the tokens. The model must return its cache while training: not under
+    gradient checkpointing (HF then turns the cache off).
+    """
+    if prompt_ids.dim() != 1 or len(prompt_ids) < 2:
+        raise ValueError(f"prompt_ids must be [P] with P >= 2, got {tuple(prompt_ids.shape)}")
+    if response_ids.dim() != 2 or response_ids.shape != response_mask.shape:
+        raise ValueError(
+            f"response_ids {tuple(response_ids.shape)} and response_mask "
+            f"{tuple(response_mask.shape)} must be the same [b, R]"
+        )
+    b = response_ids.shape[0]
+    head = forward(input_ids=prompt_ids[None, :-1], use_cache=True, logits_to_keep=1)
+    cache = head.past_key_values
+    if cache is None:
+        raise RuntimeError(
+            "shared_prompt_logprobs: the model returned no cache in training mode "
+            "(gradient checkpointing on?); set loss.share_prompt=false"
+        )
+    cache.batch_repeat_interleave(b)
+    last = prompt_ids[-1:].expand(b, 1)
+    inputs = torch.cat([last, response_ids[:, :-1]], dim=1)  # [b, R]
+    seen = torch.ones(b, len(prompt_ids), dtype=response_mask.dtype, device=response_mask.device)
+    attention = torch.cat([seen, response_mask[:, :-1]], dim=1)  # [b, P - 1 + R]
+    if model is None:
+        model = forward if isinstance(forward, nn.Module) else forward.model
+    with head_returns_logprobs(model, response_ids, chunk_size, temperature):
+        logp = forward(
+            input_ids=inputs, attention_mask=attention, past_key_values=cache, use_cache=True
+        ).logits
+    if logp.shape != response_ids.shape:
+        raise ValueError(
+            f"the model returned {tuple(logp.shape)} for responses {tuple(response_ids.shape)}"
+        )
+    return logp
+
+
 @contextmanager
 def head_returns_logprobs(
     model: nn.Module, labels: Tensor, chunk_size: int = 1024, temperature: float = 1.0

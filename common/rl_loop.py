@@ -23,9 +23,10 @@ from common.rl import (
     forward_logprobs,
     kl_k3,
     masked_mean,
+    shared_prompt_logprobs,
 )
 from common.rollout import AgentConfig, HFEngine, Trajectory, run_agent
-from common.rollout.batch import collate
+from common.rollout.batch import TokenBatch, collate
 from common.run_config import EngineConfig, LossConfig, RunLoopConfig  # noqa: F401
 from common.token_counts import SUMMED_PREFIXES
 from common.train import TrainEngine, read_metrics
@@ -101,6 +102,7 @@ def policy_update(
     mbs = cfg.micro_batch_size
     stats: dict[str, float] = {}
     tokens = {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
+    tokens["tokens/update_forwarded"] = 0  # positions run: a shared prompt counts once
     gap = [0.0, 0.0]  # sum of |log pi_train - log pi_engine| over sampled tokens, their count
     for start in range(0, len(trajs), mbs):
         batch = collate(trajs[start : start + mbs], pad_id).to(train.device)
@@ -113,7 +115,8 @@ def policy_update(
         else:
             chunk = trajs[start : start + mbs]
             adv = token_advantages(chunk, advantages[start : start + mbs], batch.loss_mask)
-        logp = forward_logprobs(train, batch.input_ids, batch.attention_mask, cfg.logprob_chunk)
+        logp, forwarded = update_logprobs(train, trajs[start : start + mbs], batch, cfg)
+        tokens["tokens/update_forwarded"] += forwarded
         gap[0] += float(((logp.detach() - batch.sampling_logprobs).abs() * batch.loss_mask).sum())
         gap[1] += float(batch.loss_mask.sum())
         per_tok, clip = clipped_surrogate(
@@ -147,12 +150,53 @@ def policy_update(
     return out
 
 
+def update_logprobs(
+    train: TrainEngine, trajs: list[Trajectory], batch: TokenBatch, cfg: LossConfig
+) -> tuple[torch.Tensor, int]:
+    """The micro-batch's log π [b, T-1] (``forward_logprobs``' layout) and the positions
+    forwarded. With ``cfg.share_prompt`` the rows with one prompt (a GRPO group's) run it once
+    (``shared_prompt_logprobs``) and the positions outside every response stay 0, which the loss
+    mask leaves out; a micro-batch with a prompt under 2 tokens or no response token at all runs
+    whole."""
+    whole = int(batch.attention_mask.sum())
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, t in enumerate(trajs):
+        by_prompt.setdefault(tuple(t.prompt_ids), []).append(i)
+    if (
+        not cfg.share_prompt
+        or min(len(p) for p in by_prompt) < 2
+        or not any(t.response_ids for t in trajs)
+    ):
+        logp = forward_logprobs(train, batch.input_ids, batch.attention_mask, cfg.logprob_chunk)
+        return logp, whole
+    rows, cols, values, forwarded = [], [], [], 0
+    for prompt, idx in by_prompt.items():
+        p, r = len(prompt), max(len(trajs[i].response_ids) for i in idx)
+        if r == 0:
+            continue
+        index = torch.tensor(idx, device=batch.input_ids.device)
+        response = batch.input_ids[index, p : p + r]  # right-padded by collate
+        mask = batch.attention_mask[index, p : p + r]
+        values.append(
+            shared_prompt_logprobs(
+                train, batch.input_ids[idx[0], :p], response, mask, cfg.logprob_chunk
+            ).reshape(-1)
+        )
+        rows.append(index.repeat_interleave(r))
+        cols.append(torch.arange(p - 1, p - 1 + r, device=index.device).repeat(len(idx)))
+        forwarded += p + int(mask.sum())
+    b, width = batch.input_ids.shape
+    logp = torch.zeros(b, width - 1, device=values[0].device, dtype=values[0].dtype)
+    return logp.index_put((torch.cat(rows), torch.cat(cols)), torch.cat(values)), forwarded
+
+
 def skipped_update_stats(cfg: LossConfig, train: TrainEngine) -> dict[str, float]:
     """``policy_update``'s statistics for an update skipped before its first micro-batch: the
     same keys, nothing measured (NaN) and no token through the model."""
     nan = float("nan")
     out = {"loss": nan, "clip_frac": nan} | ({"kl": nan} if cfg.kl_coef > 0 else {})
     out |= {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
+    out |= {"tokens/update_forwarded": 0}
     return out | {"grad_norm": nan, "logprob_gap": nan, "train_mode": float(train.model.training)}
 
 

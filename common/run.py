@@ -70,6 +70,26 @@ def em_f1_line(m: dict[str, float]) -> str:
     return f"dev EM {m['em']:.3f} F1 {m['f1']:.3f}"
 
 
+def check_shared_prompt(cfg: RunLoopConfig, world: int) -> None:
+    """``loss.share_prompt`` refused, before any model loads, where it cannot work: under
+    gradient checkpointing (HF turns the cache off in training) and under ZeRO-3 on several
+    ranks (each forward gathers the weights collectively, and ranks whose micro-batches hold
+    different numbers of prompts would make different numbers of forwards)."""
+    if not getattr(getattr(cfg, "loss", None), "share_prompt", False):
+        return
+    if cfg.train.gradient_checkpointing:
+        raise ValueError(
+            "loss.share_prompt=true needs train.gradient_checkpointing=false: under "
+            "checkpointing HF keeps no cache in training, and the shared prompt is read from it"
+        )
+    if world > 1 and cfg.train.zero_stage == 3:
+        raise ValueError(
+            f"loss.share_prompt=true under ZeRO-3 on {world} ranks: every forward gathers the "
+            "weights from all ranks, and ranks with different numbers of prompts in a "
+            "micro-batch would wait on each other; set loss.share_prompt=false or zero_stage<=2"
+        )
+
+
 def schedule(step: int, cfg: RunLoopConfig) -> tuple[bool, bool]:
     """(evaluate, checkpoint) after step ``step``: an evaluation every ``cfg.eval_every`` steps
     and at the last one (``eval_every=0``: never); a checkpoint every ``cfg.save_every`` steps
@@ -94,6 +114,7 @@ class Run:
         self.folder = open_run_folder(self.dir, cfg, cfg.resume, begin=False, method=method)
         try:  # under a launcher: one run folder on every node, service URLs every rank reaches
             _, world, _ = init_distributed()
+            check_shared_prompt(cfg, world)
             check_placement(self.dir, service_urls(cfg))
             check_resume_ranks(self.folder.checkpoint, world)
         except BaseException:

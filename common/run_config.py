@@ -125,6 +125,13 @@ class LossConfig:
         default=1024,
         metadata={"help": "positions whose [chunk, vocab] logits exist at a time", "ge": 1},
     )
+    share_prompt: bool = field(
+        default=False,
+        metadata={
+            "help": "forward a prompt once for all its responses in a micro-batch (a group's); "
+            "needs train.gradient_checkpointing=false and not ZeRO-3 on several ranks"
+        },
+    )
 
 
 @dataclass

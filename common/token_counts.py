@@ -8,8 +8,9 @@ The metric names every trainer logs (summed over ranks by ``common.rl_loop.all_r
 - ``tokens/reward``: tokens the method's own model forwards to compute the reward (CER's
   scoring forward; 0 for exact match and for an external teacher);
 - ``tokens/update``: the policy's forward + backward, real tokens (``tokens/update_padded``:
-  the micro-batches' padded positions); ``tokens/reference``: the reference model's forward
-  (0 without a KL term);
+  the micro-batches' padded positions; ``tokens/update_forwarded``: the real tokens the forwards
+  ran, a prompt shared under ``loss.share_prompt`` once); ``tokens/reference``: the reference
+  model's forward (0 without a KL term);
 - ``shape/groups``, ``shape/trajectories``, ``shape/prompt_tokens`` (each group's prompt once),
   ``shape/response_tokens``: the shapes the cost model counts for (``cost_model.measured_rows``).
 """

@@ -107,7 +107,7 @@ def test_policy_update_equals_the_whole_logits_path(tied, kl_coef, monkeypatch):
         set(new_stats)
         == set(old_stats)
         == {"loss", "clip_frac", "grad_norm", "tokens/update", "tokens/update_padded"}
-        | {"tokens/reference", "logprob_gap", "train_mode"}
+        | {"tokens/reference", "tokens/update_forwarded", "logprob_gap", "train_mode"}
         | ({"kl"} if kl_coef else set())
     )
     if kl_coef:

@@ -121,6 +121,9 @@ def test_restore_continues_the_counts_of_the_logged_steps():
         # a search step that still answers, all wrong, is a step without signal, not a collapse
         ({"loss": 0.1, "grad_norm": 0.1, "em": 0.0}, {"loss": 0.0, "grad_norm": 0.0, "em": 0.0, "valid_answer_rate": 0.97}, False),
         ({"loss": 0.1, "grad_norm": 0.1, "em": 0.1}, {"loss": 0.0, "grad_norm": 0.0, "em": 0.0, "valid_answer_rate": 0.0}, True),
+        # CER: every sample answered, none right by the rule (SmolLM2 under exact match)
+        ({"loss": 1.09, "grad_norm": 10.9, "reward": 0.06, "accuracy": 0.06}, {"loss": 0.0, "grad_norm": 0.0, "reward": 0.0, "accuracy": 0.0, "boxed_rate": 1.0}, False),
+        ({"loss": 1.09, "grad_norm": 10.9, "reward": 0.06, "accuracy": 0.06}, {"loss": 0.0, "grad_norm": 0.0, "reward": 0.0, "accuracy": 0.0, "boxed_rate": 0.0}, True),
     ],
 )  # fmt: skip
 def test_a_collapse_is_all_of_loss_grad_norm_and_reward_exactly_zero_after_a_step_that_was_not(

@@ -41,7 +41,7 @@ def build_engine(
     if cfg.backend == "hf":
         if model is None:
             raise ValueError("engine.backend=hf generates with a loaded model; none was given")
-        return HFEngine(model, tokenizer)
+        return HFEngine(model, tokenizer, share_prompt=cfg.share_prompt)
     from common.rollout.vllm_engine import VLLMEngine
 
     return VLLMEngine(

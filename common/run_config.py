@@ -85,6 +85,13 @@ class EngineConfig:
     sleep_during_update: bool = field(
         default=False, metadata={"help": "free vLLM's GPU memory during the update (GPU only)"}
     )
+    share_prompt: bool = field(
+        default=False,
+        metadata={
+            "help": "HF engine: prefill a prompt sampled n times once and start its n samples "
+            "from that cache (vLLM does so itself, by its prefix cache)"
+        },
+    )
     max_num_seqs: int = field(
         default=0,
         metadata={

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from transformers import DynamicCache
 
 from common.rollout.engine import Completion, GeneratedKV, SamplingConfig, stop_length
 
@@ -41,10 +42,19 @@ class _SampledLogprobs:
 class HFEngine:
     """Generates with the training model itself; pushing weights is a no-op copy when it is shared."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, keep_kv: bool = False) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 64,
+        keep_kv: bool = False,
+        share_prompt: bool = False,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        # share_prompt: a prompt sampled n times is prefilled once (``_prefilled_cache``)
+        self.share_prompt = share_prompt
         # keep_kv: each Completion carries its batch's cache and logits (``GeneratedKV``), so
         # that a scorer of the same model can continue from the sampled tokens (CER).
         self.keep_kv = keep_kv
@@ -65,6 +75,32 @@ class HFEngine:
             mask[i, width - len(p) :] = 1
         return ids.to(self.device), mask.to(self.device)
 
+    def _prefilled_cache(self, batch: list[list[int]], width: int) -> DynamicCache | None:
+        """The cache of each row's prompt but its last token, left-padded to ``width - 1`` as
+        ``_left_pad`` pads the ids (zeros where the mask is 0), each distinct prompt forwarded
+        once; ``generate`` then starts from every row's last prompt token. None where no prompt
+        repeats or one is a single token (nothing to gain or to cache)."""
+        distinct: dict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        for prompt in batch:
+            distinct.setdefault(tuple(prompt), [])
+        if len(distinct) == len(batch) or min(len(p) for p in distinct) < 2:
+            return None
+        for prompt in distinct:
+            ids = torch.tensor([prompt[:-1]], device=self.device)
+            cache = self.model(input_ids=ids, use_cache=True, logits_to_keep=1).past_key_values
+            distinct[prompt] = [(layer.keys, layer.values) for layer in cache.layers]
+        layers = []
+        for i in range(len(next(iter(distinct.values())))):
+            k0, v0 = distinct[tuple(batch[0])][i]
+            keys = k0.new_zeros((len(batch), k0.shape[1], width - 1, k0.shape[3]))
+            values = v0.new_zeros((len(batch), v0.shape[1], width - 1, v0.shape[3]))
+            for row, prompt in enumerate(batch):
+                k, v = distinct[tuple(prompt)][i]
+                keys[row, :, width - len(prompt) :] = k[0]
+                values[row, :, width - len(prompt) :] = v[0]
+            layers.append((keys, values))
+        return DynamicCache(ddp_cache_data=layers)
+
     @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], params: SamplingConfig, adapter: str | None = None
@@ -82,9 +118,11 @@ class HFEngine:
             batch = flat[start : start + self.batch_size]
             ids, mask = self._left_pad(batch)
             greedy = params.temperature == 0
+            prefilled = self._prefilled_cache(batch, ids.shape[1]) if self.share_prompt else None
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
+                past_key_values=prefilled,
                 do_sample=not greedy,
                 temperature=None if greedy else params.temperature,
                 top_p=None if greedy else params.top_p,

@@ -54,3 +54,25 @@ def tiny_qwen3() -> Qwen3ForCausalLM:
         torch.manual_seed(0)
         model = Qwen3ForCausalLM(config)
     return model.eval()
+
+
+@pytest.fixture(scope="session")
+def model_that_writes_12(char_tokenizer, tiny_qwen3):
+    """The tiny Qwen3 trained to write "so the answer is \\boxed{12}." (30 steps)."""
+    model = Qwen3ForCausalLM(tiny_qwen3.config)
+    model.load_state_dict(tiny_qwen3.state_dict())
+    ids = torch.tensor(
+        [char_tokenizer.encode("so the answer is \\boxed{12}.", add_special_tokens=False)]
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=3e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # ops this small only wait on each other across threads
+    try:
+        for _ in range(30):
+            loss = model(input_ids=ids, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()

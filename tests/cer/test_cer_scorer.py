@@ -167,28 +167,6 @@ def test_score_group(tiny_qwen3, char_tokenizer):
     assert torch.equal(of2, of_sample)
 
 
-@pytest.fixture(scope="module")
-def model_that_writes_12(char_tokenizer, tiny_qwen3):
-    """The tiny Qwen3 trained to write "so the answer is \\boxed{12}." (30 steps)."""
-    model = Qwen3ForCausalLM(tiny_qwen3.config)
-    model.load_state_dict(tiny_qwen3.state_dict())
-    ids = torch.tensor(
-        [char_tokenizer.encode("so the answer is \\boxed{12}.", add_special_tokens=False)]
-    )
-    opt = torch.optim.Adam(model.parameters(), lr=3e-2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # ops this small only wait on each other across threads
-    try:
-        for _ in range(30):
-            loss = model(input_ids=ids, labels=ids).loss
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    finally:
-        torch.set_num_threads(threads)
-    return model.eval()
-
-
 def test_closing_brace_rule(char_tokenizer, model_that_writes_12):
     """After a solution that goes on to write "12", the answer "1" is unlikely once its closing
     brace is scored; without it, "1" would get the probability of every answer starting with 1."""

@@ -1,6 +1,8 @@
 """Two DeepSpeed ranks run `common.rl_loop.policy_update` (chunked head log-probs, k3 KL to the
 reference) under ZeRO-2 and ZeRO-3 on a tiny Qwen3 with tied embeddings, and under ZeRO-3 on its
-LoRA model, each from the same initial weights on rank-dependent trajectories.
+LoRA model, and under ZeRO-2 with `loss.share_prompt` (each micro-batch one prompt's two
+responses, its prompt forwarded once), each from the same initial weights on rank-dependent
+trajectories.
 
 Launched by tests/test_policy_update_memory.py as `deepspeed --num_gpus 2 ds_policy_update.py
 --out DIR`; rank 0 writes DIR/result.pt (each configuration's weights after STEPS updates and
@@ -22,8 +24,23 @@ from common.train import TrainConfig, TrainEngine, build_lora_model, export_hf_s
 from common.train.distributed import exit_process
 
 VOCAB, STEPS, PER_RANK, MICRO = 97, 2, 4, 2
-CONFIGS = {"zero2": (2, False), "zero3": (3, False), "zero3_lora": (3, True)}
-LOSS = LossConfig(micro_batch_size=MICRO, kl_coef=0.5, logprob_chunk=5, aggregation="token_mean")
+# name: (ZeRO stage, LoRA, loss.share_prompt)
+CONFIGS = {
+    "zero2": (2, False, False),
+    "zero3": (3, False, False),
+    "zero3_lora": (3, True, False),
+    "zero2_shared_prompt": (2, False, True),
+}
+
+
+def loss_config(share_prompt: bool) -> LossConfig:
+    return LossConfig(
+        micro_batch_size=MICRO,
+        kl_coef=0.5,
+        logprob_chunk=5,
+        aggregation="token_mean",
+        share_prompt=share_prompt,
+    )
 
 
 def build_model(lora: bool) -> torch.nn.Module:
@@ -59,13 +76,17 @@ def build_engine(lora: bool, zero_stage: int, grad_accum: int) -> TrainEngine:
     return engine
 
 
-def rank_batch(rank: int, step: int) -> tuple[list[Trajectory], torch.Tensor]:
-    """PER_RANK trajectories of uneven lengths (some tokens inserted) and their advantages."""
+def rank_batch(rank: int, step: int, paired: bool = False) -> tuple[list[Trajectory], torch.Tensor]:
+    """PER_RANK trajectories of uneven lengths (some tokens inserted) and their advantages;
+    ``paired``: trajectories 2k and 2k + 1 answer one prompt (a micro-batch of MICRO = 2 is one
+    group)."""
     g = torch.Generator().manual_seed(100 * rank + step)
     trajs = []
     for i in range(PER_RANK):
         p, r = (int(x) for x in torch.randint(2, 7, (2,), generator=g))
-        t = Trajectory("g", i, "q", "q", ["a"], torch.randint(1, VOCAB, (p,), generator=g).tolist())
+        if i % 2 == 0 or not paired:
+            prompt = torch.randint(1, VOCAB, (p,), generator=g).tolist()
+        t = Trajectory("g", i, "q", "q", ["a"], list(prompt))
         t.append(torch.randint(1, VOCAB, (r,), generator=g).tolist(), True, [0.0] * r)
         t.append(torch.randint(1, VOCAB, (2,), generator=g).tolist(), False)
         trajs.append(t)
@@ -78,10 +99,12 @@ def main() -> None:
     parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
     args = parser.parse_args()
     result = {}
-    for name, (zero_stage, lora) in CONFIGS.items():
+    for name, (zero_stage, lora, share) in CONFIGS.items():
         engine = build_engine(lora, zero_stage, grad_accum=PER_RANK // MICRO)
         assert engine.world_size == 2, engine.world_size
-        stats = [policy_update(engine, *rank_batch(engine.rank, s), LOSS, 0) for s in range(STEPS)]
+        loss = loss_config(share)
+        batches = [rank_batch(engine.rank, s, paired=share) for s in range(STEPS)]
+        stats = [policy_update(engine, *batch, loss, 0) for batch in batches]
         state = export_hf_state_dict(engine, adapter="policy" if lora else None)
         result[name] = {"state": state, "stats": stats}
         print(f"rank {engine.rank} {name}: {stats}", flush=True)

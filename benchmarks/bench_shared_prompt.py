@@ -30,8 +30,11 @@ SMOL_SHAPE = dict(
 )  # fmt: skip
 
 
-def batch(b: int, g: int, prompt: int, longest: int, vocab: int, seed: int) -> list:
-    """B groups of G trajectories: one random prompt a group, responses of 8..longest tokens."""
+def batch(
+    b: int, g: int, prompt: int, longest: int, vocab: int, seed: int, shortest: int = 8
+) -> list:
+    """B groups of G trajectories: one random prompt a group, responses of shortest..longest
+    tokens."""
     from common.rollout.trajectory import Trajectory
 
     gen = torch.Generator().manual_seed(seed)
@@ -39,7 +42,7 @@ def batch(b: int, g: int, prompt: int, longest: int, vocab: int, seed: int) -> l
     for q in range(b):
         ids = torch.randint(0, vocab, (prompt,), generator=gen).tolist()
         for i in range(g):
-            r = int(torch.randint(min(8, longest), longest + 1, (1,), generator=gen))
+            r = int(torch.randint(min(shortest, longest), longest + 1, (1,), generator=gen))
             t = Trajectory(f"q{q}", i, "q", "q", ["a"], list(ids))
             t.append(torch.randint(0, vocab, (r,), generator=gen).tolist(), sampled=True,
                      logprobs=[-1.0] * r)  # fmt: skip

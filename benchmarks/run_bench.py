@@ -47,6 +47,8 @@ BENCHES = (
     Bench("bench_cer_step", "bench_cer_step.py", (), ("--repeats", "2", "--b", "4", "--g", "4")),
     Bench("bench_shared_prompt", "bench_shared_prompt.py", (),
           ("--repeats", "1", "--b", "2", "--g", "4")),
+    Bench("bench_zero_advantage", "bench_zero_advantage.py", (),
+          ("--b", "2", "--g", "4", "--response-tokens", "64")),
     Bench("bench_rollout", "bench_rollout.py", (),
           ("--questions", "8", "--n", "4", "--repeats", "1", "--fixed-prompts", "8",
            "--fixed-tokens", "32", "--fixed-repeats", "1")),

@@ -348,7 +348,12 @@ def clipped_surrogate(
 
 
 def aggregate_loss(
-    per_token: Tensor, mask: Tensor, mode: str, constant: float | None = None
+    per_token: Tensor,
+    mask: Tensor,
+    mode: str,
+    constant: float | None = None,
+    num_seqs: int | None = None,
+    num_tokens: float | None = None,
 ) -> Tensor:
     """Reduce a per-token loss [B, T] to a scalar. With m the mask and l the loss:
 
@@ -357,7 +362,9 @@ def aggregate_loss(
     seq_mean_token_sum       (CER):     1/B · Σ_b Σ_t m·l
     seq_mean_token_sum_norm  (Dr.GRPO): Σ_bt m·l / (B · constant), constant = max response length
 
-    A sequence without masked tokens contributes 0 and still counts in B.
+    A sequence without masked tokens contributes 0 and still counts in B. ``num_seqs`` (B) and
+    ``num_tokens`` (Σ_bt m), when given, are those of the batch these rows were taken from: rows
+    whose loss is 0 left out of the forward leave the value and its gradient as they were.
     """
     if mode not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation {mode!r}; expected one of {AGGREGATIONS}")
@@ -369,14 +376,18 @@ def aggregate_loss(
         raise ValueError(
             f"loss {tuple(per_token.shape)} and mask {tuple(mask.shape)} must be [B, T]"
         )
-    num_seqs = per_token.shape[0]
+    rows = per_token.shape[0] if num_seqs is None else num_seqs
+    if rows < per_token.shape[0]:
+        raise ValueError(f"num_seqs {rows} is less than the {per_token.shape[0]} rows given")
     if mode == "seq_mean_token_mean":
-        return masked_mean(per_token, mask, dim=1).mean()
+        return masked_mean(per_token, mask, dim=1).sum() / rows
     if mode == "token_mean":
-        return masked_mean(per_token, mask)
+        if num_tokens is None:
+            return masked_mean(per_token, mask)
+        return masked_sum(per_token, mask) / max(num_tokens, 1.0)
     if mode == "seq_mean_token_sum":
-        return masked_sum(per_token, mask) / num_seqs
-    return masked_sum(per_token, mask) / (num_seqs * constant)
+        return masked_sum(per_token, mask) / rows
+    return masked_sum(per_token, mask) / (rows * constant)
 
 
 # --- KL estimators (Schulman, "Approximating KL divergence", 2020) ---------------------------

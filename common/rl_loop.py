@@ -89,7 +89,9 @@ def policy_update(
     ``advantages``: one per trajectory [N], or one per response token of each (a list of lists).
     The batch is cut into ``grad_accum`` equal micro-batches; each one's loss is the chosen
     aggregation, and the engine averages them. Neither the policy's nor the reference's logits
-    exist whole: the head projects ``cfg.logprob_chunk`` positions at a time.
+    exist whole: the head projects ``cfg.logprob_chunk`` positions at a time. A micro-batch's
+    rows whose advantage is 0 throughout are left out of its forward (``trained_rows``; their
+    gradient is 0) and its loss keeps the denominators of all its rows.
 
     ``rewards`` (optional) and ``advantages`` non-finite on any rank: the update is skipped on
     every rank before any forward (``TrainEngine.skip_update``; ``skipped_update_stats``). A
@@ -103,32 +105,38 @@ def policy_update(
     stats: dict[str, float] = {}
     tokens = {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
     tokens["tokens/update_forwarded"] = 0  # positions run: a shared prompt counts once
+    rows_run = 0
     gap = [0.0, 0.0]  # sum of |log pi_train - log pi_engine| over sampled tokens, their count
     for start in range(0, len(trajs), mbs):
-        batch = collate(trajs[start : start + mbs], pad_id).to(train.device)
-        tokens["tokens/update"] += int(batch.attention_mask.sum())
+        part = trajs[start : start + mbs]
+        part_adv = advantages[start : start + mbs]
+        keep = trained_rows(part, part_adv, cfg)
+        chunk = [part[i] for i in keep]
+        rows_run += len(chunk)
+        batch = collate(chunk, pad_id).to(train.device)
+        tokens["tokens/update"] += sum(len(t.prompt_ids) + len(t.response_ids) for t in part)
         tokens["tokens/update_padded"] += batch.input_ids.numel()
         if isinstance(advantages, torch.Tensor):
-            adv = broadcast_to_tokens(
-                advantages[start : start + mbs].to(train.device), batch.loss_mask
-            )
+            adv = broadcast_to_tokens(part_adv[keep].to(train.device), batch.loss_mask)
         else:
-            chunk = trajs[start : start + mbs]
-            adv = token_advantages(chunk, advantages[start : start + mbs], batch.loss_mask)
-        logp, forwarded = update_logprobs(train, trajs[start : start + mbs], batch, cfg)
+            adv = token_advantages(chunk, [part_adv[i] for i in keep], batch.loss_mask)
+        logp, forwarded = update_logprobs(train, chunk, batch, cfg)
         tokens["tokens/update_forwarded"] += forwarded
         gap[0] += float(((logp.detach() - batch.sampling_logprobs).abs() * batch.loss_mask).sum())
         gap[1] += float(batch.loss_mask.sum())
         per_tok, clip = clipped_surrogate(
             logp, logp.detach(), adv, batch.loss_mask, cfg.eps_low, cfg.eps_high
         )
-        loss = aggregate_loss(
+        norm = cfg.aggregation == "seq_mean_token_sum_norm"
+        loss = aggregate_loss(  # the denominators of the whole micro-batch, skipped rows in
             per_tok,
             batch.loss_mask,
             cfg.aggregation,
-            constant=batch.loss_mask.shape[1]
-            if cfg.aggregation == "seq_mean_token_sum_norm"
+            constant=max(len(t.prompt_ids) + len(t.response_ids) for t in part) - 1
+            if norm
             else None,
+            num_seqs=len(part),
+            num_tokens=float(sum(sum(t.loss_mask) for t in part)),
         )
         if cfg.kl_coef > 0:
             ref_logp = train.reference.logprobs(
@@ -146,8 +154,29 @@ def policy_update(
     out = {k: v / chunks for k, v in stats.items()} | tokens
     out["grad_norm"] = float(info["grad_norm"]) if info["grad_norm"] is not None else float("nan")
     out["logprob_gap"] = gap[0] / max(gap[1], 1.0)
+    out["update_rows"] = rows_run  # of len(trajs): the rest had zero advantage (trained_rows)
     out["train_mode"] = float(train.model.training)  # 0: dropout and checkpointing are off
     return out
+
+
+def trained_rows(
+    trajs: list[Trajectory], advantages: torch.Tensor | list[list[float]], cfg: LossConfig
+) -> list[int]:
+    """The rows of a micro-batch its forward runs. Under ``cfg.skip_zero_advantage`` and without
+    a KL term, those with a nonzero advantage (on some token): a row whose every advantage is 0
+    has a clipped surrogate of exactly 0 and no gradient. If none has one, the shortest row
+    runs alone (its loss 0): every micro-batch keeps its forward and backward, which DeepSpeed
+    counts to the step and ZeRO-3 gathers the weights in."""
+    every = list(range(len(trajs)))
+    if not cfg.skip_zero_advantage or cfg.kl_coef > 0:
+        return every
+    if isinstance(advantages, torch.Tensor):
+        keep = [i for i in every if bool(advantages[i] != 0)]
+    else:
+        keep = [i for i in every if any(a != 0 for a in advantages[i])]
+    if keep:
+        return keep
+    return [min(every, key=lambda i: len(trajs[i].prompt_ids) + len(trajs[i].response_ids))]
 
 
 def update_logprobs(
@@ -196,7 +225,7 @@ def skipped_update_stats(cfg: LossConfig, train: TrainEngine) -> dict[str, float
     nan = float("nan")
     out = {"loss": nan, "clip_frac": nan} | ({"kl": nan} if cfg.kl_coef > 0 else {})
     out |= {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
-    out |= {"tokens/update_forwarded": 0}
+    out |= {"tokens/update_forwarded": 0, "update_rows": 0}
     return out | {"grad_norm": nan, "logprob_gap": nan, "train_mode": float(train.model.training)}
 
 

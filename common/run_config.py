@@ -132,6 +132,14 @@ class LossConfig:
         default=1024,
         metadata={"help": "positions whose [chunk, vocab] logits exist at a time", "ge": 1},
     )
+    skip_zero_advantage: bool = field(
+        default=True,
+        metadata={
+            "help": "leave a micro-batch's rows whose every advantage is 0 out of its forward "
+            "(their gradient is exactly 0; the loss keeps the micro-batch's denominators); "
+            "no effect with a KL term"
+        },
+    )
     share_prompt: bool = field(
         default=False,
         metadata={

@@ -9,8 +9,9 @@ The metric names every trainer logs (summed over ranks by ``common.rl_loop.all_r
   scoring forward; 0 for exact match and for an external teacher);
 - ``tokens/update``: the policy's forward + backward, real tokens (``tokens/update_padded``:
   the micro-batches' padded positions; ``tokens/update_forwarded``: the real tokens the forwards
-  ran, a prompt shared under ``loss.share_prompt`` once); ``tokens/reference``: the reference
-  model's forward (0 without a KL term);
+  ran, a prompt shared under ``loss.share_prompt`` once, the rows ``loss.skip_zero_advantage``
+  leaves out not at all; ``update_rows``: the rows they ran); ``tokens/reference``: the
+  reference model's forward (0 without a KL term);
 - ``shape/groups``, ``shape/trajectories``, ``shape/prompt_tokens`` (each group's prompt once),
   ``shape/response_tokens``: the shapes the cost model counts for (``cost_model.measured_rows``).
 """

@@ -108,6 +108,7 @@ def test_policy_update_equals_the_whole_logits_path(tied, kl_coef, monkeypatch):
         == set(old_stats)
         == {"loss", "clip_frac", "grad_norm", "tokens/update", "tokens/update_padded"}
         | {"tokens/reference", "tokens/update_forwarded", "logprob_gap", "train_mode"}
+        | {"update_rows"}
         | ({"kl"} if kl_coef else set())
     )
     if kl_coef:
@@ -203,27 +204,35 @@ def test_two_deepspeed_ranks_zero2_and_zero3_match_the_single_process_update(
     """ZeRO-3 partitions the tied head: its weight is gathered inside the head's own call for
     the chunked projection and again for the recomputing backward, the gradient reduced into
     the partition. Weights after two updates equal one process running both ranks' batches
-    (under ZeRO-2 also with each micro-batch's prompt forwarded once: two forwards a backward)."""
+    (under ZeRO-2 also with each micro-batch's prompt forwarded once: two forwards a backward;
+    under ZeRO-3 also with zero-advantage rows left out of the forwards, a rank's micro-batch
+    down to one row)."""
     run = launch_two_ranks([str(SCRIPT), "--out", str(tmp_path)], one_thread=False)
     output = run.stdout[-20000:] + run.stderr[-20000:]
     assert run.returncode == 0, output
     assert "rank 0: ok" in output and "rank 1: ok" in output, output
     result = torch.load(tmp_path / "result.pt", weights_only=False)
     per_rank = ds_policy_update.PER_RANK // ds_policy_update.MICRO
-    for name, (_, lora, share) in ds_policy_update.CONFIGS.items():
+    for name, (_, lora, share, zero_rows) in ds_policy_update.CONFIGS.items():
         engine = ds_policy_update.build_engine(lora, zero_stage=2, grad_accum=2 * per_rank)
         stats = []
         for step in range(ds_policy_update.STEPS):
-            batches = [ds_policy_update.rank_batch(rank, step, share) for rank in range(2)]
+            batches = [
+                ds_policy_update.rank_batch(rank, step, share, zero_rows) for rank in range(2)
+            ]
             trajs = [t for b in batches for t in b[0]]
             advantages = torch.cat([b[1] for b in batches])
-            loss = ds_policy_update.loss_config(share)
+            loss = ds_policy_update.loss_config(share, zero_rows)
             stats.append(policy_update(engine, trajs, advantages, loss, 0))
         ds = result[name]
         assert [s["grad_norm"] for s in ds["stats"]] == pytest.approx(
             [s["grad_norm"] for s in stats], rel=1e-5
         ), name
-        assert ds["stats"][-1]["kl"] > 0, name
+        if zero_rows:  # rows 0 and 3 of each rank's batch; rank 1's first: one a micro-batch
+            assert [s["update_rows"] for s in ds["stats"]] == [2, 2], name
+            assert [s["update_rows"] for s in stats] == [4, 4], name
+        else:
+            assert ds["stats"][-1]["kl"] > 0, name
         state = export_hf_state_dict(engine, adapter="policy" if lora else None)
         assert list(state) == list(ds["state"]), name
         # Adam's first step is lr·g/(|g| + ε): on the paired batch one near-zero gradient entry

@@ -1,8 +1,10 @@
 """Two DeepSpeed ranks run `common.rl_loop.policy_update` (chunked head log-probs, k3 KL to the
 reference) under ZeRO-2 and ZeRO-3 on a tiny Qwen3 with tied embeddings, and under ZeRO-3 on its
-LoRA model, and under ZeRO-2 with `loss.share_prompt` (each micro-batch one prompt's two
-responses, its prompt forwarded once), each from the same initial weights on rank-dependent
-trajectories.
+LoRA model, under ZeRO-2 with `loss.share_prompt` (each micro-batch one prompt's two
+responses, its prompt forwarded once), and under ZeRO-3 without a KL term on advantages that are
+0 in some rows (`loss.skip_zero_advantage` leaves them out of the forward; one rank's first batch
+all 0: each of its micro-batches runs one row), each from the same initial weights on
+rank-dependent trajectories.
 
 Launched by tests/test_policy_update_memory.py as `deepspeed --num_gpus 2 ds_policy_update.py
 --out DIR`; rank 0 writes DIR/result.pt (each configuration's weights after STEPS updates and
@@ -24,19 +26,20 @@ from common.train import TrainConfig, TrainEngine, build_lora_model, export_hf_s
 from common.train.distributed import exit_process
 
 VOCAB, STEPS, PER_RANK, MICRO = 97, 2, 4, 2
-# name: (ZeRO stage, LoRA, loss.share_prompt)
+# name: (ZeRO stage, LoRA, loss.share_prompt, zero-advantage rows and no KL term)
 CONFIGS = {
-    "zero2": (2, False, False),
-    "zero3": (3, False, False),
-    "zero3_lora": (3, True, False),
-    "zero2_shared_prompt": (2, False, True),
+    "zero2": (2, False, False, False),
+    "zero3": (3, False, False, False),
+    "zero3_lora": (3, True, False, False),
+    "zero2_shared_prompt": (2, False, True, False),
+    "zero3_zero_advantage": (3, False, False, True),
 }
 
 
-def loss_config(share_prompt: bool) -> LossConfig:
+def loss_config(share_prompt: bool, zero_rows: bool = False) -> LossConfig:
     return LossConfig(
         micro_batch_size=MICRO,
-        kl_coef=0.5,
+        kl_coef=0.0 if zero_rows else 0.5,
         logprob_chunk=5,
         aggregation="token_mean",
         share_prompt=share_prompt,
@@ -76,10 +79,13 @@ def build_engine(lora: bool, zero_stage: int, grad_accum: int) -> TrainEngine:
     return engine
 
 
-def rank_batch(rank: int, step: int, paired: bool = False) -> tuple[list[Trajectory], torch.Tensor]:
+def rank_batch(
+    rank: int, step: int, paired: bool = False, zero_rows: bool = False
+) -> tuple[list[Trajectory], torch.Tensor]:
     """PER_RANK trajectories of uneven lengths (some tokens inserted) and their advantages;
     ``paired``: trajectories 2k and 2k + 1 answer one prompt (a micro-batch of MICRO = 2 is one
-    group)."""
+    group); ``zero_rows``: advantages 0 in rows 1 and 2, and in every row of rank 1's first
+    batch."""
     g = torch.Generator().manual_seed(100 * rank + step)
     trajs = []
     for i in range(PER_RANK):
@@ -90,7 +96,12 @@ def rank_batch(rank: int, step: int, paired: bool = False) -> tuple[list[Traject
         t.append(torch.randint(1, VOCAB, (r,), generator=g).tolist(), True, [0.0] * r)
         t.append(torch.randint(1, VOCAB, (2,), generator=g).tolist(), False)
         trajs.append(t)
-    return trajs, torch.randn(PER_RANK, generator=g)
+    advantages = torch.randn(PER_RANK, generator=g)
+    if zero_rows:
+        advantages[1:3] = 0
+        if rank == 1 and step == 0:
+            advantages[:] = 0
+    return trajs, advantages
 
 
 def main() -> None:
@@ -99,11 +110,11 @@ def main() -> None:
     parser.add_argument("--local_rank", type=int, default=0)  # passed by the deepspeed launcher
     args = parser.parse_args()
     result = {}
-    for name, (zero_stage, lora, share) in CONFIGS.items():
+    for name, (zero_stage, lora, share, zero_rows) in CONFIGS.items():
         engine = build_engine(lora, zero_stage, grad_accum=PER_RANK // MICRO)
         assert engine.world_size == 2, engine.world_size
-        loss = loss_config(share)
-        batches = [rank_batch(engine.rank, s, paired=share) for s in range(STEPS)]
+        loss = loss_config(share, zero_rows)
+        batches = [rank_batch(engine.rank, s, share, zero_rows) for s in range(STEPS)]
         stats = [policy_update(engine, *batch, loss, 0) for batch in batches]
         state = export_hf_state_dict(engine, adapter="policy" if lora else None)
         result[name] = {"state": state, "stats": stats}

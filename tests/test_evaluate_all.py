@@ -617,7 +617,7 @@ class ShortAnswers:
         ]  # fmt: skip
         bench = {"file": "test.jsonl", "digest": "t", "k": 1, "rows": rows}
         record = {"method": run.method, "model": str(run.model),
-                  "benchmarks": {"smol_hotpotqa_test": bench}}  # fmt: skip
+                  "benchmarks": {"smol_test": bench}}  # fmt: skip
         (folder / "record.json").write_text(json.dumps(record))
 
 
@@ -630,7 +630,7 @@ def test_short_answer_runs_get_containment_and_f1_columns_paired_with_the_rule(t
         _checkpoint(runs / reward, 10)
     report = evaluate_all([runs], tmp_path / "eval", ShortAnswers(), resamples=500,
                           project_root=ROOT, plots=False)  # fmt: skip
-    by_run = {r["run"]: r["benchmarks"]["smol_hotpotqa_test"]["metrics"] for r in report["runs"]}
+    by_run = {r["run"]: r["benchmarks"]["smol_test"]["metrics"] for r in report["runs"]}
     assert by_run["cer"]["greedy_containment"]["value"] == 0.5  # 2 of 4
     assert by_run["rule"]["greedy_f1"]["value"] == 0.125  # 0.5 for 1 of 4
     assert by_run["cer"]["greedy"]["value"] == 0.0
@@ -650,3 +650,18 @@ def test_a_search_run_is_evaluated_on_the_test_split_beside_its_train_file():
     expected = ("smol_test", Path("runs/smol/data/test.jsonl"))
     assert search_benchmark("grpo", {"assets": {**world, "train": smol}}) == expected
     assert search_benchmark("warmup", {**world, "train_data": smol}) == expected
+
+
+@pytest.mark.parametrize(
+    "config", ["cer/configs/smol.yaml", "arco/configs/smol.yaml", "eviback/configs/smol.yaml"]
+)
+def test_every_smol_config_names_its_test_split_as_the_search_runs_do(config):
+    """eval-all pairs runs by benchmark name: a method's smol test split must carry the name a
+    reference GRPO run or its warmup gets for the same file, or nothing pairs across them."""
+    from experiments.evaluate_all import search_benchmark
+
+    root = Path(__file__).resolve().parent.parent
+    grpo = yaml.safe_load((root / "common/configs/grpo_smol.yaml").read_text())
+    name, test = search_benchmark("grpo", grpo)
+    evals = yaml.safe_load((root / config).read_text())["assets"]["eval"]
+    assert evals == {name: str(test)}

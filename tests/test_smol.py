@@ -152,7 +152,7 @@ def test_cer_trains_a_step_and_evaluates_on_real_hotpotqa_answers(smol_dir, tmp_
             f"assets.model={smol_dir}",
             f"assets.train={data['train']}",
             f"assets.dev={data['dev']}",
-            f"assets.eval.smol_hotpotqa_test={data['test']}",
+            f"assets.eval.smol_test={data['test']}",
             f"run_dir={tmp_path / 'run'}",
             "steps=1", "prompts_per_step=2", "group_size=2", "loss.micro_batch_size=4",
             "max_response_tokens=8",
@@ -164,9 +164,9 @@ def test_cer_trains_a_step_and_evaluates_on_real_hotpotqa_answers(smol_dir, tmp_
     (step,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert step["step"] == 1 and 0.0 <= step["reward/cer"] <= 1.0
     assert step["reward/exact"] == step["accuracy"]  # the rule on these rows is exact match
-    results = run_eval(cfg)["smol_hotpotqa_test"]
+    results = run_eval(cfg)["smol_test"]
     assert results["problems"] == 3
-    record = json.loads((tmp_path / "run" / "eval" / "smol_hotpotqa_test.json").read_text())
+    record = json.loads((tmp_path / "run" / "eval" / "smol_test.json").read_text())
     assert record["verifier"] == "qa-em" and "checkpoint" in record["model"]
     for row in record["sampled_rows"] + record["greedy_rows"]:
         for correct, f1, contains in zip(row["correct"], row["f1"], row["contains"], strict=True):

@@ -22,6 +22,9 @@ curve per key (``curves_<key>.png``); an arm that never logs a key shows a dash.
 an arm's overrides stands for the spec's ``out``. A smaller version of any comparison (a smoke
 test of its wiring): ``--out``, ``--seeds`` and ``--set key=value`` (appended to every arm's
 overrides, so they win); ``--arms A B`` runs and reports a subset (the baseline always).
+``--archive DIR`` copies each run's per-question results, metrics.jsonl and config.yaml into
+``DIR/<arm>/s<seed>`` (beside the seeds DIR holds from before) and reports over DIR: a
+comparison run seed by seed, over sessions, keeps its results with the code.
 ``--metric NAME`` reports another per-question field of the same runs (``comparison_NAME.md``,
 ``.json`` and ``curves_NAME.png`` beside the spec metric's report), e.g. containment and F1 of
 the short answers exact match judges.
@@ -46,6 +49,7 @@ import json
 import math
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -529,6 +533,32 @@ def report(spec: dict[str, Any]) -> str:
     return text
 
 
+ARCHIVED = ("metrics.jsonl", "config.yaml", DONE_MARKER)
+
+
+def archive(spec: dict[str, Any], dest: Path) -> list[Path]:
+    """Copy what the report reads of every run present (``dev_results/``, metrics.jsonl, the
+    done marker) and its config.yaml into ``dest/<arm>/s<seed>``, beside what ``dest`` already
+    holds: a few hundred KB a run, small enough to keep with the code, from which
+    ``--report-only --out dest`` reports again and to which later seeds add. Returns the runs
+    copied."""
+    copied = []
+    for arm in spec["arms"]:
+        for seed in spec["seeds"]:
+            src = Path(spec["out"]) / arm["name"] / f"s{seed}"
+            if not (src / "dev_results").is_dir():
+                continue
+            to = dest / arm["name"] / f"s{seed}"
+            if to.resolve() == src.resolve():
+                raise ValueError(f"--archive {dest} is the comparison's own folder")
+            shutil.copytree(src / "dev_results", to / "dev_results", dirs_exist_ok=True)
+            for name in ARCHIVED:
+                if (src / name).is_file():
+                    shutil.copy2(src / name, to / name)
+            copied.append(to)
+    return copied
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.compare", description=__doc__.split("\n")[0]
@@ -558,6 +588,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="report this per-question field instead of the spec's metric (comparison_METRIC.md)",
     )
+    parser.add_argument(
+        "--archive",
+        default=None,
+        metavar="DIR",
+        help="also copy every run's per-question results and metrics into DIR/<arm>/s<seed> "
+        "(kept beside DIR's earlier seeds) and report over DIR",
+    )
     args = parser.parse_args(argv)
     try:
         spec = with_command_line(load_spec(args.spec), args.out, args.seeds, args.set, args.arms)
@@ -566,6 +603,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.report_only:
             run_arms(spec)
         print(report(spec))
+        if args.archive:
+            runs = archive(spec, Path(args.archive))
+            spec = {**spec, "out": args.archive}
+            print(report(spec))
+            print(f"[compare] archived {len(runs)} runs into {args.archive}")
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -408,3 +408,34 @@ def test_metric_reports_another_field_of_the_same_runs_beside_the_spec_metrics(t
     assert "dev f1 (greedy)" in (out / "comparison_f1.md").read_text()
     assert (out / "curves_f1.png").stat().st_size > 0
     assert (out / "comparison.json").read_text() == before  # the spec metric's report stays
+
+
+def test_archive_keeps_the_results_a_report_needs_and_adds_later_seeds(tmp_path, capsys):
+    spec_path, out = _ran(tmp_path, baseline="plain")
+    want = json.loads((out / "comparison.json").read_text())
+    # the archive holds seed 0 from an earlier session; this one ran seeds 1 and 2
+    arch = tmp_path / "kept"
+    assert main(["--spec", str(spec_path), "--report-only", "--seeds", "0", "--archive",
+                 str(arch)]) == 0  # fmt: skip
+    shutil.rmtree(out / "plain" / "s0")
+    shutil.rmtree(out / "bonus" / "s0")
+    (out / "plain" / "s1" / "compare.log").write_text("a log the archive leaves behind\n")
+    capsys.readouterr()
+    assert main(["--spec", str(spec_path), "--report-only", "--archive", str(arch)]) == 0
+    assert "archived 4 runs" in capsys.readouterr().out  # seeds 1 and 2 of two arms
+    run = arch / "plain" / "s1"
+    assert sorted(p.name for p in run.iterdir()) == sorted(["dev_results", "metrics.jsonl",
+                                                            DONE_MARKER])  # fmt: skip
+    assert sorted(p.name for p in (arch / "bonus" / "s0" / "dev_results").iterdir()) == [
+        "step_00000.jsonl",
+        "step_00002.jsonl",
+    ]
+    got = json.loads((arch / "comparison.json").read_text())  # seeds 0-2: the first report's
+    assert got["comparisons"] == want["comparisons"]
+    assert got["arms"]["bonus"]["final_per_seed"] == want["arms"]["bonus"]["final_per_seed"]
+    assert main(["--spec", str(spec_path), "--report-only", "--out", str(arch)]) == 0
+    assert json.loads((arch / "comparison.json").read_text())["comparisons"] == want["comparisons"]
+    # the comparison's own folder as the archive: one line, nothing copied onto itself
+    capsys.readouterr()
+    assert main(["--spec", str(spec_path), "--report-only", "--archive", str(out)]) == 2
+    assert "is the comparison's own folder" in capsys.readouterr().err

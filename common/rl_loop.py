@@ -111,12 +111,14 @@ def policy_update(
         part = trajs[start : start + mbs]
         part_adv = advantages[start : start + mbs]
         keep = trained_rows(part, part_adv, cfg)
-        chunk = [part[i] for i in keep]
-        rows_run += len(chunk)
+        chunk = [part[i] for i in keep] if keep else [stand_in(part)]
+        rows_run += len(keep)
         batch = collate(chunk, pad_id).to(train.device)
         tokens["tokens/update"] += sum(len(t.prompt_ids) + len(t.response_ids) for t in part)
         tokens["tokens/update_padded"] += batch.input_ids.numel()
-        if isinstance(advantages, torch.Tensor):
+        if not keep:
+            adv = torch.zeros_like(batch.loss_mask)
+        elif isinstance(advantages, torch.Tensor):
             adv = broadcast_to_tokens(part_adv[keep].to(train.device), batch.loss_mask)
         else:
             adv = token_advantages(chunk, [part_adv[i] for i in keep], batch.loss_mask)
@@ -153,7 +155,8 @@ def policy_update(
     chunks = -(-len(trajs) // mbs)
     out = {k: v / chunks for k, v in stats.items()} | tokens
     out["grad_norm"] = float(info["grad_norm"]) if info["grad_norm"] is not None else float("nan")
-    out["logprob_gap"] = gap[0] / max(gap[1], 1.0)
+    # over the sampled tokens forwarded; NaN when none was (every row's advantage 0)
+    out["logprob_gap"] = gap[0] / gap[1] if gap[1] else float("nan")
     out["update_rows"] = rows_run  # of len(trajs): the rest had zero advantage (trained_rows)
     out["train_mode"] = float(train.model.training)  # 0: dropout and checkpointing are off
     return out
@@ -162,21 +165,26 @@ def policy_update(
 def trained_rows(
     trajs: list[Trajectory], advantages: torch.Tensor | list[list[float]], cfg: LossConfig
 ) -> list[int]:
-    """The rows of a micro-batch its forward runs. Under ``cfg.skip_zero_advantage`` and without
-    a KL term, those with a nonzero advantage (on some token): a row whose every advantage is 0
-    has a clipped surrogate of exactly 0 and no gradient. If none has one, the shortest row
-    runs alone (its loss 0): every micro-batch keeps its forward and backward, which DeepSpeed
-    counts to the step and ZeRO-3 gathers the weights in."""
+    """The rows of a micro-batch its forward runs: every row, or under
+    ``cfg.skip_zero_advantage`` and without a KL term those with a nonzero advantage (on some
+    token). A row whose every advantage is 0 has a clipped surrogate of exactly 0 and no
+    gradient. Empty when no row has one (``stand_in``)."""
     every = list(range(len(trajs)))
     if not cfg.skip_zero_advantage or cfg.kl_coef > 0:
         return every
     if isinstance(advantages, torch.Tensor):
-        keep = [i for i in every if bool(advantages[i] != 0)]
-    else:
-        keep = [i for i in every if any(a != 0 for a in advantages[i])]
-    if keep:
-        return keep
-    return [min(every, key=lambda i: len(trajs[i].prompt_ids) + len(trajs[i].response_ids))]
+        return [i for i in every if bool(advantages[i] != 0)]
+    return [i for i in every if any(a != 0 for a in advantages[i])]
+
+
+def stand_in(trajs: list[Trajectory]) -> Trajectory:
+    """What a micro-batch without a row to train forwards: the first two tokens of its first
+    row and nothing to learn (loss 0). Every micro-batch still makes a forward and a backward
+    through the whole model, so every rank makes the same number: DeepSpeed counts them to the
+    optimizer step, and ZeRO-3 gathers the weights in them."""
+    t = trajs[0]
+    ids = (t.prompt_ids + t.response_ids)[:2]
+    return Trajectory(t.group_id, t.sample_index, t.question_id, t.question, t.golden_answers, ids)
 
 
 def update_logprobs(

@@ -21,6 +21,7 @@ One pass/fail line each; exit status 0 when all pass, 1 when one fails, 2 when i
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import sys
 import time
@@ -57,7 +58,9 @@ class Check:
 
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
-    values = [float(r[key]) for r in rows if key in r]
+    """The mean of ``key`` over the rows that measured it (NaN: an update that forwarded no
+    sampled token, all its advantages 0, or a skipped one)."""
+    values = [float(r[key]) for r in rows if key in r and math.isfinite(float(r[key]))]
     return sum(values) / len(values) if values else None
 
 

@@ -33,6 +33,12 @@ def test_a_healthy_run_passes_every_check():
 def test_each_gpu_failure_fails_its_own_check():
     assert not verdicts([row(), row(train_mode=0.0)])["model.training"]
     assert not verdicts([row(logprob_gap=2 * GAP_LIMIT)])["train-vs-engine log-prob gap"]
+    # an all-zero step measures no gap (NaN): it neither fails the check nor dilutes a real one
+    nan = float("nan")
+    assert verdicts([row(logprob_gap=nan), row()])["train-vs-engine log-prob gap"]
+    gap = [row(logprob_gap=nan)] * 5 + [row(logprob_gap=2 * GAP_LIMIT)]
+    assert not verdicts(gap)["train-vs-engine log-prob gap"]
+    assert not verdicts([row(logprob_gap=nan)])["train-vs-engine log-prob gap"]
     assert not verdicts([row(identical_group_share=1.0)])["identical-rollout share"]
     # a stand-in's few groups tie by chance now and then; one seed a group ties them all
     assert verdicts([row(identical_group_share=0.5), row()])["identical-rollout share"]

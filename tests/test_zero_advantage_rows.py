@@ -3,11 +3,13 @@ GRPO group's) stay out of the update's forward, and the step is the one of the w
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from common.rl import aggregate_loss
-from common.rl_loop import LossConfig, policy_update, trained_rows
+from common.rl_loop import LossConfig, policy_update, stand_in, trained_rows
 from common.rollout.trajectory import Trajectory
 from common.train import TrainConfig, TrainEngine
 from tests.test_shared_prompt import groups, tiny
@@ -39,14 +41,14 @@ def test_aggregate_loss_over_a_subset_keeps_the_batchs_denominators():
         aggregate_loss(loss, mask, "token_mean", num_seqs=1)
 
 
-def test_trained_rows_are_the_nonzero_ones_or_the_shortest_alone():
-    trajs = groups([6, 4])  # 6 rows; row 2 has no response (the shortest: 6 tokens)
+def test_trained_rows_are_the_nonzero_ones():
+    trajs = groups([6, 4])  # 6 rows; row 2 has no response
     on, off = LossConfig(), LossConfig(skip_zero_advantage=False)
     adv = torch.tensor([0.0, 1.0, 0.0, 0.0, -0.5, 0.0])
     assert trained_rows(trajs, adv, on) == [1, 4]
     assert trained_rows(trajs, adv, off) == list(range(6))
     assert trained_rows(trajs, adv, LossConfig(kl_coef=0.1)) == list(range(6))  # the KL's gradient
-    assert trained_rows(trajs, torch.zeros(6), on) == [2]
+    assert trained_rows(trajs, torch.zeros(6), on) == []
     # token advantages: a row counts if any token's is nonzero
     tokens = [[0.0] * len(t.response_ids) for t in trajs]
     tokens[5][-1] = 0.25
@@ -78,9 +80,12 @@ def test_leaving_zero_advantage_rows_out_takes_the_whole_batchs_step(aggregation
     skipped, skipped_weights = update(trajs, advantages, 6, True, aggregation)
     whole, whole_weights = update(trajs, advantages, 6, False, aggregation)
     assert whole["update_rows"] == 12
-    # group 0's rows (its empty one has no token advantage to be nonzero), then the second
-    # micro-batch's shortest alone
-    assert skipped["update_rows"] == (2 if per_token else 3) + 1
+    # group 0's rows (its empty one has no token advantage to be nonzero); the second
+    # micro-batch forwards two tokens of its first row (``stand_in``), no row to train
+    kept = trajs[:3] if not per_token else [trajs[0], trajs[1]]
+    assert skipped["update_rows"] == len(kept)
+    forwarded = sum(len(t.prompt_ids) + len(t.response_ids) for t in kept) + 2
+    assert skipped["tokens/update_forwarded"] == forwarded
     assert skipped["tokens/update"] == whole["tokens/update"]  # the batch's, as the cost model's
     assert skipped["tokens/update_forwarded"] < whole["tokens/update_forwarded"] / 2
     assert whole["loss"] != 0
@@ -96,7 +101,17 @@ def test_leaving_zero_advantage_rows_out_takes_the_whole_batchs_step(aggregation
 def test_an_all_zero_batch_still_runs_a_forward_per_micro_batch_and_moves_nothing():
     trajs = groups([6, 4])
     stats, weights = update(trajs, torch.zeros(6), 3, True, "seq_mean_token_mean")
-    assert stats["update_rows"] == 2 and stats["loss"] == 0 and stats["grad_norm"] == 0
+    assert stats["update_rows"] == 0 and stats["loss"] == 0 and stats["grad_norm"] == 0
+    assert stats["tokens/update_forwarded"] == 2 * 2  # two tokens in each of two micro-batches
+    assert math.isnan(stats["logprob_gap"])  # no sampled token forwarded: nothing measured
     start = tiny("llama", seed=3).state_dict()
     for name, w in weights.items():
         torch.testing.assert_close(w, start[name], atol=0, rtol=0, msg=name)
+
+
+def test_the_stand_in_is_two_tokens_of_the_first_row_with_nothing_to_learn():
+    trajs = groups([6, 4])
+    t = stand_in(trajs[3:])
+    assert t.prompt_ids == trajs[3].prompt_ids[:2] and t.response_ids == [] and t.loss_mask == []
+    one = groups([1, 4])  # a one-token prompt: its response's first token completes the two
+    assert stand_in(one).prompt_ids == one[0].prompt_ids + one[0].response_ids[:1]

@@ -3,7 +3,7 @@ reference) under ZeRO-2 and ZeRO-3 on a tiny Qwen3 with tied embeddings, and und
 LoRA model, under ZeRO-2 with `loss.share_prompt` (each micro-batch one prompt's two
 responses, its prompt forwarded once), and under ZeRO-3 without a KL term on advantages that are
 0 in some rows (`loss.skip_zero_advantage` leaves them out of the forward; one rank's first batch
-all 0: each of its micro-batches runs one row), each from the same initial weights on
+all 0: each of its micro-batches forwards a two-token stand-in), each from the same weights on
 rank-dependent trajectories.
 
 Launched by tests/test_policy_update_memory.py as `deepspeed --num_gpus 2 ds_policy_update.py

@@ -50,11 +50,33 @@ def batch(
     return out
 
 
+def time_updates(
+    model, trajs: list, advantages, configs: dict, grad_accum: int, repeats: int
+) -> tuple[dict[str, float], dict[str, dict]]:
+    """``policy_update`` under each named ``LossConfig``, each on its own engine from the same
+    weights, taking turns ``repeats`` times: each one's median seconds and first statistics."""
+    from common.rl_loop import policy_update
+    from common.train import TrainConfig, TrainEngine
+
+    train_cfg = TrainConfig(lr=5e-6, grad_accum=grad_accum)
+    names = list(configs)
+    engines = {n: TrainEngine(copy.deepcopy(model) if n != names[-1] else model, train_cfg)
+               for n in names}  # fmt: skip
+    times: dict[str, list[float]] = {n: [] for n in names}
+    first: dict[str, dict] = {}
+    for _ in range(repeats):
+        for name, engine in engines.items():
+            t0 = time.perf_counter()
+            stats = policy_update(engine, trajs, advantages, configs[name], pad_id=0)
+            times[name].append(time.perf_counter() - t0)
+            first.setdefault(name, stats)
+    return {n: statistics.median(v) for n, v in times.items()}, first
+
+
 def main(argv: list[str] | None = None) -> None:
     import transformers
 
-    from common.rl_loop import LossConfig, policy_update
-    from common.train import TrainConfig, TrainEngine
+    from common.rl_loop import LossConfig
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="", help="a model folder (default: SmolLM2's shape, random)")
@@ -74,25 +96,15 @@ def main(argv: list[str] | None = None) -> None:
     vocab = model.config.vocab_size
     trajs = batch(args.b, args.g, args.prompt_tokens, args.response_tokens, vocab, seed=1)
     advantages = torch.randn(len(trajs), generator=torch.Generator().manual_seed(2))
-    train_cfg = TrainConfig(lr=5e-6, grad_accum=args.b)
-    engines = {
-        "whole": TrainEngine(copy.deepcopy(model), train_cfg),
-        "shared": TrainEngine(model, train_cfg),
+    configs = {
+        name: LossConfig(micro_batch_size=args.g, share_prompt=name == "shared")
+        for name in ("whole", "shared")
     }
-    times: dict[str, list[float]] = {k: [] for k in engines}
-    first: dict[str, dict] = {}
-    for _ in range(args.repeats):
-        for name, engine in engines.items():
-            cfg = LossConfig(micro_batch_size=args.g, share_prompt=name == "shared")
-            t0 = time.perf_counter()
-            stats = policy_update(engine, trajs, advantages, cfg, pad_id=0)
-            times[name].append(time.perf_counter() - t0)
-            first.setdefault(name, stats)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med, first = time_updates(model, trajs, advantages, configs, args.b, args.repeats)
     speedup = med["whole"] / med["shared"]
     dloss = abs(first["shared"]["loss"] - first["whole"]["loss"])
     dnorm = abs(first["shared"]["grad_norm"] - first["whole"]["grad_norm"])
-    tokens = {k: first[k]["tokens/update_forwarded"] for k in engines}
+    tokens = {k: first[k]["tokens/update_forwarded"] for k in configs}
     setting = (
         f"{'SmolLM2-135M shape, random weights' if not args.model else args.model}, fp32, "
         f"{args.threads} threads; {args.b} prompts x {args.g} responses, prompt "
@@ -102,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"setting: {setting}\n")
     print("| update | seconds (median) | tokens forwarded | loss | grad norm |")
     print("|---|---:|---:|---:|---:|")
-    for k in engines:
+    for k in configs:
         print(f"| {k} | {med[k]:.2f} | {tokens[k]:,} | {first[k]['loss']:.6f} "
               f"| {first[k]['grad_norm']:.6f} |")  # fmt: skip
     print(

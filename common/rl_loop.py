@@ -172,8 +172,8 @@ def trained_rows(
     every = list(range(len(trajs)))
     if not cfg.skip_zero_advantage or cfg.kl_coef > 0:
         return every
-    if isinstance(advantages, torch.Tensor):
-        return [i for i in every if bool(advantages[i] != 0)]
+    if isinstance(advantages, torch.Tensor):  # one read of the whole tensor (a GPU sync, not b)
+        return [i for i, keep in enumerate((advantages != 0).tolist()) if keep]
     return [i for i in every if any(a != 0 for a in advantages[i])]
 
 

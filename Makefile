@@ -208,8 +208,12 @@ demo:  ## all of it on the tiny setup, from nothing, on CPU (about 14.5 min on 2
 	$(PY) -m experiments.demo_report --out runs/demo "reference GRPO=runs/grpo/tiny" \
 		"EviBack=runs/eviback/tiny" "CER=runs/cer/tiny/cer" "ARCO=runs/arco/demo"
 
-compare-grpo: warmup  ## the reference GRPO loop against its warmup, 3 seeds, paired bootstrap
-	$(PY) -m experiments.compare --spec common/configs/compare_grpo_tiny.yaml
+# SCALE=smol: SmolLM2 over real HotpotQA, one pass over its 150 training questions a run (hours on
+# 2 cores: the specs' comments); the per-question results kept in <package>/results/smol
+SMOL_OR_TINY := $(if $(filter smol,$(SCALE)),smol,tiny)
+SMOL_OR_TINY_WARMUP := $(if $(filter smol,$(SCALE)),warmup-smol,warmup)
+compare-grpo: $(SMOL_OR_TINY_WARMUP)  ## the reference GRPO loop against its warmup, 3 seeds, paired bootstrap; SCALE=tiny|smol
+	$(PY) -m experiments.compare --spec common/configs/compare_grpo_$(SMOL_OR_TINY).yaml
 
 compare-grpo-cer: warmup  ## the search agent's reward: exact match vs F1 vs CER (cer.rewards.search_agent), 3 seeds, vs exact match
 	$(PY) -m experiments.compare --spec common/configs/compare_grpo_cer_tiny.yaml
@@ -217,8 +221,8 @@ compare-grpo-cer: warmup  ## the search agent's reward: exact match vs F1 vs CER
 compare-grpo-dense: warmup  ## the reference loop with ARCO's dense advantages from EviBack's teacher's step verdicts vs its GRPO, 3 seeds
 	$(PY) -m experiments.compare --spec common/configs/compare_grpo_dense_tiny.yaml
 
-compare-eviback: warmup  ## EviBack vs the Search-R1 baseline, 3 seeds, one warmup
-	$(PY) -m experiments.compare --spec eviback/configs/compare_tiny.yaml
+compare-eviback: $(SMOL_OR_TINY_WARMUP)  ## EviBack vs the Search-R1 baseline, 3 seeds, one warmup; SCALE=tiny|smol
+	$(PY) -m experiments.compare --spec eviback/configs/compare_$(SMOL_OR_TINY).yaml
 
 compare-eviback-allzero: warmup  ## hard setting: the hard multi-hop kinds (most groups all-zero), Search-R1 vs EviBack λ 0.1/0.3/1.0, 3 seeds
 	$(PY) -m experiments.compare --spec eviback/configs/compare_allzero.yaml

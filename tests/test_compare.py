@@ -439,3 +439,31 @@ def test_archive_keeps_the_results_a_report_needs_and_adds_later_seeds(tmp_path,
     capsys.readouterr()
     assert main(["--spec", str(spec_path), "--report-only", "--archive", str(out)]) == 2
     assert "is the comparison's own folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("spec_path", "baseline", "arms"),
+    [
+        ("eviback/configs/compare_smol.yaml", "search_r1", ["search_r1", "eviback"]),
+        ("common/configs/compare_grpo_smol.yaml", "start", ["grpo"]),
+    ],
+)
+def test_the_smol_search_agent_comparisons_make_one_pass_over_the_training_questions(
+    spec_path, baseline, arms
+):
+    """37 steps of 4 questions: one pass over common.smol.data's 150 training questions (148
+    of them), every arm the same smol config but for the teacher."""
+    from common.config import load_config
+    from common.smol.data import SIZES
+    from eviback.config import EviBackConfig
+
+    spec = load_spec(ROOT_DIR / spec_path)
+    assert (spec["metric"], spec["baseline"], spec["seeds"]) == ("em", baseline, [0, 1, 2])
+    assert [a["name"] for a in spec["arms"]] == arms
+    for arm in spec["arms"]:
+        config = arm["command"][arm["command"].index("--config") + 1]
+        assert config.endswith("smol.yaml") and "steps=37" in arm["overrides"]
+    if baseline == "search_r1":
+        cfgs = [load_config(EviBackConfig, ROOT_DIR / config, a["overrides"]) for a in spec["arms"]]
+        assert [c.teacher.enabled for c in cfgs] == [False, True]
+        assert cfgs[0].steps == SIZES["train"] // cfgs[0].questions_per_step == 37

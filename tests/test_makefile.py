@@ -208,6 +208,22 @@ def test_scale_smol_prepares_its_assets_then_trains_every_method():
         "warmup-arco", "SCALE=smol"))  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("target", "spec"),
+    [
+        ("compare-grpo", "common/configs/compare_grpo"),
+        ("compare-eviback", "eviback/configs/compare"),
+    ],
+)
+def test_the_search_agent_comparisons_at_scale_smol_start_from_smol_s_warmup(target, spec):
+    lines = dry_run("-B", target, "SCALE=smol")
+    warmup = [i for i, x in enumerate(lines) if "common/configs/warmup_smol.yaml" in x]
+    (run,) = [i for i, x in enumerate(lines) if "experiments.compare" in x]
+    assert lines[run].endswith(f"--spec {spec}_smol.yaml") and warmup and warmup[-1] < run
+    assert not any("warmup_tiny" in x for x in lines)
+    assert dry_run(target)[-1].endswith(f"--spec {spec}_tiny.yaml")
+
+
 def test_compare_cer_at_scale_smol_reports_containment_then_exact_match_and_f1():
     lines = dry_run("compare-cer", "SCALE=smol")
     spec = "experiments.compare --spec cer/configs/compare_smol.yaml"

@@ -9,6 +9,7 @@ of ``common/search_grpo.py`` (the reference GRPO loop) and the method trainers (
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -277,17 +278,33 @@ def group_shares(rewards: torch.Tensor, n: int) -> dict[str, float]:
     }
 
 
+# NaN on a rank that measured nothing (``logprob_gap``: no sampled token forwarded there)
+MEASURED_WHERE_FINITE = frozenset({"logprob_gap"})
+
+
 def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
     """Each metric averaged over ranks, rank r weighted by its ``weight`` (e.g. its sample count);
-    counts (``tokens/*``, ``shape/*``: ``common.token_counts``) summed over ranks."""
+    counts (``tokens/*``, ``shape/*``: ``common.token_counts``) summed over ranks. A metric of
+    ``MEASURED_WHERE_FINITE`` is averaged over the ranks where it is finite (NaN if none): one
+    rank whose rows all had zero advantage does not make the step's ``logprob_gap`` NaN."""
     if not is_multi_rank():
         return metrics
     keys = sorted(metrics)
     summed = [k.startswith(SUMMED_PREFIXES) for k in keys]
-    t = all_reduce_values(
-        [metrics[k] * (1 if s else weight) for k, s in zip(keys, summed, strict=True)] + [weight]
-    )
-    return {k: t[i] / (1 if summed[i] else t[-1]) for i, k in enumerate(keys)}
+    weights = [
+        0.0 if k in MEASURED_WHERE_FINITE and not math.isfinite(metrics[k]) else float(weight)
+        for k in keys
+    ]
+    values = [
+        metrics[k] if s else (metrics[k] * w if w else 0.0)  # NaN * 0 would be NaN
+        for k, s, w in zip(keys, summed, weights, strict=True)
+    ]
+    t = all_reduce_values(values + weights)
+    n = len(keys)
+    return {
+        k: t[i] if summed[i] else (t[i] / t[n + i] if t[n + i] else math.nan)
+        for i, k in enumerate(keys)
+    }
 
 
 def result_line(out: dict) -> str:

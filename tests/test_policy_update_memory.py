@@ -5,6 +5,7 @@ the old path (the model's whole logits, the reference's whole fp32 log-softmax).
 from __future__ import annotations
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -228,9 +229,13 @@ def test_two_deepspeed_ranks_zero2_and_zero3_match_the_single_process_update(
         assert [s["grad_norm"] for s in ds["stats"]] == pytest.approx(
             [s["grad_norm"] for s in stats], rel=1e-5
         ), name
+        gaps = [s["logprob_gap"] for s in ds["reduced"]]
+        assert all(math.isfinite(g) and g > 0 for g in gaps), (name, gaps)
         if zero_rows:  # rows 0 and 3 of each rank's batch; rank 1's first: none (stand-ins)
             assert [s["update_rows"] for s in ds["stats"]] == [2, 2], name
             assert [s["update_rows"] for s in stats] == [2, 4], name
+            # rank 1 forwarded no sampled token at step 0: the mean is rank 0's alone
+            assert gaps[0] == pytest.approx(ds["stats"][0]["logprob_gap"], rel=1e-12), name
         else:
             assert ds["stats"][-1]["kl"] > 0, name
         state = export_hf_state_dict(engine, adapter="policy" if lora else None)

@@ -3,8 +3,8 @@ reference) under ZeRO-2 and ZeRO-3 on a tiny Qwen3 with tied embeddings, and und
 LoRA model, under ZeRO-2 with `loss.share_prompt` (each micro-batch one prompt's two
 responses, its prompt forwarded once), and under ZeRO-3 without a KL term on advantages that are
 0 in some rows (`loss.skip_zero_advantage` leaves them out of the forward; one rank's first batch
-all 0: each of its micro-batches forwards a two-token stand-in), each from the same weights on
-rank-dependent trajectories.
+all 0: each of its micro-batches forwards a two-token stand-in, and its `logprob_gap`, NaN, is
+left out of the ranks' mean), each from the same weights on rank-dependent trajectories.
 
 Launched by tests/test_policy_update_memory.py as `deepspeed --num_gpus 2 ds_policy_update.py
 --out DIR`; rank 0 writes DIR/result.pt (each configuration's weights after STEPS updates and
@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import transformers
 
-from common.rl_loop import LossConfig, policy_update
+from common.rl_loop import LossConfig, all_ranks_mean, policy_update
 from common.rollout.trajectory import Trajectory
 from common.train import TrainConfig, TrainEngine, build_lora_model, export_hf_state_dict
 from common.train.distributed import exit_process
@@ -117,7 +117,8 @@ def main() -> None:
         batches = [rank_batch(engine.rank, s, share, zero_rows) for s in range(STEPS)]
         stats = [policy_update(engine, *batch, loss, 0) for batch in batches]
         state = export_hf_state_dict(engine, adapter="policy" if lora else None)
-        result[name] = {"state": state, "stats": stats}
+        reduced = [all_ranks_mean({"logprob_gap": s["logprob_gap"]}, PER_RANK) for s in stats]
+        result[name] = {"state": state, "stats": stats, "reduced": reduced}
         print(f"rank {engine.rank} {name}: {stats}", flush=True)
     if dist.get_rank() == 0:
         torch.save(result, args.out / "result.pt")

@@ -115,7 +115,8 @@ def policy_update(
         chunk = [part[i] for i in keep] if keep else [stand_in(part)]
         rows_run += len(keep)
         batch = collate(chunk, pad_id).to(train.device)
-        tokens["tokens/update"] += sum(len(t.prompt_ids) + len(t.response_ids) for t in part)
+        lengths = [len(t.prompt_ids) + len(t.response_ids) for t in part]  # skipped rows in
+        tokens["tokens/update"] += sum(lengths)
         tokens["tokens/update_padded"] += batch.input_ids.numel()
         if not keep:
             adv = torch.zeros_like(batch.loss_mask)
@@ -135,9 +136,7 @@ def policy_update(
             per_tok,
             batch.loss_mask,
             cfg.aggregation,
-            constant=max(len(t.prompt_ids) + len(t.response_ids) for t in part) - 1
-            if norm
-            else None,
+            constant=max(lengths) - 1 if norm else None,
             num_seqs=len(part),
             num_tokens=float(sum(sum(t.loss_mask) for t in part)),
         )

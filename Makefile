@@ -272,11 +272,17 @@ endef
 
 # ARMS="arco prm": only those arms (and outcome-only, the baseline); runs already done are kept
 ARMS ?=
-compare-arco: $(ARCO_WARM)/arco.json  ## ARCO vs outcome-only, PRM and 3 ablations, 3 seeds, one π
+ifeq ($(SCALE),smol)
+# SmolLM2 over real HotpotQA: ARCO vs outcome-only from ARCO's smol warmup (hours a run on 2 cores)
+compare-arco: arco-smol-warmup  ## SCALE=smol: ARCO vs outcome-only, 3 seeds, from ARCO's smol warmup
+	$(PY) -m experiments.compare --spec arco/configs/compare_smol.yaml $(if $(ARMS),--arms $(ARMS))
+else
+compare-arco: $(ARCO_WARM)/arco.json  ## ARCO vs outcome-only, PRM and 3 ablations, 3 seeds, one π (SCALE=smol: vs outcome-only)
 	mkdir -p runs/compare/arco/warmup
 	test -f runs/compare/arco/warmup/arco/arco.json || cp -r $(ARCO_WARM) runs/compare/arco/warmup/arco
 	$(call arco_variant_warmups,runs/compare/arco,)
 	$(PY) -m experiments.compare --spec arco/configs/compare_tiny.yaml $(if $(ARMS),--arms $(ARMS))
+endif
 
 compare-arco-teacher-steps: $(ARCO_WARM)/arco.json  ## ARCO's dense phase from EviBack's teacher's step verdicts vs μ and outcome-only, 3 seeds
 	mkdir -p runs/compare/arco_steps/warmup

@@ -467,3 +467,24 @@ def test_the_smol_search_agent_comparisons_make_one_pass_over_the_training_quest
         cfgs = [load_config(EviBackConfig, ROOT_DIR / config, a["overrides"]) for a in spec["arms"]]
         assert [c.teacher.enabled for c in cfgs] == [False, True]
         assert cfgs[0].steps == SIZES["train"] // cfgs[0].questions_per_step == 37
+
+
+def test_the_smol_arco_comparison_gives_both_arms_one_budget_of_about_one_pass():
+    """Outcome-only makes ARCO's steps as GRPO steps of as many trajectories; ARCO's questions
+    (sparse x 4, dense x 16) come to about one pass over the 150 training questions."""
+    from arco.config import ArcoConfig
+    from common.config import load_config
+    from common.smol.data import SIZES
+
+    spec = load_spec(ROOT_DIR / "arco/configs/compare_smol.yaml")
+    assert (spec["metric"], spec["baseline"]) == ("em", "outcome_only")
+    outcome, arco = (
+        load_config(ArcoConfig, ROOT_DIR / "arco/configs/smol.yaml", a["overrides"])
+        for a in spec["arms"]
+    )
+    assert (outcome.method, arco.method) == ("outcome_only", "arco")
+    assert outcome.steps == arco.steps == outcome.rl.sparse_steps == arco.eval_every == 10
+    rl = arco.rl
+    questions = rl.sparse_steps * rl.sparse_questions + rl.dense_steps * rl.dense_questions
+    assert 0.85 * SIZES["train"] <= questions <= SIZES["train"]
+    assert rl.dense_questions == outcome.rl.sparse_questions * outcome.rl.sparse_n

@@ -224,6 +224,14 @@ def test_the_search_agent_comparisons_at_scale_smol_start_from_smol_s_warmup(tar
     assert dry_run(target)[-1].endswith(f"--spec {spec}_tiny.yaml")
 
 
+def test_compare_arco_at_scale_smol_starts_from_arco_s_smol_warmup():
+    lines = dry_run("-B", "compare-arco", "SCALE=smol", "ARMS=arco")
+    warmup = lines.index(trainer_line(lines, "arco warmup --config arco/configs/smol.yaml"))
+    (run,) = [i for i, x in enumerate(lines) if "experiments.compare" in x]
+    assert warmup < run and lines[run].endswith("--spec arco/configs/compare_smol.yaml --arms arco")
+    assert not any("tiny" in x for x in lines)
+
+
 def test_compare_cer_at_scale_smol_reports_containment_then_exact_match_and_f1():
     lines = dry_run("compare-cer", "SCALE=smol")
     spec = "experiments.compare --spec cer/configs/compare_smol.yaml"

@@ -513,11 +513,16 @@ def run_arms(spec: dict[str, Any]) -> None:
         print(f"[compare]   finished in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
+def report_suffix(spec: dict[str, Any]) -> str:
+    """``_NAME`` of the report files under ``--metric NAME`` (comparison_NAME.md), else ''."""
+    return f"_{spec['report_metric']}" if spec.get("report_metric") else ""
+
+
 def report(spec: dict[str, Any]) -> str:
     summary = summarize(spec)
     out_dir = Path(spec["out"])
     text = markdown(summary)
-    suffix = f"_{spec['report_metric']}" if spec.get("report_metric") else ""
+    suffix = report_suffix(spec)
     (out_dir / f"comparison{suffix}.md").write_text(text, encoding="utf-8")
     plot(summary, out_dir / f"curves{suffix}.png")
     for key in spec.get("extra_metrics", []):
@@ -611,7 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"[compare] wrote {spec['out']}/comparison.md, comparison.json, curves.png")
+    s = report_suffix(spec)
+    print(f"[compare] wrote {spec['out']}/comparison{s}.md, comparison{s}.json, curves{s}.png")
     return 0
 
 

@@ -396,12 +396,16 @@ def test_every_shipped_spec_loads_and_each_arm_s_settings_are_valid(spec_path):
         load_config(cls, ROOT_DIR / config, overrides)
 
 
-def test_metric_reports_another_field_of_the_same_runs_beside_the_spec_metrics(tmp_path):
+def test_metric_reports_another_field_of_the_same_runs_beside_the_spec_metrics(tmp_path, capsys):
     spec_path = _spec(tmp_path)
     assert main(["--spec", str(spec_path)]) == 0
     out = tmp_path / "cmp"
     before = (out / "comparison.json").read_text()
+    capsys.readouterr()
     assert main(["--spec", str(spec_path), "--report-only", "--metric", "f1"]) == 0
+    assert capsys.readouterr().out.endswith(
+        f"wrote {out}/comparison_f1.md, comparison_f1.json, curves_f1.png\n"
+    )
     by_f1 = json.loads((out / "comparison_f1.json").read_text())
     assert by_f1["metric"] == "f1"  # the stand-in's f1 is 0 everywhere: no difference
     assert by_f1["comparisons"]["plain"]["delta"] == by_f1["comparisons"]["bonus"]["delta"] == 0

@@ -241,7 +241,7 @@ compare-eviback-teacher:  ## EviBack's teacher: E2E-APE vs hand-written single p
 	$(PY) -m experiments.compare --spec eviback/configs/compare_teacher.yaml
 
 # SCALE=smol: rule (exact match), cer, rule+cer on SmolLM2 and HotpotQA, by containment, then
-# by exact match and F1 from the same runs (about 6.5 hours on 2 cores)
+# by exact match and F1 from the same runs (about 4.5 hours on 2 cores)
 CER_COMPARE := cer/configs/compare_$(if $(filter smol,$(SCALE)),smol,tiny).yaml
 compare-cer: $(if $(filter smol,$(SCALE)),smol,cer-tiny-assets)  ## CER rewards, 3 seeds (tiny: exact, rule = alias oracle, cer, rule+cer vs exact; SCALE=smol: vs rule)
 	$(PY) -m experiments.compare --spec $(CER_COMPARE)

@@ -88,8 +88,11 @@ warmup-smol: smol  ## the search protocol taught to SmolLM2 (about 16 min on 2 c
 # the warmup a search-agent target needs at this SCALE (paper scales: none)
 AGENT_WARMUP := $(if $(filter tiny,$(SCALE)),warmup,$(if $(filter smol,$(SCALE)),warmup-smol))
 
-GRPO_CONFIG := common/configs/grpo_$(if $(filter smol,$(SCALE)),smol,tiny).yaml
-train-grpo: $(if $(filter smol,$(SCALE)),warmup-smol,warmup)  ## the reference GRPO loop; SCALE=tiny|smol
+# the targets with a tiny and a smol form only: smol at SCALE=smol, tiny at any other scale
+SMOL_OR_TINY := $(if $(filter smol,$(SCALE)),smol,tiny)
+SMOL_OR_TINY_WARMUP := $(if $(filter smol,$(SCALE)),warmup-smol,warmup)
+GRPO_CONFIG := common/configs/grpo_$(SMOL_OR_TINY).yaml
+train-grpo: $(SMOL_OR_TINY_WARMUP)  ## the reference GRPO loop; SCALE=tiny|smol
 	$(NODES_ENV) $(LAUNCH) common.search_grpo --config $(GRPO_CONFIG) $(SEED_ARG)
 
 cer-tiny-assets: $(CER_WARM)/config.json
@@ -210,8 +213,6 @@ demo:  ## all of it on the tiny setup, from nothing, on CPU (about 14.5 min on 2
 
 # SCALE=smol: SmolLM2 over real HotpotQA, one pass over its 150 training questions a run (hours on
 # 2 cores: the specs' comments); the per-question results kept in <package>/results/smol
-SMOL_OR_TINY := $(if $(filter smol,$(SCALE)),smol,tiny)
-SMOL_OR_TINY_WARMUP := $(if $(filter smol,$(SCALE)),warmup-smol,warmup)
 compare-grpo: $(SMOL_OR_TINY_WARMUP)  ## the reference GRPO loop against its warmup, 3 seeds, paired bootstrap; SCALE=tiny|smol
 	$(PY) -m experiments.compare --spec common/configs/compare_grpo_$(SMOL_OR_TINY).yaml
 
@@ -242,7 +243,7 @@ compare-eviback-teacher:  ## EviBack's teacher: E2E-APE vs hand-written single p
 
 # SCALE=smol: rule (exact match), cer, rule+cer on SmolLM2 and HotpotQA, by containment, then
 # by exact match and F1 from the same runs (about 4.5 hours on 2 cores)
-CER_COMPARE := cer/configs/compare_$(if $(filter smol,$(SCALE)),smol,tiny).yaml
+CER_COMPARE := cer/configs/compare_$(SMOL_OR_TINY).yaml
 compare-cer: $(if $(filter smol,$(SCALE)),smol,cer-tiny-assets)  ## CER rewards, 3 seeds (tiny: exact, rule = alias oracle, cer, rule+cer vs exact; SCALE=smol: vs rule)
 	$(PY) -m experiments.compare --spec $(CER_COMPARE)
 	$(if $(filter smol,$(SCALE)),$(PY) -m experiments.compare --spec $(CER_COMPARE) --report-only \

@@ -342,6 +342,7 @@ REHEARSE_CONFIG = $(if $(filter eviback,$(METHOD)),$(EVIBACK_CONFIG),$(if $(filt
 rehearse:  ## rehearse one paper config: METHOD=eviback|cer|arco SCALE=... [DATA=...] [VARIANT=...] [RANKS=2]
 	$(if $(REHEARSE_CONFIG),,$(error give METHOD=eviback|cer|arco, e.g. make rehearse METHOD=eviback SCALE=1.7b))
 	$(if $(filter tiny,$(SCALE)),$(error rehearse needs a paper SCALE, e.g. SCALE=1.7b or SCALE=qwen3-4b))
+	$(if $(filter smol,$(SCALE)),$(error SCALE=smol has nothing to rehearse: it runs for real on this CPU, e.g. make train-$(METHOD) SCALE=smol; rehearse needs a paper SCALE, e.g. SCALE=1.7b))
 	$(PY) -m experiments.rehearse --config $(REHEARSE_CONFIG) $(ARCO_VARIANT) --ranks $(RANKS)
 
 rehearse-all:  ## every paper config and ARCO variant, rehearsed one after another

@@ -216,7 +216,8 @@ def test_scale_smol_prepares_its_assets_then_trains_every_method():
     ],
 )
 def test_the_search_agent_comparisons_at_scale_smol_start_from_smol_s_warmup(target, spec):
-    lines = dry_run("-B", target, "SCALE=smol")
+    # SMOL_WARM names a folder that is not there, so the warmup shows even where it was built
+    lines = dry_run("-B", target, "SCALE=smol", "SMOL_WARM=runs/warmup/smol/absent")
     warmup = [i for i, x in enumerate(lines) if "common/configs/warmup_smol.yaml" in x]
     (run,) = [i for i, x in enumerate(lines) if "experiments.compare" in x]
     assert lines[run].endswith(f"--spec {spec}_smol.yaml") and warmup and warmup[-1] < run
@@ -239,3 +240,18 @@ def test_compare_cer_at_scale_smol_reports_containment_then_exact_match_and_f1()
     (reports,) = [x for x in lines if "--report-only" in x]
     assert "--metric correct &&" in reports and reports.endswith("--metric f1")
     assert any(x.endswith("--spec cer/configs/compare_tiny.yaml") for x in dry_run("compare-cer"))
+
+
+@pytest.mark.parametrize(
+    ("scale", "says"), [("tiny", "needs a paper SCALE"), ("smol", "runs for real")]
+)
+def test_rehearse_refuses_the_scales_that_run_here_in_one_line(scale, says):
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL")}
+    run = subprocess.run(
+        ["make", "-n", "rehearse", "METHOD=cer", f"SCALE={scale}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode != 0 and not run.stdout.strip()
+    (line,) = run.stderr.strip().splitlines()
+    assert says in line, line
+    assert ("make train-cer SCALE=smol" in line) == (scale == "smol"), line

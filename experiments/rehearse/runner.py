@@ -96,6 +96,25 @@ def family(config: str | Path) -> str:
     return first
 
 
+def check_standin(config: str | Path, raw: dict[str, Any]) -> None:
+    """Refuse a config whose model has no stand-in, before anything is built: a rehearsal shrinks
+    a paper model (Qwen3, Llama 3.2) to run its pipeline here; a config on a local model folder
+    (the smol tier's SmolLM2) already runs for real on a CPU, so there is nothing to rehearse."""
+    from experiments.rehearse.tokenizers import model_facts
+
+    model_id = str(raw["assets"]["model"])
+    try:
+        model_facts(model_id)
+    except ValueError as e:
+        hint = ""
+        if Path(model_id).is_absolute() or model_id.count("/") != 1 or (ROOT / model_id).exists():
+            hint = (
+                "; it is a local model folder: run the config itself (e.g. SCALE=smol: make "
+                "train-<method> SCALE=smol)"
+            )
+        raise RehearsalError(f"{config}: assets.model: {e}{hint}") from None
+
+
 def loaded_config(config: Path, variant: str | None) -> dict[str, Any]:
     """The config as its trainer builds it (defaults filled in, the variant applied), as a dict."""
     from common.config import config_to_dict
@@ -552,6 +571,7 @@ def rehearse(
     if unknown:
         raise RehearsalError(f"unknown stage(s) {unknown}; {fam} has {list(STAGES[fam])}")
     raw = loaded_config(config, variant)
+    check_standin(config, raw)
     name = rehearsal_name(config, variant) + (f"-r{ranks}" if ranks > 1 else "")
     out = Path(out) if out else ROOT / "runs" / "rehearse" / name
     device = "cuda" if _cuda() else "cpu"

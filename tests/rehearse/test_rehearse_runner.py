@@ -11,7 +11,7 @@ import pytest
 
 from experiments.rehearse import scripts
 from experiments.rehearse.__main__ import arco_variants, main
-from experiments.rehearse.runner import PAPER_CONFIGS, ROOT, family
+from experiments.rehearse.runner import PAPER_CONFIGS, ROOT, RehearsalError, check_standin, family
 from experiments.rehearse.stages import Stage, StageFailed, last_error_line, overrides, run_stage
 
 
@@ -153,3 +153,19 @@ def test_a_config_that_is_not_there_is_one_error_line(capsys, tmp_path):
     assert main(["--config", missing, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("rehearse: error: cannot read config file")
+
+
+def test_a_smol_config_is_refused_as_a_local_model_with_nothing_to_rehearse(capsys):
+    assert main(["--config", "eviback/configs/smol.yaml"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rehearse: error: eviback/configs/smol.yaml: ")
+    assert "no stand-in for model 'runs/warmup/smol/model'" in err[0]
+    assert "local model folder" in err[0] and "SCALE=smol" in err[0]
+
+
+def test_a_hub_model_without_a_stand_in_gets_no_local_folder_hint():
+    raw = {"assets": {"model": "Qwen/Qwen2.5-7B"}}
+    with pytest.raises(RehearsalError, match="assets.model: no stand-in") as e:
+        check_standin("cer/configs/x.yaml", raw)
+    assert "local model folder" not in str(e.value)
+    check_standin("cer/configs/x.yaml", {"assets": {"model": "qwen/qwen3-4b-base"}})  # known

@@ -33,7 +33,11 @@ compared on the same questions: for question q, Δ_q = mean over seeds of the ar
 (with ``start``: the arm's own final minus step-0 value, seed by seed), and the interval is the
 percentile bootstrap of mean(Δ) over questions. The minimal detectable difference printed beside
 it is 2.8 standard errors of that mean (a two-sided 5% test with 80% power); the spread over
-seeds is reported too, which the bootstrap over questions does not include.
+seeds is reported too, which the bootstrap over questions does not include. For every arm with two
+seeds or more the report adds its **seed noise**: from the arm's spread over seeds per question,
+what a comparison of two arms that differ only by seed (same seeds, same questions) could detect,
+and the questions it would need to detect one point; the bound to quote before running a slow
+arm against it.
 
 ``--report-only`` (and the report after the runs) reports what is there: a seed without step-0
 dev results is named as missing and left out (each arm over its seeds present, Δ against an arm
@@ -240,6 +244,7 @@ def arm_summary(runs: list[dict[str, Any]], missing: list[int], spec: dict) -> d
         "final": statistics.fmean(finals) if runs else None,
         "final_per_seed": finals,
         "final_seed_sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+        "seed_noise": seed_noise([r["final_rows"] for r in runs], metric),
         "valid_final": statistics.fmean(valid) if runs and None not in valid else None,
         "curve": curve(rows, f"dev/{metric}"),
         "extras": {key: extra_metric(rows, key) for key in spec.get("extra_metrics", [])},
@@ -278,6 +283,34 @@ def question_diffs(
         return statistics.fmean(float(r[q][metric]) for r in runs)
 
     return [mean(arm, q) - mean(base, q) for q in ids]
+
+
+def seed_noise(finals: Sequence[dict[str, dict]], metric: str) -> dict[str, float] | None:
+    """What a comparison of two arms that differ only by seed could detect, from one arm's runs.
+
+    ``finals`` holds one ``{question id: row}`` per seed (k ≥ 2 seeds, the same questions). For
+    question q, v_q is the sample variance of ``metric`` over the seeds; two independent arms
+    each averaged over k seeds differ at q with variance 2 v_q / k, so over n questions the
+    paired difference has ``sd = sqrt(mean_q 2 v_q / k)`` and ``mde = 2.8 sd / sqrt(n)``: the
+    smallest difference a comparison of this design (k seeds, n questions) detects with 80%
+    power when the arms' only difference is training noise (a lower bound when the effect varies
+    by question). ``questions_per_point``: the questions a comparison needs to detect 0.01,
+    ``(2.8 sd / 0.01)²``. None with fewer than two seeds."""
+    k = len(finals)
+    if k < 2:
+        return None
+    ids = list(finals[0])
+    if any(set(r) != set(ids) for r in finals):
+        raise ValueError("seed_noise: the seeds' runs must cover the same dev questions")
+    var = [statistics.variance([float(r[q][metric]) for r in finals]) for q in ids]
+    sd = math.sqrt(2 * statistics.fmean(var) / k)
+    return {
+        "seeds": k,
+        "n": len(ids),
+        "sd": sd,
+        "mde": 2.8 * sd / math.sqrt(len(ids)),
+        "questions_per_point": (2.8 * sd / 0.01) ** 2,
+    }
 
 
 def diffs_from_start(finals: Sequence[dict], starts: Sequence[dict], metric: str) -> list:
@@ -352,6 +385,22 @@ def markdown(summary: dict[str, Any]) -> str:
             f"| {name} | {step} | {a['start']:.3f} | {a['final']:.3f} ± "
             f"{a['final_seed_sd']:.3f} | {seeds} | {valid} | {delta} |"
         )
+    noise = {n: a["seed_noise"] for n, a in summary["arms"].items() if a.get("seed_noise")}
+    if noise:
+        lines += [
+            "",
+            "Seed noise: what a comparison of two arms that differ only by seed could detect, "
+            "from each arm's spread over its seeds per question (same seeds and questions; 80% "
+            "power; questions to detect 0.01 at this many seeds in the last column).",
+            "",
+            "| arm | seeds | questions | sd of Δ per question | MDE | questions for ±0.01 |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, z in noise.items():
+            lines.append(
+                f"| {name} | {z['seeds']} | {z['n']} | {z['sd']:.3f} | {z['mde']:.3f} | "
+                f"{z['questions_per_point']:,.0f} |"
+            )
     keys = [k for a in summary["arms"].values() for k in a.get("extras", {})]
     keys = list(dict.fromkeys(keys))
     if keys:

@@ -18,6 +18,7 @@ from experiments.compare import (
     main,
     paired_bootstrap,
     question_diffs,
+    seed_noise,
     summarize,
     with_command_line,
 )
@@ -78,6 +79,20 @@ def test_diffs_from_start_pair_each_seed_with_its_own_start():
     assert diffs_from_start(finals, starts, "em") == [0.5, 0.5]
 
 
+def test_seed_noise_is_the_mde_of_two_arms_that_differ_only_by_seed():
+    # q "a" right in one of 2 seeds (variance 0.5), "b" in both (0): mean variance 0.25, so two
+    # arms averaged over 2 seeds differ at a question with variance 2 * 0.25 / 2 = 0.25, sd 0.5
+    finals = [{"a": {"em": 1}, "b": {"em": 1}}, {"a": {"em": 0}, "b": {"em": 1}}]
+    z = seed_noise(finals, "em")
+    assert (z["seeds"], z["n"], z["sd"]) == (2, 2, 0.5)
+    assert z["mde"] == pytest.approx(2.8 * 0.5 / math.sqrt(2))
+    assert z["questions_per_point"] == pytest.approx((2.8 * 0.5 / 0.01) ** 2)
+    assert seed_noise(finals[:1], "em") is None  # one seed: no spread to measure
+    assert seed_noise([finals[0], finals[0]], "em")["mde"] == 0.0  # the seeds agree everywhere
+    with pytest.raises(ValueError, match="same dev questions"):
+        seed_noise([finals[0], {"a": {"em": 1}}], "em")
+
+
 def _spec(tmp_path: Path, **extra) -> Path:
     spec = {
         "out": str(tmp_path / "cmp"),
@@ -112,6 +127,12 @@ def test_runner_and_report_on_a_stand_in_trainer(tmp_path, capsys):
     assert summary["arms"]["bonus"]["curve"]["mean"] == [0.0, 1.0]
     assert (out / "curves.png").stat().st_size > 0
     assert "| plain | 2 | 0.000 | 0.667 ± 0.000 |" in (out / "comparison.md").read_text()
+    # every question right in 2 of 3 seeds: variance 1/3 each, sd of Δ sqrt(2 * (1/3) / 3)
+    noise = plain["seed_noise"]
+    assert noise["sd"] == pytest.approx(math.sqrt(2 / 9))
+    assert noise["mde"] == pytest.approx(2.8 * math.sqrt(2 / 9) / math.sqrt(6))
+    assert summary["arms"]["bonus"]["seed_noise"]["mde"] == 0.0  # right in every seed
+    assert f"| plain | 3 | 6 | 0.471 | {noise['mde']:.3f} |" in (out / "comparison.md").read_text()
 
     # a second call runs nothing again; against an arm instead of the start
     capsys.readouterr()

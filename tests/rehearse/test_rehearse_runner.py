@@ -11,7 +11,14 @@ import pytest
 
 from experiments.rehearse import scripts
 from experiments.rehearse.__main__ import arco_variants, main
-from experiments.rehearse.runner import PAPER_CONFIGS, ROOT, RehearsalError, check_standin, family
+from experiments.rehearse.runner import (
+    PAPER_CONFIGS,
+    ROOT,
+    RehearsalError,
+    check_standin,
+    family,
+    loaded_config,
+)
 from experiments.rehearse.stages import Stage, StageFailed, last_error_line, overrides, run_stage
 
 
@@ -168,4 +175,5 @@ def test_a_hub_model_without_a_stand_in_gets_no_local_folder_hint():
     with pytest.raises(RehearsalError, match="assets.model: no stand-in") as e:
         check_standin("cer/configs/x.yaml", raw)
     assert "local model folder" not in str(e.value)
-    check_standin("cer/configs/x.yaml", {"assets": {"model": "qwen/qwen3-4b-base"}})  # known
+    for config in PAPER_CONFIGS:  # every paper config's model has its stand-in
+        check_standin(config, loaded_config(Path(config), None))

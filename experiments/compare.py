@@ -65,6 +65,8 @@ from typing import Any
 import yaml
 
 DONE_MARKER = ".compare_done"
+# standard errors a difference must span to be detected by a two-sided 5% test with 80% power
+MDE_Z = 2.8
 
 
 def paired_bootstrap(
@@ -86,7 +88,7 @@ def paired_bootstrap(
         "ci_high": draws[min(int((1 - tail) * resamples), resamples - 1)],
         "confidence": confidence,
         "p_le_0": sum(d <= 0 for d in draws) / resamples,
-        "mde": 2.8 * sd / math.sqrt(n),
+        "mde": MDE_Z * sd / math.sqrt(n),
     }
 
 
@@ -308,8 +310,8 @@ def seed_noise(finals: Sequence[dict[str, dict]], metric: str) -> dict[str, floa
         "seeds": k,
         "n": len(ids),
         "sd": sd,
-        "mde": 2.8 * sd / math.sqrt(len(ids)),
-        "questions_per_point": (2.8 * sd / 0.01) ** 2,
+        "mde": MDE_Z * sd / math.sqrt(len(ids)),
+        "questions_per_point": (MDE_Z * sd / 0.01) ** 2,
     }
 
 

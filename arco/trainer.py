@@ -78,7 +78,7 @@ from common.run import Run, StepRecord
 from common.train import (
     TrainEngine,
 )
-from common.train.engine import eval_mode
+from common.train.engine import dropout_off, eval_mode
 from common.train.gpu_memory import phase_memory
 from common.train.memory_plan import announce_plan
 
@@ -383,11 +383,12 @@ def rubric_update(
 ) -> dict[str, float]:
     """μ's half of the update with one forward of its rows (``rl.mu_single_forward``): per
     micro-batch of trajectories L_μ with gradient, its backward and a micro-step of the engine,
-    the detached scores written into the items for the advantages. The forward runs in eval mode
-    (no LoRA dropout), so the scores are ``score_items``'s, the deterministic μ's (the
-    release's scores for the advantages are eval-mode too; its μ update has dropout on). Run it
-    before the advantages; ``update(..., mu_done=True)`` adds π's micro-steps to the same
-    optimizer step."""
+    the detached scores written into the items for the advantages. The model stays in training
+    mode, so HF's gradient checkpointing holds (it checkpoints a layer only in training mode),
+    with every dropout off (``dropout_off``): the scores are ``score_items``'s, the
+    deterministic μ's (the release's scores for the advantages are eval-mode too; its μ update
+    has dropout on). Run it before the advantages; ``update(..., mu_done=True)`` adds π's
+    micro-steps to the same optimizer step."""
     rl = cfg.rl
     n = rewards.shape[0]
     chunks = _micro_batches(n, rl.micro_batch_size)
@@ -395,9 +396,7 @@ def rubric_update(
     weights = global_class_weights(rewards, train.rank)
     by_traj = _by_traj(items)
     stats: dict[str, float] = {}
-    was_training = train.model.training
-    train.model.eval()
-    try:
+    with dropout_off(train.model):
         for chunk in chunks:
             t0 = time.perf_counter()
             mb_items = [it for i in chunk for it in by_traj.get(i, [])]
@@ -420,8 +419,6 @@ def rubric_update(
                     stats[k] = stats.get(k, 0.0) + v / len(chunks)
             train.step()
             timings["mu_update"] = timings.get("mu_update", 0.0) + time.perf_counter() - t0
-    finally:
-        train.model.train(was_training)
     return stats
 
 

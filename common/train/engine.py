@@ -125,6 +125,39 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was)
 
 
+# HF attention modules' own dropout rate (a float applied when ``module.training``), by name
+_ATTENTION_DROPOUT_ATTRS = ("attention_dropout", "dropout")
+
+
+@contextlib.contextmanager
+def dropout_off(model: nn.Module) -> Iterator[nn.Module]:
+    """Every dropout of ``model`` off inside the block, its training mode kept: for a gradient
+    forward that must be deterministic (μ's update forward, whose scores are the advantages').
+
+    HF checkpoints a layer only when ``module.training``, so ``eval_mode`` would switch gradient
+    checkpointing off too. Each ``nn.Dropout`` (LoRA's included) gets ``p = 0`` and each HF
+    attention module's float rate (``attention_dropout``) 0, restored after: a rate, unlike a
+    module's mode, survives a ``model.train()`` inside the block (a reference forward's
+    ``eval_mode``), so a checkpointed layer recomputed in the backward is dropout-free too.
+    ``torch.nn.functional.dropout`` with p = 0 returns its input and saves nothing."""
+    rates: list[tuple[nn.Module, str, float]] = []
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            rates.append((module, "p", module.p))
+            continue
+        for attr in _ATTENTION_DROPOUT_ATTRS:
+            value = module.__dict__.get(attr)
+            if isinstance(value, float) and value > 0:
+                rates.append((module, attr, value))
+    for module, attr, _ in rates:
+        setattr(module, attr, 0.0)
+    try:
+        yield model
+    finally:
+        for module, attr, value in rates:
+            setattr(module, attr, value)
+
+
 def is_partitioned(model: nn.Module) -> bool:
     """Whether ZeRO-3 holds ``model``'s parameters in partitions (``ds_id`` on them)."""
     return any(hasattr(p, "ds_id") for p in model.parameters())

@@ -50,7 +50,7 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
 	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
-	rehearse-all gpu-check serve-retrieval serve-teacher data data-index smol warmup-smol arco-smol-warmup
+	rehearse-all gpu-check gpu-check-bare wheelhouse serve-retrieval serve-teacher data data-index smol warmup-smol arco-smol-warmup
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
 	bash scripts/install.sh
@@ -352,3 +352,14 @@ rehearse-all:  ## every paper config and ARCO variant, rehearsed one after anoth
 # 2 training steps, checked for what only a GPU shows. Report: runs/gpu-check/gpu_check.txt
 gpu-check:  ## GPU-only behaviour (train mode, log-prob gap, identical rollouts, memory by phase) on one GPU, minutes
 	$(PY) -m experiments.gpu_check
+
+# A bare GPU node (its own python3 with CUDA torch, transformers and peft; no vLLM, no .venv, no
+# network): DeepSpeed and what it imports come from the wheelhouse, built on a connected machine
+# by `make wheelhouse` and copied beside the project. Report: runs/gpu-check-bare/ (docs/gpu.md)
+BARE_PY ?= python3
+gpu-check-bare:  ## on a bare GPU node with its own python3: NCCL, ZeRO stages, paper-width memory, log-prob gap, ARCO mu; at most 6 min
+	$(BARE_PY) scripts/wheelhouse.py install --target runs/bare-deps
+	PYTHONPATH=runs/bare-deps $(BARE_PY) -m experiments.gpu_check_bare
+
+wheelhouse:  ## the bare node's wheels (DeepSpeed 0.19.8 and what it imports; about 10 MiB), on a connected machine
+	$(PY) scripts/wheelhouse.py build

@@ -5,7 +5,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
+import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,7 @@ from common.train import (
     iter_named_weights,
     load_for_training,
 )
+from common.train.engine import deepspeed_config
 
 SCRIPT = Path(__file__).parent / "scripts" / "ds_two_ranks.py"
 _spec = importlib.util.spec_from_file_location("ds_two_ranks", SCRIPT)
@@ -405,6 +410,69 @@ def test_two_deepspeed_ranks_match_the_single_process_path(
     expected = result["states"]["policy" if lora else None]
     assert all(torch.equal(saved[n], expected[n]) for n in expected)
     assert math.isfinite(ds_infos[-1]["grad_norm"])
+
+
+# --- DeepSpeed with bf16 weights, one rank per stage ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_bf16_deepspeed_runs_fp32_accumulating_zero_2_and_3_and_refuses_stages_0_and_1(
+    tmp_path, free_port
+):
+    """A real DeepSpeed engine on one CPU rank over the tiny Qwen3 in bf16, per ZeRO stage.
+    DeepSpeed 0.19.8 with bf16 and ``grad_accum_dtype`` fp32 raised NotImplementedError at stage
+    0 and built its BF16_Optimizer at stage 1; the engine refuses both in one line. Stages 2 and
+    3 are ZeRO's own optimizers summing gradients in fp32, and a NaN loss's step is skipped (the
+    weights and the schedule kept) by the overflow check the config names, not by a default."""
+    out = tmp_path / "stages.json"
+    env = os.environ | {
+        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": "",
+    }  # fmt: skip
+    script = Path(__file__).parent / "scripts" / "ds_bf16_stages.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--out", str(out)],
+        capture_output=True, text=True, env=env, timeout=600, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
+    stages = json.loads(out.read_text())
+    for stage in ("0", "1"):
+        error = stages[stage]["error"]
+        assert error.startswith("ValueError: ") and "\n" not in error, error
+        assert f"train.zero_stage={stage}" in error and "train.bf16" in error, error
+    expected = {"2": "DeepSpeedZeroOptimizer", "3": "DeepSpeedZeroOptimizer_Stage3"}
+    for stage, optimizer in expected.items():
+        report = stages[stage]
+        assert report["optimizer"] == optimizer, report
+        assert report["grad_accum_dtype"] == "torch.float32", report
+        assert report["nan_step"] == {"skipped": True, "weights_kept": True, "lr_kept": True}
+    assert stages["2"]["check_grad_overflow"] is True
+
+
+def test_bf16_deepspeed_config_names_fp32_accumulation_and_the_overflow_check():
+    """The settings that make stages 2 and 3 correct are in the config, not DeepSpeed's
+    defaults; an fp32 model's config sets neither (its accumulation is fp32 already)."""
+    for stage in (2, 3):
+        cfg = deepspeed_config(TrainConfig(zero_stage=stage), bf16=True)
+        assert cfg["data_types"] == {"grad_accum_dtype": "fp32"}
+        assert cfg["bf16"] == {"enabled": True, "check_grad_overflow": True}
+        assert cfg["zero_optimization"] == {"stage": stage}
+    for stage in range(4):
+        cfg = deepspeed_config(TrainConfig(zero_stage=stage), bf16=False)
+        assert cfg["bf16"] == {"enabled": False} and "data_types" not in cfg
+    for stage in (0, 1):
+        with pytest.raises(ValueError, match=rf"train\.zero_stage={stage} .*train\.bf16"):
+            deepspeed_config(TrainConfig(zero_stage=stage), bf16=True)
+
+
+def test_deepspeed_is_the_pinned_version():
+    """The engine's fp32 accumulation and non-finite skip were read off DeepSpeed 0.19.8's code
+    (0.19.6 differs): pyproject pins it, and that is the one installed."""
+    import deepspeed
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert '"deepspeed==0.19.8"' in pyproject
+    assert deepspeed.__version__ == "0.19.8"
 
 
 # --- clip sets and fp32 weights under bf16 -----------------------------------------------------

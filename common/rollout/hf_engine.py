@@ -8,6 +8,8 @@ import torch
 from transformers import DynamicCache
 
 from common.rollout.engine import Completion, GeneratedKV, SamplingConfig, stop_length
+from common.train.distributed import is_multi_rank
+from common.train.engine import is_partitioned
 
 
 class _SampledLogprobs:
@@ -114,6 +116,10 @@ class HFEngine:
         stop_ids = self.eos_ids | set(params.stop_token_ids)
         was_training = self.model.training
         self.model.eval()
+        # ZeRO-3: every forward gathers each layer's weights from all ranks, so a rank whose rows
+        # all stopped must keep forwarding until every rank's have (transformers takes this from
+        # a DeepSpeed config that load_for_training no longer holds; without it the others hang)
+        synced = is_partitioned(self.model) and is_multi_rank()
         for start in range(0, len(flat), self.batch_size):
             batch = flat[start : start + self.batch_size]
             ids, mask = self._left_pad(batch)
@@ -138,6 +144,7 @@ class HFEngine:
                 output_logits=self.keep_kv,
                 logits_processor=None if self.keep_kv else [recorder := _SampledLogprobs()],
                 return_dict_in_generate=True,
+                synced_gpus=synced or None,  # None: transformers decides (FSDP)
             )
             new = out.sequences[:, ids.shape[1] :]  # [b, t]
             # logprobs of the sampled ids under the raw (untempered) distribution, as vLLM reports

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from common.rollout.engine import Completion, SamplingConfig, request_seeds
-from common.train.distributed import is_multi_rank
+from common.train.distributed import is_multi_rank, set_rank_threads
+from common.train.distributed import threads_per_rank as threads_per_rank  # re-exported
 
 # Must be set before vllm is imported: the engine core runs in this process.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -156,13 +157,18 @@ def _repack_tied_lm_head(model: torch.nn.Module) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 
-def threads_per_rank(threads: int, env: dict[str, str] | None = None) -> int:
-    """This rank's share of the host's ``threads`` when a launcher started several ranks on it
-    (``LOCAL_WORLD_SIZE`` from torchrun, ``LOCAL_SIZE`` from the DeepSpeed launcher), at least 1:
-    every rank taking all of them oversubscribes the cores k times."""
-    env = os.environ if env is None else env
-    local = int(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or 1)
-    return max(1, threads // max(local, 1))
+def keep_torch_threads() -> None:
+    """Keep vLLM from dropping this process's torch to one thread.
+
+    vLLM's GPU worker calls ``set_torch_threads_for_runtime`` once its weights are loaded, which
+    sets one thread "for serving" unless ``OMP_NUM_THREADS`` is set and not marked as set by
+    vLLM itself (``VLLM_OMP_NUM_THREADS_SET_BY_VLLM=1``, which it leaves in the environment when
+    it picks a count for its worker processes); then it leaves the count as it is. The trainer
+    shares this process and keeps its threads, a rank's share of the host (``set_rank_threads``,
+    which also sets ``OMP_NUM_THREADS`` to them), so the marker goes. (vLLM's CPU worker instead
+    makes ``torch.set_num_threads`` a no-op for the rest of the process.)"""
+    set_rank_threads()
+    os.environ.pop("VLLM_OMP_NUM_THREADS_SET_BY_VLLM", None)
 
 
 def _on_gpu() -> bool:
@@ -219,9 +225,7 @@ class VLLMEngine:
             # no data-parallel group), so no engine step waits on another rank's; a
             # data-parallel group would add a collective to every decode step
             kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
-        # vLLM drops torch to one thread "for serving" unless OMP_NUM_THREADS is set; the trainer
-        # shares this process and wants its threads.
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads_per_rank(torch.get_num_threads())))
+        keep_torch_threads()
         with _without_llvmlite():
             self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()

@@ -6,6 +6,7 @@ import atexit
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -18,10 +19,12 @@ def init_distributed() -> tuple[int, int, int]:
 
     The DeepSpeed launcher and torchrun both set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
     MASTER_PORT. Backend: nccl on GPU, gloo on CPU (DeepSpeed's CPU default, oneCCL, is rarely
-    installed).
+    installed). First this rank's torch threads are set to its share of the host
+    (``set_rank_threads``).
     """
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         return 0, 1, 0
+    set_rank_threads()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
         import deepspeed
@@ -36,6 +39,34 @@ def init_distributed() -> tuple[int, int, int]:
         # (DeepSpeed still holds its groups after that: a command ends with exit_process)
         atexit.register(_destroy_group)
     return dist.get_rank(), dist.get_world_size(), local_rank
+
+
+def threads_per_rank(threads: int, env: Mapping[str, str] | None = None) -> int:
+    """This rank's share of the host's ``threads`` when a launcher started several ranks on it
+    (``LOCAL_WORLD_SIZE`` from torchrun, ``LOCAL_SIZE`` from the DeepSpeed launcher), at least 1:
+    every rank taking all of them oversubscribes the cores k times."""
+    env = os.environ if env is None else env
+    local = int(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or 1)
+    return max(1, threads // max(local, 1))
+
+
+def set_rank_threads(env: Mapping[str, str] | None = None) -> int:
+    """Set torch's threads in a rank a launcher started: ``threads_per_rank`` of the CPUs this
+    process may run on, never more than it has (an ``OMP_NUM_THREADS`` or ``torch_threads``
+    below its share stands); ``OMP_NUM_THREADS`` is set to the result for what it starts and
+    for vLLM, which reads it (``VLLMEngine``). Returns the thread count.
+
+    ``OMP_NUM_THREADS`` set once torch's thread pool exists changes nothing, and the DeepSpeed
+    launcher sets none (torchrun sets 1): without this every rank kept every core of the host.
+    A launcher that binds each rank to its own cores (DeepSpeed's ``--bind_cores_to_rank``) is
+    not told apart from ranks sharing them: its ranks get a LOCAL_SIZE-th of their own cores.
+    """
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = min(torch.get_num_threads(), threads_per_rank(cpus or 1, env))
+    if threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    return threads
 
 
 def _unlink_shm_buffer(rank: int) -> None:

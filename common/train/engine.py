@@ -86,18 +86,36 @@ def _scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig) -> Any:
 
 def deepspeed_config(config: TrainConfig, bf16: bool, global_clip: bool = True) -> dict[str, Any]:
     """DeepSpeed's config for ``config``: ZeRO stage, bf16, accumulation and (``global_clip``)
-    its own gradient clipping; also what a ZeRO-3 load partitions under (``load_for_training``)."""
-    return {
+    its own gradient clipping; also what a ZeRO-3 load partitions under (``load_for_training``).
+
+    ``bf16``: the trained weights are bf16 (a full fine-tune; LoRA trains fp32 weights and runs
+    DeepSpeed's fp32 path). Then the grad_accum micro-batches' gradients are summed in fp32, not
+    in bf16 (EviBack accumulates 32 a step; DeepSpeed's default is the model dtype), which
+    DeepSpeed 0.19.8 does as the setting says under ZeRO-2 and ZeRO-3 only (fp32 gradient
+    partitions): at stage 0 it raises NotImplementedError at initialisation, at stage 1 it
+    builds its BF16_Optimizer instead of ZeRO's (an unsharded fp32 gradient buffer, none of the
+    ZeRO attributes the clip sets read). So bf16 below stage 2 is refused here (ValueError), and
+    the step skip on a non-finite gradient norm is named (``check_grad_overflow``: ZeRO-2 skips
+    such a bf16 step only with it, ZeRO-3 always; DeepSpeed's default is true today).
+    """
+    if bf16 and config.zero_stage < 2:
+        raise ValueError(
+            f"train.zero_stage={config.zero_stage} with train.bf16 (bf16 trained weights): "
+            "DeepSpeed sums bf16 gradients in fp32 only under ZeRO-2 and ZeRO-3; set "
+            "train.zero_stage to 2 or 3, or train.bf16 to false"
+        )
+    ds_config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,  # DeepSpeed's batch bookkeeping only
         "gradient_accumulation_steps": config.grad_accum,
         "gradient_clipping": config.max_grad_norm if global_clip else 0.0,
         "zero_optimization": {"stage": config.zero_stage},
         "bf16": {"enabled": bf16},
-        # gradients summed over the grad_accum micro-batches in fp32, not in the model's bf16
-        # (EviBack accumulates 32 a step); DeepSpeed's default is the model dtype
-        "data_types": {"grad_accum_dtype": "fp32"},
         "steps_per_print": 2**31 - 1,
     }
+    if bf16:
+        ds_config["bf16"]["check_grad_overflow"] = True
+        ds_config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return ds_config
 
 
 def cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
@@ -318,9 +336,10 @@ class _DeepSpeedBackend:
         )
         # LoRA: the frozen base need not be saved, and then cannot be loaded strictly.
         self.frozen = any(not p.requires_grad for p in model.parameters())
-        # ZeRO's optimizers (and DeepSpeed's bf16 one) skip a step whose global gradient norm is
-        # not finite, on every rank, and leave the schedule as it was (``overflow``); under ZeRO
-        # stage 0 in fp32 DeepSpeed steps torch's AdamW as it is, and ``step`` skips it itself.
+        # ZeRO's optimizers skip a step whose global gradient norm is not finite, on every rank,
+        # and leave the schedule as it was (``overflow``; with bf16 ZeRO-2 through the config's
+        # check_grad_overflow); under ZeRO stage 0 (fp32 only: ``deepspeed_config``) DeepSpeed
+        # steps torch's AdamW as it is, and ``step`` skips it itself.
         self.skips_itself = hasattr(self.optimizer, "overflow")
         self.params = [p for g in groups for p in g["params"]]
         if self.clip_sets:

@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -108,16 +109,19 @@ def build_engine(cfg: ArcoConfig, model: ArcoModel, tokenizer, seed: int):
 class EngineNap:
     """A vLLM engine asleep while the training engine updates (``engine.sleep_during_update``,
     as ``common.run.Run.update_and_push``): ``sleep()`` before the update, and ``push_adapters``
-    wakes it before the new adapters go in. Idle on an HF engine (it is the training model)."""
+    wakes it before the new adapters go in. Idle on an HF engine (it is the training model).
+    ``put_to_sleep(engine)``: how it sleeps; the trainer's is ``Run.sleep_engine`` (measured on a
+    GPU: a sleep that frees too little stops the run), by default ``engine.sleep()``."""
 
-    def __init__(self, cfg: ArcoConfig, engine):
+    def __init__(self, cfg: ArcoConfig, engine, put_to_sleep: Callable[[Any], None] | None = None):
         self.engine = engine
         self.on = cfg.engine.backend == "vllm" and cfg.engine.sleep_during_update
         self.asleep = False
+        self.put_to_sleep = put_to_sleep or (lambda e: e.sleep())
 
     def sleep(self) -> None:
         if self.on and not self.asleep:
-            self.engine.sleep()
+            self.put_to_sleep(self.engine)
             self.asleep = True
 
     def wake_up(self) -> None:
@@ -688,7 +692,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
         cfg.assets.retrieval_max_wait_s,
     )
     engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
-    nap = EngineNap(cfg, engine)
+    nap = EngineNap(cfg, engine, run.sleep_engine)
     push_adapters(engine, model)
 
     def dev_eval(step: int) -> dict[str, float]:
@@ -754,12 +758,12 @@ def train_arco(cfg: ArcoConfig) -> dict:
         else:
             a = sparse_group_advantages(rewards, [t.group_id for t in trajs]).tolist()
             step_adv = [[a[i]] * len(t.steps) for i, t in enumerate(trajs)]
-        memory = phase_memory("rollout")  # on a GPU: rollout, rubrics and scoring
         nap.sleep()  # after a step scorer, which may use vLLM
+        memory = phase_memory("rollout")  # on a GPU: rollout, rubrics, scoring and the sleep
         upd = update(
             train, trajs, items, step_adv, rewards, cfg, late, pad_id, timings, mu_done=single
         )
-        memory |= phase_memory("update")
+        memory |= phase_memory("update", run.asleep_pool(nap.asleep))
         t0 = time.perf_counter()
         push_adapters(engine, model, nap)
         timings["push"] = time.perf_counter() - t0

@@ -227,7 +227,7 @@ def train_cer(cfg: CERConfig) -> dict:
             engine.keep_kv = False
         timings["generate"] = time.perf_counter() - t0
         if sleep_for_reward:  # the scorer forwards the training model beside no awake engine
-            engine.sleep()
+            run.sleep_engine()  # measured on a GPU: a sleep that frees too little stops the run
         t0, scored[0] = time.perf_counter(), 0
         types = SIGNAL_TYPES if cfg.reward.signal else ()
         extra = {"score_fn": score_fn, "m": cfg.reward.m, "selection": reward_rules[0],

@@ -13,19 +13,30 @@ Where each check runs (docs/run_folders.md, "Non-finite guards"):
 
 The counting and the collapse rule are plain functions of their inputs; only ``agreed_nonfinite``
 and ``any_rank`` are collectives (every rank calls them, in the same order).
+
+Health guards (a run on a GPU that would train on nothing stops instead; docs/run_folders.md):
+
+* ``HealthGuard`` (``common.run.Run``, every trainer, each step's logged metrics): every group's
+  rollouts token-identical (``identical_group_share`` 1.0) for ``max_identical_groups_in_a_row``
+  steps in a row, or ``logprob_gap`` over ``logprob_gap_limit`` for ``max_logprob_gap_in_a_row``
+  steps in a row;
+* ``SleepCheck`` (wherever vLLM sleeps: ``Run.sleep_engine``): the device's use read before and
+  after the sleep; less freed than ``min_sleep_freed_share`` of what the memory plan frees stops.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from common.launcher import RunStopped
+from common.train import gpu_memory
 from common.train.distributed import all_reduce_values
+from common.train.gpu_memory import GIB, note_device_use, release_cached
 
 SKIPPED = "guard/skipped_update"
 SKIPPED_TOTAL = "guard/skipped_updates_total"
@@ -202,3 +213,182 @@ class NonFiniteGuard:
     def say(self, line: str) -> None:
         if self.verbose:
             print(f"[{self.method}] warning: {line}", flush=True)
+
+
+# --- health guards: a run that trains on nothing stops -------------------------------------------
+
+IDENTICAL = "identical_group_share"
+GAP = "logprob_gap"
+IDENTICAL_IN_A_ROW = "guard/identical_groups_in_a_row"
+GAP_IN_A_ROW = "guard/logprob_gap_over_limit_in_a_row"
+
+
+class HealthError(RunStopped):
+    """The run stopped because it trained, or would train, on nothing: every group's rollouts
+    identical step after step, an engine that samples from another model than the one trained,
+    or a vLLM sleep that left its memory on the device. One line, exit code 3
+    (``common.launcher.run_command``), as ``NonFiniteError``."""
+
+
+def measured(metrics: Mapping[str, Any], key: str) -> float | None:
+    """``metrics[key]`` where the step measured it: None when absent (``identical_group_share``
+    of a step with one rollout a question) or NaN (``logprob_gap`` of an update that forwarded
+    no sampled token: every advantage 0, or a skipped update)."""
+    value = metrics.get(key)
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def next_streak(in_a_row: int, value: float | None, bad: bool) -> int:
+    """The streak after a step: one more when the step's value is ``bad``, 0 when it is not,
+    unchanged when the step measured nothing (``value`` None)."""
+    if value is None:
+        return in_a_row
+    return in_a_row + 1 if bad else 0
+
+
+@dataclass
+class HealthGuard:
+    """Stops a run whose steps carry no signal or the wrong one, from each step's metrics (as
+    logged: over several ranks, the ranks' mean, so every rank counts and raises alike).
+
+        guard = HealthGuard(5, 0.1, 3, "cer")
+        metrics |= guard.observe(step, metrics)    # raises HealthError
+
+    * every group identical: ``identical_group_share`` 1.0 (each group's rollouts token for
+      token the same, so every advantage is 0) in ``max_identical_in_a_row`` steps in a row;
+    * ``logprob_gap`` (mean |log pi_train - log pi_engine| over sampled tokens) over
+      ``gap_limit`` in ``max_gap_in_a_row`` steps in a row: the engine samples from another model
+      than the trained one (weights never pushed, a bf16 rotary buffer).
+
+    A step that did not measure a quantity (no ``identical_group_share``: one rollout a
+    question; a NaN ``logprob_gap``: no sampled token forwarded) neither counts toward its streak
+    nor resets it. 0 disables a guard.
+    """
+
+    max_identical_in_a_row: int = 5
+    gap_limit: float = 0.1
+    max_gap_in_a_row: int = 3
+    method: str = "run"
+    identical_in_a_row: int = 0
+    gap_in_a_row: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Any, method: str) -> HealthGuard:
+        """The guard of a run config (``common.run_config.RunLoopConfig``'s keys)."""
+        return cls(
+            cfg.max_identical_groups_in_a_row,
+            cfg.logprob_gap_limit,
+            cfg.max_logprob_gap_in_a_row,
+            method,
+        )
+
+    def count(self, metrics: Mapping[str, Any]) -> None:
+        """The streaks after a step with these metrics (no stop)."""
+        same = measured(metrics, IDENTICAL)
+        self.identical_in_a_row = next_streak(
+            self.identical_in_a_row, same, same is not None and same >= 1.0
+        )
+        gap = measured(metrics, GAP)
+        self.gap_in_a_row = next_streak(
+            self.gap_in_a_row, gap, gap is not None and gap > self.gap_limit
+        )
+
+    def observe(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
+        """Count step ``step``; its metrics (``guard/identical_groups_in_a_row``,
+        ``guard/logprob_gap_over_limit_in_a_row``). Raises ``HealthError`` when a streak reaches
+        its limit."""
+        before = (self.identical_in_a_row, self.gap_in_a_row)
+        self.count(metrics)  # a limit is reached only by a step that measured its quantity
+        k, n = self.max_identical_in_a_row, self.identical_in_a_row
+        if k and n >= k and n > before[0]:
+            raise HealthError(
+                f"step {step}: every group's rollouts were token-identical (identical_group_share "
+                f"1.0) in {n} steps in a row (max_identical_groups_in_a_row={k}): no group has an "
+                "advantage to learn from (on a GPU: one sampling seed for a group's requests?)"
+            )
+        k, n = self.max_gap_in_a_row, self.gap_in_a_row
+        if k and n >= k and n > before[1]:
+            raise HealthError(
+                f"step {step}: logprob_gap {float(metrics[GAP]):.4f} over logprob_gap_limit="
+                f"{self.gap_limit:g} in {n} steps in a row (max_logprob_gap_in_a_row={k}): the "
+                "engine samples from another model than the one trained (weights not pushed, a "
+                "bf16 rotary buffer, another checkpoint?)"
+            )
+        return {
+            IDENTICAL_IN_A_ROW: float(self.identical_in_a_row),
+            GAP_IN_A_ROW: float(self.gap_in_a_row),
+        }
+
+    def restore(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Continue the streaks of an earlier start from its logged rows (metrics.jsonl, before
+        the resume point, in order), replayed under this start's limits."""
+        self.identical_in_a_row = self.gap_in_a_row = 0
+        for r in rows:
+            self.count(r)
+
+
+def planned_sleep_freed(gpu_memory_utilization: float, total: int) -> float:
+    """What the memory plan has vLLM's sleep free on a GPU of ``total`` bytes: its share
+    (``engine.gpu_memory_utilization`` x the GPU) less what it keeps asleep (``VLLM_ASLEEP_BYTES``:
+    CUDA graphs and buffers outside the sleep pool; ``common.train.memory_plan``)."""
+    from common.train.memory_plan import VLLM_ASLEEP_BYTES
+
+    return gpu_memory_utilization * total - VLLM_ASLEEP_BYTES
+
+
+def sleep_freed_problem(
+    used_before: int, used_after: int, expected_freed: float, min_share: float
+) -> str | None:
+    """Why a vLLM sleep freed too little, or None: the device's use (bytes) before and after the
+    sleep against ``min_share`` of ``expected_freed`` (``planned_sleep_freed``). Nothing is
+    judged where the plan expects nothing freed or ``min_share`` is 0."""
+    if min_share <= 0 or expected_freed <= 0:
+        return None
+    freed = used_before - used_after
+    if freed >= min_share * expected_freed:
+        return None
+    return (
+        f"vLLM's sleep freed {freed / GIB:.2f} GiB of the device ({used_before / GIB:.2f} -> "
+        f"{used_after / GIB:.2f} GiB in use), less than min_sleep_freed_share={min_share:g} of "
+        f"the {expected_freed / GIB:.2f} GiB its memory plan frees (engine.gpu_memory_utilization "
+        "x the GPU, less what it keeps asleep): the update would run beside vLLM's memory"
+    )
+
+
+@dataclass
+class SleepCheck:
+    """A vLLM engine put to sleep with the device's use read around it (``reader``: (bytes in
+    use, total bytes), None without a device: the engine then just sleeps; default
+    ``gpu_memory.device_memory``). Torch's cached blocks are released first (vLLM's sleep empties
+    the cache too, which would count as freed).
+
+        check = SleepCheck(0.5, cfg.engine.gpu_memory_utilization)
+        check.sleep(engine)                         # raises HealthError
+
+    ``freed``: the bytes the last measured sleep freed (its pool's pages; ``phase_memory``'s
+    ``asleep_pool``). The decision is agreed over the ranks (a collective where a device is read:
+    every rank sleeps its engine at the same point)."""
+
+    min_share: float = 0.5
+    gpu_memory_utilization: float = 0.4
+    reader: Callable[[], tuple[int, int] | None] | None = None
+    freed: int = 0
+
+    def sleep(self, engine: Any) -> None:
+        read = self.reader or gpu_memory.device_memory
+        first = read()
+        if first is None:
+            engine.sleep()
+            return
+        note_device_use(first[0])  # the phase's peak: engine and rollout both on the device
+        release_cached()
+        before, total = read() or first
+        engine.sleep()
+        after, _ = read() or first
+        self.freed = max(before - after, 0)
+        expected = planned_sleep_freed(self.gpu_memory_utilization, total)
+        problem = sleep_freed_problem(before, after, expected, self.min_share)
+        if any_rank([problem is not None])[0]:
+            raise HealthError(problem or "vLLM's sleep freed too little on another rank")

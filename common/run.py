@@ -9,11 +9,12 @@ one function, its step.
 
 ``fit`` resumes after the folder's latest checkpoint (weights, optimizer, RNGs; the weights pushed
 into the engine; the evaluations logged before re-read) or evaluates before training; then, per
-step: ``step(s)`` -> ``StepRecord``, batches.jsonl, the non-finite guard (``guard/*`` metrics),
-``check_step`` (every rank), metrics.jsonl and samples/ (main rank), and ``end_of_step``
-(evaluation and checkpoint by ``schedule``; never of non-finite weights). At the end: an
-evaluation if none was logged, the dev curve, the folder released. Rank 0 writes; every rank
-runs the collectives (evaluation, checkpoint, batches.jsonl) in the same order.
+step: ``step(s)`` -> ``StepRecord``, batches.jsonl, the non-finite and health guards
+(``guard/*`` metrics; common/guards.py), ``check_step`` (every rank), metrics.jsonl and samples/
+(main rank), and ``end_of_step`` (evaluation and checkpoint by ``schedule``; never of
+non-finite weights). At the end: an evaluation if none was logged, the dev curve, the folder
+released. Rank 0 writes; every rank runs the collectives (evaluation, checkpoint, batches.jsonl)
+in the same order.
 """
 
 from __future__ import annotations
@@ -27,7 +28,15 @@ from pathlib import Path
 import torch
 
 from common.batches import BatchLog
-from common.guards import NonFiniteError, NonFiniteGuard, any_rank, nonfinite_parameters
+from common.guards import (
+    HealthError,
+    HealthGuard,
+    NonFiniteError,
+    NonFiniteGuard,
+    SleepCheck,
+    any_rank,
+    nonfinite_parameters,
+)
 from common.launcher import RunStopped
 from common.multinode import check_placement, service_urls
 from common.rl_loop import logged_evals, plot_curve, policy_update
@@ -127,6 +136,11 @@ class Run:
         self.step_checks: list[Callable[[int, dict[str, float]], None]] = []
         # Updates skipped for non-finite values, counted per step (common/guards.py).
         self.guard = NonFiniteGuard(cfg.max_nonfinite_in_a_row, method)
+        # Steps without signal (every group identical) or from another model (logprob_gap), and
+        # vLLM's sleep measured where it is put to sleep (``sleep_engine``; on a GPU).
+        self.health = HealthGuard.from_config(cfg, method)
+        self.sleep_check = SleepCheck(cfg.min_sleep_freed_share, cfg.engine.gpu_memory_utilization)
+        self.step_now = 0  # the step running (``fit``), for the sleep check's line
 
     def begin(
         self,
@@ -171,7 +185,7 @@ class Run:
         batch_log = BatchLog(self.dir, start, self.train.is_main)
         steps = range(start, cfg.steps + 1)
         for s in progress(steps, desc=desc or self.method, total=len(steps)):
-            updates = self.train.global_step
+            updates, self.step_now = self.train.global_step, s
             try:
                 record = step(s)
             except RunStopped:
@@ -179,6 +193,7 @@ class Run:
                 raise
             batch_log.write(s, record.question_ids, record.trajectories)
             metrics = record.metrics | self.observe_skips(s, record.metrics)
+            metrics |= self.observe_health(s, metrics)
             self.check_step(s, metrics)
             if self.logger:
                 self.logger.log(s, metrics)
@@ -209,8 +224,9 @@ class Run:
         self.push()
         self.evals.extend(logged_evals(self.dir / METRICS_FILE, before=start))
         if (self.dir / METRICS_FILE).exists():  # the guard's counts go on from the log's
-            rows = read_metrics(self.dir / METRICS_FILE)
-            self.guard.restore([r for r in rows if r["step"] < start])
+            rows = [r for r in read_metrics(self.dir / METRICS_FILE) if r["step"] < start]
+            self.guard.restore(rows)
+            self.health.restore(rows)
         if self.train.is_main:
             print(f"[{self.method}] resumed from {latest} at step {start}", flush=True)
         return start
@@ -231,6 +247,30 @@ class Run:
             return self.guard.observe(step, reasons, metrics)
         except NonFiniteError as e:
             raise NonFiniteError(f"[{self.method}] {e}; {self.latest_line()}") from None
+
+    def observe_health(self, step: int, metrics: dict[str, float]) -> dict[str, float]:
+        """Every rank (the metrics are the ranks' mean): the step's identical groups and
+        log-prob gap counted by ``HealthGuard``; its metrics (``guard/*_in_a_row``). Raises
+        ``HealthError`` (nothing of the step logged or saved) when a streak reaches its limit."""
+        try:
+            return self.health.observe(step, metrics)
+        except HealthError as e:
+            raise HealthError(f"[{self.method}] {e}; {self.latest_line()}") from None
+
+    def sleep_engine(self, engine=None) -> None:
+        """Put the vLLM engine (``engine``, default the run's) to sleep, measured on a GPU
+        (``SleepCheck``): a sleep that frees less than ``min_sleep_freed_share`` of the planned
+        share stops the run (``HealthError``, raised inside the step: ``fit`` saves the last
+        finished step as for any stop there). Every trainer's sleep goes through here."""
+        try:
+            self.sleep_check.sleep(self.engine if engine is None else engine)
+        except HealthError as e:
+            raise HealthError(f"[{self.method}] step {self.step_now}: {e}") from None
+
+    def asleep_pool(self, asleep: bool) -> int:
+        """The bytes of vLLM's pool asleep through the update (what its sleep freed), when
+        ``asleep``; ``phase_memory("update", ...)`` leaves them out of the allocator's peak."""
+        return self.sleep_check.freed if asleep else 0
 
     def latest_line(self) -> str:
         latest = find_latest_checkpoint(self.dir)
@@ -300,15 +340,17 @@ class Run:
         (optional) are checked with the advantages: non-finite on any rank, no update."""
         engine, engine_cfg = self.engine, self.cfg.engine
         vllm = engine_cfg.backend == "vllm"
-        memory = phase_memory("rollout")  # generation and reward, since the last step's push
         if vllm and engine_cfg.sleep_during_update and not engine.asleep:
-            engine.sleep()  # (CER puts it to sleep before its reward already)
+            self.sleep_engine()  # (CER puts it to sleep before its reward already)
+        # generation and reward since the last step's push, and the sleep (the device's use
+        # read just before it)
+        memory = phase_memory("rollout")
         t0 = time.perf_counter()
         stats = policy_update(
             self.train, trajs, advantages, self.cfg.loss, self.pad_id, rewards=rewards
         )
         timings["update"] = time.perf_counter() - t0
-        memory |= phase_memory("update")
+        memory |= phase_memory("update", self.asleep_pool(vllm and engine.asleep))
         t0 = time.perf_counter()
         if vllm:  # an engine asleep is woken by the push, in TRL's order
             self.push_weights()

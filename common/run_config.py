@@ -212,6 +212,43 @@ class RunLoopConfig:
             "ge": 0,
         },
     )
+    max_identical_groups_in_a_row: int = field(
+        default=5,
+        metadata={
+            "help": "stop the run after this many steps in a row whose every group's rollouts "
+            "were token-identical (identical_group_share 1.0: no advantage to learn from; one "
+            "seed for a group's requests on a GPU does it); a step with one rollout a question "
+            "does not count (0: never stop)",
+            "ge": 0,
+        },
+    )
+    logprob_gap_limit: float = field(
+        default=0.1,
+        metadata={
+            "help": "the most logprob_gap (mean |log pi_train - log pi_engine| over sampled "
+            "tokens) a healthy step shows: bf16 rollouts a few hundredths, CPU ~1e-5",
+            "gt": 0,
+        },
+    )
+    max_logprob_gap_in_a_row: int = field(
+        default=3,
+        metadata={
+            "help": "stop the run after this many steps in a row whose logprob_gap is over "
+            "logprob_gap_limit (the engine samples from another model than the one trained); a "
+            "NaN gap (nothing forwarded) neither counts nor resets the streak (0: never stop)",
+            "ge": 0,
+        },
+    )
+    min_sleep_freed_share: float = field(
+        default=0.5,
+        metadata={
+            "help": "GPU, engine.sleep_during_update: stop the run when vLLM's sleep frees less "
+            "device memory than this share of what the memory plan has it free "
+            "(engine.gpu_memory_utilization x the GPU, less 1 GiB kept asleep) (0: never stop)",
+            "ge": 0,
+            "le": 1,
+        },
+    )
     engine: EngineConfig = field(default_factory=EngineConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     log: LogConfig = field(default_factory=LogConfig)

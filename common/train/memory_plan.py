@@ -4,9 +4,11 @@
 
 For each GPU size (an 80 GB and a 141 GB GPU unless told) the plan lists, per rank: the weights,
 the optimizer states and the gradients by ZeRO stage and rank count, ZeRO's own buffers, the
-activations of one micro-batch with and without gradient checkpointing, the logits that exist
-at once, vLLM's share and the KV cache it leaves for the rollouts; then whether the two phases
-of a step (rollout: vLLM awake; update: vLLM asleep when ``engine.sleep_during_update``) fit.
+activations of one micro-batch with and without gradient checkpointing (for ARCO π's rows and
+μ's rubric rows), the logits that exist at once, vLLM's share and the KV cache it leaves for
+the rollouts; then whether the two phases of a step (rollout: vLLM awake; update: vLLM asleep
+when ``engine.sleep_during_update``) fit. ``update_terms``: the update's terms of one
+full-parameter model at a given shape (for a check on a bare GPU node).
 
 What is counted, and how:
 
@@ -27,25 +29,46 @@ What is counted, and how:
   bytes of every tensor autograd saves for the backward counted by
   ``torch.autograd.graph.saved_tensors_hooks`` (parameters excluded, each storage once), per
   decoder layer and outside the layers, at three sequence lengths, fitted as c0 + a·T + b·T²
-  per row (b is 0 with SDPA's flash and memory-efficient kernels, which save no T × T
-  weights; the fit would show it if a kernel did). Scaled to the micro-batch and the layers;
-  with checkpointing a layer keeps only its input (hidden × 2 bytes a token) and one layer's
-  activations exist again during its recomputation.
+  per row (unpadded, b is 0: SDPA's flash and memory-efficient kernels save no T × T weights;
+  the fit would show it if a kernel did). Scaled to the micro-batch and the layers; with
+  checkpointing a layer keeps only its input (hidden × 2 bytes a token) and one layer's
+  activations exist again during its recomputation. Under LoRA the first layer saves less
+  than the others (its input needs no gradient); the others' count is used for every layer.
+- Padded rows (an update's micro-batch of more than one row is taken as padded, as at its
+  longest lengths it is): measured on a row with a padding mask. HF then repeats K and V to
+  the query heads' count before SDPA (``repeat_kv``: HF's SDPA path takes GQA only without a
+  mask), so they are saved at that count, and SDPA saves its own bf16 copy of the boolean mask
+  ([rows, 1, T, T]) in every layer (b = 2); with checkpointing HF's boolean mask (1 byte an
+  entry) is held for the recomputation. ARCO's shared-prefix trunks pass one additive 4D
+  mask, saved once, outside the layers (measured as such). An unpadded row has no mask.
+- ARCO's μ rows (``rl.mu_single_forward``: μ's update forward and backward end before π's, so
+  the update's activation peak is the larger of the two; ``false``: π's and μ's forwards live
+  together until their joint backward). A micro-batch of ``rl.micro_batch_size`` trajectories
+  of ``env.max_searches + 1`` steps; a rubric row at most ``agent.max_context`` tokens of
+  trajectory plus μ's templates (``RUBRIC_CHARS_PER_TOKEN``, ``RUBRIC_LABEL_TOKENS``) and
+  ``rubric.max_new_tokens`` of criteria; ``rubric.shared_prefix``: a trajectory's rows packed
+  as its longest row and each other row's tail (its action, the request, its criteria), else
+  one padded row a step. μ's logits at its criteria positions (the KL, ``rl.mu_kl_coef`` > 0).
 - Logits: the policy loss projects ``loss.logprob_chunk`` positions at a time
   (``common.rl.logprobs_from_hidden``), so [chunk, vocab], not [tokens, vocab];
   ``LOGIT_ENTRY_BYTES`` an entry at the backward's peak. ARCO projects its loss positions only.
 - vLLM: ``gpu_memory_utilization`` × the GPU is its share; inside it its bf16 weights (and LoRA
   slots), the activations of its profiling forward (``max_num_batched_tokens`` tokens and
-  ``max_num_seqs`` rows of sampler logits, vLLM 0.32's defaults on an H100/H200 for the ``LLM``
+  ``max_num_seqs`` rows of sampler logits: the config's ``engine.max_num_batched_tokens`` and
+  ``engine.max_num_seqs`` where set, else vLLM 0.32's defaults on an H100/H200 for the ``LLM``
   class) and its CUDA graphs; the rest is KV cache, 2 × layers × KV heads × head_dim × 2 bytes a
   token. vLLM refuses to start when it holds less than one ``max_model_len`` sequence.
 - Sleep: with ``engine.sleep_during_update`` vLLM releases its weights and KV cache during the
   update; ``VLLM_ASLEEP_BYTES`` (its CUDA graphs and buffers the sleep allocator does not
   manage) is assumed to stay. Without it vLLM's whole share stays during the update.
 
-Not counted: CER's no-grad prefix-scorer forward (its own batch, in the reward phase), ARCO's μ
-rows beside π's, and memory fragmentation beyond ``CUDA_RESERVED_BYTES``. Estimates are marked
-as such in the table; the plan is a floor with named assumptions, not a measurement on a GPU.
+Not counted: CER's no-grad prefix-scorer forward (its own batch, in the reward phase); ARCO's
+no-grad scoring forward (``arco.rubrics.score_items``: with ``rl.mu_single_forward: false``,
+frozen μ and the PRM baseline, after vLLM sleeps; it keeps the full [rows, T, vocab] logits
+and every layer's hidden states of ``rl.score_batch_size`` rows); the no-grad reference
+forwards' transient layer (π_ref, μ_ref); and memory fragmentation beyond
+``CUDA_RESERVED_BYTES``. Estimates are marked as such in the table; the plan is a floor with
+named assumptions, not a measurement on a GPU.
 """
 
 from __future__ import annotations
@@ -84,7 +107,15 @@ CUDA_RESERVED_BYTES = 2 * GiB  # CUDA context, NCCL buffers, allocator slack, pe
 # (bf16, 1,024 x 32,000, CPU) peaks at 7.5 bytes an entry (fp32 logits kept for logsumexp, then
 # their fp32 gradient); 12 leaves room for the temporaries inside an op (logsumexp's backward).
 LOGIT_ENTRY_BYTES = 12
-MASK_ENTRY_BYTES = 2
+MASK_ENTRY_BYTES = 2  # an additive mask in bf16
+BOOL_MASK_ENTRY_BYTES = 1  # HF's boolean padding mask
+MASKS = ("none", "padding", "additive")  # how a measured batch is masked (``_saved_bytes``)
+LOGPROB_CHUNK = 1024  # ``loss.logprob_chunk``'s default (common.run_config.LossConfig)
+# μ's rubric prompt around the trajectory (assumed): its templates' characters at 3 a token
+# (English text runs about 4 in Qwen's and Llama's tokenizers: an overcount), and the chat
+# template's and the prompt's labels (Question, Trajectory so far, Searches remaining, Action).
+RUBRIC_CHARS_PER_TOKEN = 3
+RUBRIC_LABEL_TOKENS = 48
 ADAM_STATE_BYTES = 8  # fp32 m and v
 MASTER_BYTES = 4  # fp32 master copy of a bf16 weight
 
@@ -320,6 +351,7 @@ class ActivationCost:
     dtype_bytes: int
     saved: tuple[str, ...] = ()  # one layer's saved tensors at the longest measured T
     how: str = ""
+    mask: str = "none"  # the measured batch's mask: one of ``MASKS``
 
     @staticmethod
     def _at(coef: tuple[float, float, float], tokens: int) -> float:
@@ -341,19 +373,22 @@ def activation_bytes(
     cost: ActivationCost, layers: int, rows: int, tokens: int, checkpointing: bool
 ) -> float:
     """One micro-batch of ``rows`` sequences of ``tokens``: every layer's saved tensors, or with
-    checkpointing each layer's input plus one layer recomputed in the backward; and the padded
-    batch's [rows, 1, T, T] attention mask, which every layer's attention keeps (one tensor)."""
+    checkpointing each layer's input plus one layer recomputed in the backward. The mask is in
+    the measured cost: a padded batch's SDPA copy in every layer (``cost.layer``), an additive
+    mask once (``cost.outside``); with checkpointing a padded batch's boolean [rows, 1, T, T]
+    mask is also held for the recomputation."""
     layer, outside = cost.layer_bytes(tokens), cost.outside_bytes(tokens)
     if checkpointing:
         kept = tokens * cost.hidden_size * cost.dtype_bytes
-        return rows * (layers * kept + layer + outside) + mask_bytes(rows, tokens)
-    return rows * (layers * layer + outside) + mask_bytes(rows, tokens)
+        held = mask_bytes(rows, tokens, BOOL_MASK_ENTRY_BYTES) if cost.mask == "padding" else 0.0
+        return rows * (layers * kept + layer + outside) + held
+    return rows * (layers * layer + outside)
 
 
-def mask_bytes(rows: int, tokens: int) -> float:
-    """A padded (or ARCO's block-causal) batch's 4D mask, at 2 bytes an entry: HF's boolean
-    mask takes 1, an additive bf16 mask 2."""
-    return float(rows * tokens * tokens * MASK_ENTRY_BYTES)
+def mask_bytes(rows: int, tokens: int, entry_bytes: int = MASK_ENTRY_BYTES) -> float:
+    """A [rows, 1, T, T] attention mask: HF's boolean padding mask takes 1 byte an entry, an
+    additive bf16 mask (SDPA's copy of a boolean one, ARCO's block-causal one) 2."""
+    return float(rows * tokens * tokens * entry_bytes)
 
 
 def logits_bytes(rows: int, vocab: int) -> float:
@@ -384,12 +419,9 @@ def _torch_config(arch: ModelArch, layers: int, vocab: int):
         ) from None
 
 
-def _saved_bytes(
-    arch: ModelArch, lora: LoraShape | None, tokens: int, dtype: Any
-) -> tuple[int, int, list[str]]:
-    """One forward of a 2-layer model over one row of ``tokens``: the bytes the last layer saves
-    for the backward, the rest of the model's (all saved bytes less 2 x the last layer's: the
-    first layer's extras, such as RoPE's cos/sin, count as outside), and the last layer's list."""
+def _measuring_model(arch: ModelArch, lora: LoraShape | None, dtype: Any) -> Any:
+    """A 2-layer model of ``arch``'s width (256-token vocabulary) in training mode, its
+    adapters in fp32 as ``TrainEngine`` keeps them."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -403,39 +435,84 @@ def _saved_bytes(
         for name, p in model.named_parameters():  # as TrainEngine keeps them: fp32 adapters
             if "lora_" in name:
                 p.data = p.data.float()
-    model.train()
+    return model.train()
+
+
+def _saved_bytes(
+    arch: ModelArch,
+    lora: LoraShape | None,
+    tokens: int,
+    dtype: Any,
+    mask: str = "none",
+    model: Any = None,
+) -> tuple[int, int, list[str]]:
+    """One forward of a 2-layer model (``model``, else ``_measuring_model``'s) over one row of
+    ``tokens``: the bytes the last layer saves for the backward, the rest of the model's (all
+    saved bytes less 2 x the last layer's: the first layer's extras, such as RoPE's cos/sin or
+    an additive mask both layers share, count as outside; less the first layer's own where it
+    saves less, as under LoRA), and the last layer's list.
+
+    ``mask``: ``none`` (HF passes no mask), ``padding`` (the row's last token padding: HF's
+    boolean 4D mask), ``additive`` (a causal additive 4D mask with position ids, as ARCO's
+    shared-prefix trunks pass). Only the forward runs: what it saves is what the backward
+    would read."""
+    import torch
+
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    model = model if model is not None else _measuring_model(arch, lora, dtype)
+    # No padding: HF then passes no mask and SDPA runs its flash kernel, saving what the GPU's
+    # flash / memory-efficient kernels save (no T x T weights). With a mask, CPU's SDPA runs its
+    # flash kernel too (torch 2.13: it takes a mask), which saves the mask as the GPU's
+    # memory-efficient kernel does, and no T x T weights.
+    ids = torch.randint(0, 256, (1, tokens))
+    inputs: dict[str, Any] = {"attention_mask": torch.ones_like(ids)}
+    if mask == "padding":
+        inputs["attention_mask"][0, -1] = 0
+    elif mask == "additive":
+        lowest = torch.finfo(dtype).min
+        causal = torch.full((tokens, tokens), lowest, dtype=dtype).triu(1)
+        inputs = {"attention_mask": causal[None, None], "position_ids": torch.arange(tokens)[None]}
+    given = inputs["attention_mask"].untyped_storage().data_ptr()  # saved once: outside
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     layers = model.get_decoder().layers
     last = len(layers) - 1
     where: list[int | None] = [None]
     seen: set[int] = set()
-    total, in_last, listed = 0, 0, []
+    total, in_first, in_last, shared, listed = 0, 0, 0, 0, []
+    handles = []
     for i, layer in enumerate(layers):
-        layer.register_forward_pre_hook(lambda *_, i=i: where.__setitem__(0, i))
-        layer.register_forward_hook(lambda *_: where.__setitem__(0, None))
+        handles.append(layer.register_forward_pre_hook(lambda *_, i=i: where.__setitem__(0, i)))
+        handles.append(layer.register_forward_hook(lambda *_: where.__setitem__(0, None)))
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total, in_last
+        nonlocal total, in_first, in_last, shared
         storage = t.untyped_storage()
         ptr = storage.data_ptr()
         if ptr in params or ptr in seen or storage.nbytes() == 0:
             return t
         seen.add(ptr)
+        if ptr == given:
+            shared += storage.nbytes()
+            return t
         total += storage.nbytes()
+        if where[0] == 0:
+            in_first += storage.nbytes()
         if where[0] == last:
             in_last += storage.nbytes()
             listed.append(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}")
         return t
 
-    # No padding: HF then passes no mask and SDPA runs its flash kernel, saving what the GPU's
-    # flash / memory-efficient kernels save (no T x T weights). With a mask, CPU's SDPA falls
-    # back to its math kernel, which saves the T x T weights a GPU kernel does not; the mask
-    # itself is counted apart (``mask_bytes``).
-    ids = torch.randint(0, 256, (1, tokens))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
-    out.logits.float().sum().backward()
-    return in_last, total - len(layers) * in_last, listed
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(input_ids=ids, use_cache=False, **inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    # outside the layers: all less 2 x the last layer's, or less both layers' where the first
+    # saves less than the last (a frozen base: its input needs no gradient); the mask given
+    outside = max(total - 2 * in_last, total - in_first - in_last) + shared
+    return in_last, outside, listed
 
 
 def _fit(points: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
@@ -444,9 +521,12 @@ def _fit(points: Sequence[tuple[int, float]]) -> tuple[float, float, float]:
 
     t = np.array([p[0] for p in points], dtype=float)
     y = np.array([p[1] for p in points], dtype=float)
-    c0, a, b = np.linalg.solve(np.stack([np.ones_like(t), t, t * t], axis=1), y)
-    scale = max(abs(y).max(), 1.0)  # drop what is float noise of an exactly linear count
-    return tuple(float(v) if abs(v) * 1e6 > scale else 0.0 for v in (c0, a, b))
+    coef = np.linalg.solve(np.stack([np.ones_like(t), t, t * t], axis=1), y)
+    # drop what is float noise of an exact count: a term whose share of the bytes at the longest
+    # T is below 1e-8 (a real one, such as a mask's 2 bytes/T^2, is far above)
+    scale = max(abs(y).max(), 1.0)
+    top = t.max()
+    return tuple(float(v) if abs(v) * top**k > 1e-8 * scale else 0.0 for k, v in enumerate(coef))
 
 
 def measure_activation_cost(
@@ -454,27 +534,35 @@ def measure_activation_cost(
     lora: LoraShape | None = None,
     tokens: tuple[int, int, int] = (32, 64, 128),
     dtype_name: str = "bfloat16",
+    mask: str = "none",
 ) -> ActivationCost:
     """Measure what one decoder layer of ``arch`` (and the rest of the model) saves for the
-    backward, on CPU, at the real width and a 256-token vocabulary. Cached in memory per width
-    (the name, depth and vocabulary of ``arch`` do not change it)."""
+    backward, on CPU, at the real width and a 256-token vocabulary, on a row masked as ``mask``
+    says (``_saved_bytes``). Cached in memory per width (the name, depth and vocabulary of
+    ``arch`` do not change it)."""
     width = dataclasses.replace(arch, name="", source="", num_layers=2, vocab_size=256)
-    return _measure(width, lora, tokens, dtype_name)
+    return _measure(width, lora, tokens, dtype_name, mask)
 
 
 @functools.lru_cache(maxsize=32)
 def _measure(
-    arch: ModelArch, lora: LoraShape | None, tokens: tuple[int, int, int], dtype_name: str
+    arch: ModelArch,
+    lora: LoraShape | None,
+    tokens: tuple[int, int, int],
+    dtype_name: str,
+    mask: str = "none",
 ) -> ActivationCost:
     import torch
 
     dtype = getattr(torch, dtype_name)
+    model = _measuring_model(arch, lora, dtype)  # one model for the three lengths
     layer_pts, outside_pts, listed = [], [], []
     for t in tokens:
-        layer, outside, listed = _saved_bytes(arch, lora, t, dtype)
+        layer, outside, listed = _saved_bytes(arch, lora, t, dtype, mask, model)
         layer_pts.append((t, layer))
         outside_pts.append((t, outside))
     kind = f"LoRA r={lora.r} on {','.join(lora.targets)}, " if lora else ""
+    masked = {"none": "", "padding": ", a padding mask", "additive": ", an additive 4D mask"}
     return ActivationCost(
         layer=_fit(layer_pts),
         outside=_fit(outside_pts),
@@ -484,13 +572,31 @@ def _measure(
         how=(
             f"measured on CPU: one forward of a 2-layer {arch.model_type} at hidden "
             f"{arch.hidden_size}, FFN {arch.intermediate_size}, {arch.num_heads}/"
-            f"{arch.num_kv_heads} heads, {kind}{dtype_name}, SDPA, T = "
+            f"{arch.num_kv_heads} heads, {kind}{dtype_name}, SDPA{masked[mask]}, T = "
             f"{', '.join(map(str, tokens))}"
         ),
+        mask=mask,
     )
 
 
 # --------------------------------------------------------------------------- a run's shape
+
+
+@dataclass(frozen=True)
+class MuRows:
+    """ARCO's μ update forward for one micro-batch of trajectories (``arco.trainer.rubric_loss``):
+    ``rows`` of ``tokens`` (a trajectory's packed trunk under ``rubric.shared_prefix``, else one
+    padded row a step), masked as ``mask`` says (``MASKS``), logits at ``logit_rows`` positions
+    (the criteria tokens, for μ's KL), and whether π's activations live beside μ's
+    (``rl.mu_single_forward`` false: one backward over both)."""
+
+    rows: int
+    tokens: int
+    mask: str
+    logit_rows: int
+    beside_pi: bool
+    row_tokens: int  # the longest rubric row alone
+    steps: int  # rubric rows a trajectory
 
 
 @dataclass(frozen=True)
@@ -514,6 +620,10 @@ class RunShape:
     sleep_during_update: bool
     rollouts_per_rank: int
     head_k: int = 0  # ARCO's scoring head outputs (0: no head)
+    padded: bool = False  # the update's rows padded to the longest (a micro-batch of > 1 row)
+    mu: MuRows | None = None  # ARCO's μ rows in the update (None: μ not trained, or no ARCO)
+    vllm_batched_tokens: int = VLLM_MAX_NUM_BATCHED_TOKENS  # engine.max_num_batched_tokens
+    vllm_max_seqs: int = VLLM_MAX_NUM_SEQS  # engine.max_num_seqs
 
 
 def deepspeed_grad_bytes(train: Any) -> int:
@@ -529,13 +639,54 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _text_tokens(text: str) -> int:
+    """Tokens of a template's ``text``, at ``RUBRIC_CHARS_PER_TOKEN`` characters a token."""
+    return _ceil_div(len(text), RUBRIC_CHARS_PER_TOKEN)
+
+
+def mu_rows(cfg: Any, micro: int) -> MuRows | None:
+    """μ's rows in an ARCO config's update (``arco.rubrics``: ``trunk_batch`` / ``rubric_batch``),
+    at its longest lengths; None when μ is not trained in RL (``rl.freeze_rubric``: frozen μ,
+    the PRM baseline, outcome-only, an external step scorer)."""
+    rl, r = cfg.rl, cfg.rubric
+    if rl.freeze_rubric:
+        return None
+    steps = cfg.env.max_searches + 1  # run_agent's budget: max_searches turns and a last one
+    criteria = 0 if r.mode == "none" else r.max_new_tokens
+    request = ""
+    if r.mode != "none" and r.request:
+        example = json.dumps({"criteria": ["..."] * r.k}, ensure_ascii=False)
+        request = r.request.format(k=r.k, example=example)
+    system = _text_tokens(r.system.format(task=r.task))
+    asked = _text_tokens(request)
+    # the longest row: a whole trajectory (at most π's context), μ's templates and criteria
+    row = cfg.agent.max_context + system + asked + criteria + RUBRIC_LABEL_TOKENS
+    if r.shared_prefix:  # each other row after its branch point: budget, action, request, criteria
+        tail = cfg.agent.max_turn_tokens + criteria + RUBRIC_LABEL_TOKENS
+        tail += asked if r.request_in == "user" else 0
+        rows, tokens, mask = micro, row + (steps - 1) * tail, "additive"
+    else:
+        rows, tokens = micro * steps, row
+        mask = "padding" if rows > 1 else "none"
+    kl = rl.mu_kl_coef > 0 and r.mode == "adaptive"  # logits only where μ wrote the criteria
+    return MuRows(
+        rows=rows,
+        tokens=tokens,
+        mask=mask,
+        logit_rows=micro * steps * criteria if kl else 0,
+        beside_pi=not rl.mu_single_forward,
+        row_tokens=row,
+        steps=steps,
+    )
+
+
 def run_shape(cfg: Any, ranks: int) -> RunShape:
     """The shape of a loaded run config: a search-agent RL loop (EviBack, the reference GRPO
     loop), CER (``max_prompt_tokens``) or ARCO (``rl`` and ``lora``), told apart by their keys."""
     train, engine = cfg.train, cfg.engine
     assets = getattr(cfg, "assets", None)
     model = getattr(assets, "model", "") or getattr(cfg, "model", "")
-    lora, head_k, frozen_copy = None, 0, False
+    lora, head_k, frozen_copy, mu = None, 0, False, None
     if hasattr(cfg, "rl") and hasattr(cfg, "lora"):  # ARCO: π and μ adapters, μ's head
         micro, key = cfg.rl.micro_batch_size, "rl.micro_batch_size"
         seq = cfg.agent.max_context
@@ -546,6 +697,7 @@ def run_shape(cfg: Any, ranks: int) -> RunShape:
         )
         head_k = cfg.rubric.k
         rollouts = max(cfg.rl.sparse_questions * cfg.rl.sparse_n, cfg.rl.dense_questions)
+        mu = mu_rows(cfg, micro)
     else:
         micro, key = cfg.loss.micro_batch_size, "loss.micro_batch_size"
         if hasattr(cfg, "max_prompt_tokens"):  # CER
@@ -575,6 +727,11 @@ def run_shape(cfg: Any, ranks: int) -> RunShape:
         sleep_during_update=engine.sleep_during_update,
         rollouts_per_rank=_ceil_div(rollouts, ranks),
         head_k=head_k,
+        padded=micro > 1,
+        mu=mu,
+        vllm_batched_tokens=getattr(engine, "max_num_batched_tokens", 0)
+        or VLLM_MAX_NUM_BATCHED_TOKENS,
+        vllm_max_seqs=getattr(engine, "max_num_seqs", 0) or VLLM_MAX_NUM_SEQS,
     )
 
 
@@ -596,13 +753,18 @@ def vllm_weight_bytes(arch: ModelArch, lora_rank: int | None) -> float:
     return float(2 * arch.params() + slots)
 
 
-def vllm_overhead_bytes(arch: ModelArch) -> float:
+def vllm_overhead_bytes(
+    arch: ModelArch,
+    max_num_batched_tokens: int = VLLM_MAX_NUM_BATCHED_TOKENS,
+    max_num_seqs: int = VLLM_MAX_NUM_SEQS,
+) -> float:
     """vLLM's non-KV memory besides weights: its profiling forward's largest activations
     (``max_num_batched_tokens`` × (gate+up, qkv, hidden) in bf16), the sampler's fp32 logits
-    and probabilities for ``max_num_seqs`` rows, and its CUDA graphs."""
+    and probabilities for ``max_num_seqs`` rows, and its CUDA graphs. Defaults: vLLM 0.32's
+    (the engine's when a config sets neither)."""
     qkv = (arch.num_heads + 2 * arch.num_kv_heads) * arch.head_dim
-    tokens = VLLM_MAX_NUM_BATCHED_TOKENS * (2 * arch.intermediate_size + qkv + arch.hidden_size)
-    sampler = VLLM_MAX_NUM_SEQS * arch.vocab_size * 4 * 2
+    tokens = max_num_batched_tokens * (2 * arch.intermediate_size + qkv + arch.hidden_size)
+    sampler = max_num_seqs * arch.vocab_size * 4 * 2
     return float(tokens * 2 + sampler + VLLM_CUDA_GRAPH_BYTES)
 
 
@@ -627,6 +789,10 @@ class GpuPlan:
         return not self.advice
 
 
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
 @dataclass
 class MemoryPlan:
     """A run's memory per rank (bytes) by category, and one ``GpuPlan`` per GPU size."""
@@ -640,6 +806,7 @@ class MemoryPlan:
     kv_per_token: int
     gpus: list[GpuPlan]
     notes: list[str] = field(default_factory=list)
+    mu_activations: dict[bool, float] = field(default_factory=dict)  # ARCO's μ rows, on / off
 
     @property
     def fits(self) -> bool:
@@ -674,13 +841,16 @@ class MemoryPlan:
             vals = values if isinstance(values, Sequence) else [values] * len(self.gpus)
             return f"| {name} | " + " | ".join(gib(v) for v in vals) + " |"
 
-        on, off = self.activations[True], self.activations[False]
         lines = head + [row(k, v) for k, v in self.rows.items()]
+        whose = "π's " if s.mu is not None else ""
+        used = {s.gradient_checkpointing: " (in use)", not s.gradient_checkpointing: ""}
+        for ckpt, value in self.activations.items():
+            lines.append(row(f"{whose}activations, checkpointing {_on(ckpt)}{used[ckpt]}", value))
+        if s.mu is not None and self.mu_activations:
+            rows_of = f"μ's {s.mu.rows} x {s.mu.tokens:,}-token rows"
+            for ckpt, value in self.mu_activations.items():
+                lines.append(row(f"{rows_of}, checkpointing {_on(ckpt)}{used[ckpt]}", value))
         lines += [
-            row(f"activations, checkpointing on{' (in use)' if s.gradient_checkpointing else ''}",
-                on),
-            row(f"activations, checkpointing off{'' if s.gradient_checkpointing else ' (in use)'}",
-                off),
             row(f"vLLM share ({s.gpu_memory_utilization:g} x GPU)", [g.vllm_share for g in self.gpus]),
             row("  of which KV cache", [g.kv_bytes for g in self.gpus]),
             row("rollout phase peak (vLLM awake)", [g.rollout_peak for g in self.gpus]),
@@ -709,14 +879,72 @@ class MemoryPlan:
         return "\n".join(lines)
 
 
+def full_training_bytes(
+    params: int, stage: int, ranks: int, bf16: bool, grad_bytes: int
+) -> dict[str, float]:
+    """A full fine-tune's resident terms on one rank at (effective) ZeRO ``stage``: its weights
+    (bf16 or fp32), the optimizer states (fp32 Adam m, v and, under bf16, fp32 masters), the
+    gradients (``grad_bytes`` a parameter under bf16, else fp32) and ZeRO's buffers."""
+    wbytes = 2 if bf16 else 4
+    return {
+        "weights": weight_bytes(params, stage, ranks, wbytes),
+        "optimizer": optimizer_bytes(params, stage, ranks, master=bf16),
+        "gradients": gradient_bytes(params, stage, ranks, grad_bytes if bf16 else 4),
+        "zero_buffers": zero_buffer_bytes(params, stage, wbytes),
+    }
+
+
+def update_terms(
+    arch: ModelArch,
+    *,
+    rows: int,
+    tokens: int,
+    zero_stage: int,
+    ranks: int,
+    gradient_checkpointing: bool,
+    bf16: bool,
+    padded: bool,
+    logprob_chunk: int = LOGPROB_CHUNK,
+) -> dict[str, float]:
+    """Bytes per rank of one full-parameter training model's update (no LoRA, no vLLM, no
+    frozen copy, no ``CUDA_RESERVED_BYTES``): ``weights`` after the load, ``optimizer`` (fp32
+    masters under bf16 and Adam m, v, as the engine holds them: ZeRO at ``zero_stage`` over
+    ``ranks``, the plain backend on one rank), ``gradients`` (fp32 on one rank; DeepSpeed's
+    ``grad_accum_dtype`` from the engine's own config), ``zero_buffers``, ``activations`` of one
+    micro-batch of ``rows`` x ``tokens`` (padded: with a padding mask; checkpointed or not),
+    ``logits`` (``logprob_chunk`` positions at a time) and ``peak``, their sum. Pure but for the
+    activation measurement (``measure_activation_cost``, cached per width)."""
+    stage = effective_stage(zero_stage, ranks)
+    grad_bytes = 4
+    if ranks > 1 and bf16:
+        from common.train.config import TrainConfig
+
+        grad_bytes = deepspeed_grad_bytes(TrainConfig(zero_stage=zero_stage))
+    terms = full_training_bytes(arch.params(), stage, ranks, bf16, grad_bytes)
+    cost = measure_activation_cost(
+        arch,
+        None,
+        dtype_name="bfloat16" if bf16 else "float32",
+        mask="padding" if padded else "none",
+    )
+    terms["activations"] = activation_bytes(
+        cost, arch.num_layers, rows, tokens, gradient_checkpointing
+    )
+    terms["logits"] = logits_bytes(min(rows * tokens, logprob_chunk), arch.vocab_size)
+    terms["peak"] = sum(terms.values())
+    return terms
+
+
 def make_plan(
     config: str,
     arch: ModelArch,
     shape: RunShape,
     cost: ActivationCost,
     gpu_bytes: Mapping[str, float] = GPUS,
+    mu_cost: ActivationCost | None = None,
 ) -> MemoryPlan:
-    """The plan from the architecture, the run's shape and a measured activation cost."""
+    """The plan from the architecture, the run's shape and a measured activation cost (π's
+    rows; ``mu_cost``: μ's rows', needed when ``shape.mu`` is set)."""
     s, ranks, stage = shape, shape.ranks, shape.zero_stage
     params = arch.params()
     if s.lora is not None:
@@ -731,12 +959,9 @@ def make_plan(
         buffers = zero_buffer_bytes(params, stage, 4)
         what = "weights (bf16 base, fp32 adapters and head)"
     else:
-        wbytes = 2 if s.bf16 else 4
-        trained = params
-        weights = weight_bytes(params, stage, ranks, wbytes)
-        optimizer = optimizer_bytes(params, stage, ranks, master=s.bf16)
-        grads = gradient_bytes(params, stage, ranks, s.grad_bytes if s.bf16 else 4)
-        buffers = zero_buffer_bytes(params, stage, wbytes)
+        full = full_training_bytes(params, stage, ranks, s.bf16, s.grad_bytes)
+        weights, optimizer = full["weights"], full["optimizer"]
+        grads, buffers = full["gradients"], full["zero_buffers"]
         what = f"weights ({'bf16' if s.bf16 else 'fp32'}{', ZeRO-3 shard' if stage >= 3 else ''})"
     frozen = 2.0 * params if s.frozen_copy else 0.0
     grad_kind = "fp32" if s.lora or s.grad_bytes == 4 or not s.bf16 else "bf16"
@@ -753,11 +978,27 @@ def make_plan(
         ckpt: activation_bytes(cost, arch.num_layers, s.micro_batch_size, s.seq_len, ckpt)
         for ckpt in (True, False)
     }
+    pi_phase = logits + activations[s.gradient_checkpointing]
+    mu_activations: dict[bool, float] = {}
+    mu_phase = 0.0
+    if s.mu is not None:
+        if mu_cost is None:
+            raise MemoryPlanError(f"{config}: μ's rows need their activation cost (mu_cost)")
+        mu_activations = {
+            ckpt: activation_bytes(mu_cost, arch.num_layers, s.mu.rows, s.mu.tokens, ckpt)
+            for ckpt in (True, False)
+        }
+        mu_logits = logits_bytes(s.mu.logit_rows, arch.vocab_size)
+        rows[f"μ logits ({s.mu.logit_rows:,} criteria positions x {arch.vocab_size:,})"] = mu_logits
+        mu_phase = mu_logits + mu_activations[s.gradient_checkpointing]
+    # rl.mu_single_forward: μ's forward and backward end before π's forward; else one backward
+    # over both, so both forwards' activations and logits live together
+    beside = s.mu is not None and s.mu.beside_pi
+    update_only = grads + buffers + (pi_phase + mu_phase if beside else max(pi_phase, mu_phase))
     resident = weights + optimizer + frozen + CUDA_RESERVED_BYTES
-    update_only = grads + buffers + logits + activations[s.gradient_checkpointing]
     kv_per_token = arch.kv_bytes_per_token()
     vllm_fixed = vllm_weight_bytes(arch, max(8, s.lora.r) if s.lora else None)
-    vllm_fixed += vllm_overhead_bytes(arch)
+    vllm_fixed += vllm_overhead_bytes(arch, s.vllm_batched_tokens, s.vllm_max_seqs)
     gpus = []
     for label, capacity in gpu_bytes.items():
         share = s.gpu_memory_utilization * capacity
@@ -787,19 +1028,36 @@ def make_plan(
     notes = [
         f"activations {cost.how}; one layer saves {cost.per_token(s.seq_len):,.0f} bytes a "
         f"token at T = {s.seq_len:,} ({cost.per_token(s.seq_len) / arch.hidden_size:.1f} x "
-        f"hidden); quadratic term {cost.layer[2]:g} bytes/T^2 (0: no T x T tensor saved)",
+        f"hidden); quadratic term {cost.layer[2]:g} bytes/T^2 (0: no T x T tensor saved; "
+        "2: a padded batch's mask, SDPA's copy in every layer)",
         f"assumed: vLLM keeps {VLLM_ASLEEP_BYTES / GiB:g} GiB asleep; its CUDA graphs "
         f"{VLLM_CUDA_GRAPH_BYTES / GiB:g} GiB and profiling activations "
-        f"({VLLM_MAX_NUM_BATCHED_TOKENS:,} tokens, {VLLM_MAX_NUM_SEQS:,} sampler rows) sit "
+        f"({s.vllm_batched_tokens:,} tokens, {s.vllm_max_seqs:,} sampler rows) sit "
         f"in its share; {CUDA_RESERVED_BYTES / GiB:g} GiB a rank for the CUDA context, NCCL "
         "and allocator slack (in the peaks)",
     ]
+    if s.mu is not None and mu_cost is not None:
+        how = "π's and μ's live together" if beside else "the larger of π's and μ's counts"
+        notes.append(
+            f"μ's update rows: {s.mu.rows} x {s.mu.tokens:,} tokens a micro-batch ("
+            + (
+                f"a trajectory's {s.mu.steps} rubric rows packed, the longest "
+                f"{s.mu.row_tokens:,} tokens whole"
+                if s.mu.mask == "additive"
+                else f"{s.mu.steps} rubric rows a trajectory, each padded to {s.mu.row_tokens:,}"
+            )
+            + f"; assumed: templates at {RUBRIC_CHARS_PER_TOKEN} characters a token, "
+            f"{RUBRIC_LABEL_TOKENS} tokens of labels); in the update's peak {how} "
+            f"(rl.mu_single_forward={'false' if beside else 'true'}); {mu_cost.how}"
+        )
     if s.lora is None and s.bf16 and s.ranks > 1:
         notes.append(
             f"gradients in {'fp32' if s.grad_bytes == 4 else 'bf16'}: the engine's DeepSpeed "
             "config" + (" sets grad_accum_dtype fp32" if s.grad_bytes == 4 else " sets no fp32 grad_accum_dtype")
         )  # fmt: skip
-    return MemoryPlan(config, arch, shape, rows, activations, cost, kv_per_token, gpus, notes)
+    return MemoryPlan(
+        config, arch, shape, rows, activations, cost, kv_per_token, gpus, notes, mu_activations
+    )
 
 
 def _gpu_bytes(gpu_gib: Mapping[str, float] | Sequence[float] | float | None) -> dict[str, float]:
@@ -811,7 +1069,8 @@ def _gpu_bytes(gpu_gib: Mapping[str, float] | Sequence[float] | float | None) ->
     return {f"{v:g} GiB": float(v) * GiB for v in values}
 
 
-Measure = Callable[[ModelArch, LoraShape | None], ActivationCost]
+# (arch, lora, mask=...) -> the activation cost; ``measure_activation_cost``'s signature
+Measure = Callable[..., ActivationCost]
 
 
 def plan_for_run(
@@ -826,13 +1085,17 @@ def plan_for_run(
     reference loop's ``GRPOConfig``) on ``ranks`` ranks. ``gpu_gib``: GPU sizes in GiB (a
     number, a list, or label -> GiB); default the 80 GB and 141 GB GPUs of ``GPUS``. A
     trainer can pass its device's memory and refuse to start when ``plan.fits`` is false.
-    ``measure``: the activation cost of a width (default ``measure_activation_cost``)."""
+    ``measure``: the activation cost of a width, called as ``measure(arch, lora, mask=...)``
+    (default ``measure_activation_cost``)."""
     if ranks < 1:
         raise MemoryPlanError(f"ranks must be >= 1, got {ranks}")
     shape = run_shape(cfg, ranks)
     arch = model_arch(shape.model)
-    cost = (measure or measure_activation_cost)(arch, _measured_lora(shape.lora))
-    return make_plan(label or shape.model, arch, shape, cost, _gpu_bytes(gpu_gib))
+    measure = measure or measure_activation_cost
+    lora = _measured_lora(shape.lora)
+    cost = measure(arch, lora, mask="padding" if shape.padded else "none")
+    mu_cost = measure(arch, lora, mask=shape.mu.mask) if shape.mu is not None else None
+    return make_plan(label or shape.model, arch, shape, cost, _gpu_bytes(gpu_gib), mu_cost)
 
 
 def announce_plan(cfg: Any) -> MemoryPlan | None:

@@ -17,6 +17,7 @@ import torch
 
 from arco.config import ArcoConfig
 from arco.environment import build_environment
+from common.config import path_name
 from common.rl_loop import build_engine, evaluate
 from common.train import find_latest_checkpoint
 from common.train.distributed import init_distributed
@@ -32,6 +33,8 @@ def run_eval(
     ckpt = Path(checkpoint) if checkpoint else find_latest_checkpoint(run_dir)
     if ckpt is None:
         raise FileNotFoundError(f"{run_dir}: no complete checkpoint; train first (`arco train`)")
+    for name in cfg.assets.eval:  # each becomes per_question/<name>.jsonl
+        path_name(name, "assets.eval")
     data = cfg.assets.benchmarks(cfg.question_chars())  # kept by assets.eval_where (dev: dev_where)
     rank, world, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
@@ -52,7 +55,7 @@ def run_eval(
     out_dir = Path(out) if out else run_dir / "eval"
     results = {}
     for name, examples in data.items():
-        rows = out_dir / "per_question" / f"{name}.jsonl"
+        rows = out_dir / "per_question" / f"{path_name(name, 'assets.eval')}.jsonl"
         results[name] = {
             "questions": len(examples),
             **evaluate(

@@ -37,6 +37,7 @@ from cer.rewards.groups import (
     verifier_name,
 )
 from cer.rollout import sample_groups
+from common.config import path_name
 from common.data import question_char_limit
 from common.metrics import cover_exact_match, f1_score
 from common.rl_loop import build_engine, gather_in_order
@@ -180,6 +181,8 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
     model_path = resolve_model(cfg, model)
     cfg.assets.model = model_path
     check_assets(cfg.assets, ["model", "eval"])
+    for name in cfg.assets.eval:  # each becomes <out>/<name>.json: checked before a model loads
+        path_name(name, "assets.eval")
     rank, world, _ = init_distributed()  # sets this rank's CUDA device before any model loads
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     hf_model = None
@@ -233,7 +236,8 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         record |= {"metrics": result, "sampled_rows": rows}
         if rank != 0:
             continue
-        (out / f"{name}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False))
+        record_file = out / f"{path_name(name, 'assets.eval')}.json"
+        record_file.write_text(json.dumps(record, indent=1, ensure_ascii=False))
         shown = ", ".join(
             f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in result.items()
         )

@@ -60,6 +60,38 @@ class ConfigError(ValueError):
     """A config file or override that does not fit its dataclass."""
 
 
+# A file name holds at most 255 bytes on the usual file systems: room for a suffix (".jsonl").
+MAX_NAME_BYTES = 200
+
+
+def path_name(value: Any, key: str) -> str:
+    """``value``, a name a user gave (a benchmark of ``assets.eval``, an arm of a comparison),
+    when it can be one file or folder name inside the folder it is joined to: text, not empty,
+    not ``.`` or ``..``, no path separator (``/``, ``\\``), no control character, at most
+    ``MAX_NAME_BYTES`` bytes. Else a ``ConfigError`` naming ``key`` and the value (``../../x``
+    would write outside the run folder). Every such name goes through here before it is
+    joined to a path."""
+    why = ""
+    if not isinstance(value, str):
+        why = f"a name is text, not {type(value).__name__}"
+    elif not value.strip():
+        why = "it is empty"
+    elif value in (".", ".."):
+        why = "it names a folder, not a file in it"
+    elif "/" in value or "\\" in value:
+        why = "it holds a path separator"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in value):
+        why = "it holds a control character"
+    elif len(value.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        why = f"over {MAX_NAME_BYTES} bytes"
+    if why:
+        raise ConfigError(
+            f"{key}: {value!r:.80} cannot be a file or folder name ({why}); "
+            "name it with letters, digits, '.', '_' and '-'"
+        )
+    return value
+
+
 def load_config(
     cls: type[T], path: str | Path | None = None, overrides: typing.Sequence[str] = ()
 ) -> T:

@@ -30,7 +30,8 @@ A file is parquet when its name ends in ``.parquet`` or it starts with parquet's
 (``PAR1``): its rows are read with pyarrow and named ``row N`` (1-based), e.g. Search-R1's
 ``train.parquet`` (``{id, question, golden_answers, data_source, prompt, reward_model, ...}``:
 FlashRAG's columns plus Search-R1's, read as ``flashrag``). Any other file is jsonl or a JSON list;
-one that is not UTF-8 text is a ``DataError`` naming the formats read.
+one that is not UTF-8 text is a ``DataError`` naming the line, the byte within it and the formats
+read. A UTF-8 byte order mark at the start of a file is dropped (Windows editors write one).
 
 Bad rows are found at load, before any model or engine loads (``read_rows``, ``load_qa``):
 
@@ -68,6 +69,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from common.jsonl import NotUTF8, utf8_text
 
 if TYPE_CHECKING:  # datasets is heavy: imported only where a hub split is loaded
     from datasets import Dataset
@@ -385,8 +388,8 @@ def read_json_rows(path: Path) -> list[tuple[str, Any]]:
     text has a surrogate escape has its strings checked (``check_strings``): a lone surrogate is
     a ``DataError`` naming the line and the field."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
+        text = utf8_text(path.read_bytes())  # a UTF-8 byte order mark is dropped
+    except NotUTF8 as e:
         raise DataError(
             f"cannot read QA file {path}: not UTF-8 text ({e}); the data files read are jsonl, "
             "a JSON list (UTF-8) and parquet (a .parquet name or PAR1 magic bytes)"

@@ -9,16 +9,46 @@ one rule for a write the process was killed in:
 
 ``trim_jsonl`` rewrites such a log (atomically) keeping the rows a resumed run keeps, each kept
 line byte for byte as it was written. No heavy imports: the scripts that read run folders use it.
+
+``utf8_text`` is how every text file a user gives is decoded (QA files, corpora, these logs): a
+UTF-8 byte order mark at the start is dropped (Windows editors write one), and a byte that is
+not UTF-8 is a ``NotUTF8`` naming its line and its byte within the line.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+
+class NotUTF8(ValueError):
+    """Bytes that are not UTF-8 text: ``line`` and ``byte`` (1-based, the byte within its line)
+    of the first bad byte, ``value``; the message says where and, for a file that starts with
+    UTF-16's byte order mark, what it is."""
+
+    def __init__(self, line: int, byte: int, value: int, utf16: bool = False):
+        self.line, self.byte, self.value = line, byte, value
+        hint = "; the file is UTF-16 (its byte order mark): save it as UTF-8" if utf16 else ""
+        super().__init__(f"line {line}, byte {byte} of the line is 0x{value:02x}{hint}")
+
+
+def utf8_text(data: bytes, first_line: int = 1) -> str:
+    """``data`` (a file's bytes, or its line ``first_line``) as UTF-8 text, a UTF-8 byte order
+    mark at its start dropped; a ``NotUTF8`` naming the line and the byte within it else."""
+    skip = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return str(memoryview(data)[skip:], "utf-8")  # no copy of a large file
+    except UnicodeDecodeError as err:
+        start = err.start + skip
+        line = first_line + data.count(b"\n", 0, start)
+        byte = start - data.rfind(b"\n", 0, start)
+        utf16 = data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE))
+        raise NotUTF8(line, byte, data[start], utf16) from None
 
 
 def read_jsonl(path: str | Path, key: str | None = None) -> list[dict[str, Any]]:
@@ -39,8 +69,8 @@ def read_jsonl_lines(
     for number, raw in enumerate(lines, start=1):
         last = number == len(lines)  # no newline after it: the write may have been cut short
         try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as err:
+            line = utf8_text(raw, number)
+        except NotUTF8 as err:
             if last:
                 _torn(path, number, raw.decode("utf-8", "replace"), stacklevel)
                 break
@@ -77,7 +107,8 @@ def trim_jsonl(
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
-    """``data`` into a temporary file beside ``path``, flushed, then renamed over it."""
+    """``data`` into a temporary file beside ``path``, flushed, then renamed over it. An
+    ``OSError`` (a full disk's write names no file) names ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
@@ -86,8 +117,10 @@ def write_atomic(path: Path, data: bytes | str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         tmp.unlink(missing_ok=True)
+        if isinstance(err, OSError) and err.filename is None and err.strerror is not None:
+            err.filename = str(path)
         raise
 
 

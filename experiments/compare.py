@@ -64,6 +64,9 @@ from typing import Any
 
 import yaml
 
+from common.config import path_name
+from common.launcher import write_failure
+
 DONE_MARKER = ".compare_done"
 # standard errors a difference must span to be detected by a two-sided 5% test with 80% power
 MDE_Z = 2.8
@@ -477,8 +480,7 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     for i, arm in enumerate(spec["arms"]):
         if not isinstance(arm, dict) or not arm.get("name") or not arm.get("command"):
             raise ValueError(f"{path}: arms[{i}] needs `name` and `command`")
-        if not isinstance(arm["name"], str):
-            raise ValueError(f"{path}: arms[{i}].name must be a string, not {arm['name']!r:.60}")
+        path_name(arm["name"], f"{path}: arms[{i}].name")  # each arm is a folder under `out`
         for key in ("command", "overrides"):
             value = arm.get(key, [])
             if not isinstance(value, list) or not all(isinstance(c, str) for c in value):
@@ -654,7 +656,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         spec = with_command_line(load_spec(args.spec), args.out, args.seeds, args.set, args.arms)
-        if args.metric:
+        if args.metric:  # it names the report files: comparison_METRIC.md
+            path_name(args.metric, "--metric")
             spec = {**spec, "metric": args.metric, "report_metric": args.metric}
         if not args.report_only:
             run_arms(spec)
@@ -666,6 +669,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[compare] archived {len(runs)} runs into {args.archive}")
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the disk: full, read-only (one line naming the path)
+        if (line := write_failure(err)) is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         return 2
     s = report_suffix(spec)
     print(f"[compare] wrote {spec['out']}/comparison{s}.md, comparison{s}.json, curves{s}.png")

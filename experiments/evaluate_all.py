@@ -52,6 +52,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from common.config import path_name
+from common.launcher import write_failure
 from experiments.compare import paired_bootstrap
 from experiments.method_kinds import COLUMNS, KIND, PAIRED
 
@@ -670,7 +672,7 @@ def _eval_search(cfg: Any, method: str, model: str, out: Path) -> dict[str, Any]
     hf = AutoModelForCausalLM.from_pretrained(model) if engine_cfg.backend == "hf" else None
     engine = build_engine(engine_cfg, model, hf, tokenizer, cfg.seed + rank)
     retriever = HTTPRetriever(url) if url else BM25Retriever.from_corpus(corpus)
-    rows_file = out / "per_question" / f"{name}.jsonl"
+    rows_file = out / "per_question" / f"{path_name(name, 'benchmark')}.jsonl"
     evaluate(
         engine,
         tokenizer,
@@ -728,7 +730,8 @@ def _eval_cer(cfg: Any, model: str, out: Path) -> dict[str, Any]:
         return {}
     benchmarks = {}
     for name in results:
-        record = json.loads((out / "eval" / f"{name}.json").read_text(encoding="utf-8"))
+        record_file = out / "eval" / f"{path_name(name, 'assets.eval')}.json"
+        record = json.loads(record_file.read_text(encoding="utf-8"))
         greedy = {r["id"]: r for r in record.get("greedy_rows", [])}
         rows = []
         for r in record["sampled_rows"]:
@@ -752,7 +755,7 @@ def _eval_arco(cfg: Any, model: str, out: Path) -> dict[str, Any]:
         return {}
     benchmarks = {}
     for name in report["results"]:
-        path = out / "eval" / "per_question" / f"{name}.jsonl"
+        path = out / "eval" / "per_question" / f"{path_name(name, 'assets.eval')}.jsonl"
         rows = [json.loads(line) for line in path.open(encoding="utf-8")]
         keep = ("id", "em", "f1", "valid", "searches", "forced")
         benchmarks[name] = {"rows": [{k: r[k] for k in keep} for r in rows]}
@@ -1161,6 +1164,11 @@ def main(argv: list[str] | None = None) -> int:
         evaluate_all(args.paths, out, evaluator, args.step, args.resamples, plots=not args.no_plots)
     except (FileNotFoundError, ValueError) as err:
         print(f"eval-all: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # the disk: full, read-only (one line naming the path)
+        if (line := write_failure(err)) is None:
+            raise
+        print(f"eval-all: error: {line}", file=sys.stderr)
         return 2
     finally:
         if servers is not None:

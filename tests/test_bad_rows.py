@@ -316,11 +316,45 @@ def test_parquet_by_its_magic_bytes_and_bad_rows_named_by_row(tmp_path: Path) ->
 
 def test_a_binary_file_names_the_formats_read(tmp_path: Path) -> None:
     path = tmp_path / "train.bin"
-    path.write_bytes(b"\xff\xfe\x00binary")
+    path.write_bytes(b"\xff\xfe\x00binary")  # what UTF-16 starts with
     with pytest.raises(DataError) as e:
         load_qa(path)
-    assert str(e.value).startswith(f"cannot read QA file {path}: not UTF-8 text (")
-    assert str(e.value).endswith(
-        "the data files read are jsonl, a JSON list (UTF-8) and parquet (a .parquet name or "
-        "PAR1 magic bytes)"
+    assert str(e.value) == (
+        f"cannot read QA file {path}: not UTF-8 text (line 1, byte 1 of the line is 0xff; the "
+        "file is UTF-16 (its byte order mark): save it as UTF-8); the data files read are "
+        "jsonl, a JSON list (UTF-8) and parquet (a .parquet name or PAR1 magic bytes)"
     )
+
+
+@pytest.mark.parametrize("name", ["q.jsonl", "q.json"])
+def test_a_utf8_byte_order_mark_is_read_past_in_jsonl_and_json_lists(tmp_path, name) -> None:
+    """Windows editors save UTF-8 with a byte order mark: before, line 1 was "invalid JSON:
+    Unexpected UTF-8 BOM"."""
+    rows = [{"question": "Où?", "answer": "Ici"}, {"question": "B?", "answer": "b"}]
+    text = (
+        json.dumps(rows, ensure_ascii=False)
+        if name.endswith(".json")
+        else "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    )
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    got = load_qa(path)
+    assert [(ex.id, ex.question, ex.golden_answers) for ex in got] == [
+        ("q:0", "Où?", ["Ici"]),
+        ("q:1", "B?", ["b"]),
+    ]
+
+
+def test_a_byte_that_is_not_utf8_names_its_line_and_its_byte_in_the_line(tmp_path) -> None:
+    """A Latin-1 "é" (0xe9) on line 3, the 17th byte of that line (before: "position 84" of
+    the whole file); line 1's bytes count the byte order mark's three, as a hex editor does."""
+    path = tmp_path / "q.jsonl"
+    good = b'{"question": "A?", "answer": "a"}\n'
+    path.write_bytes(
+        good + good.replace(b"A?", b"B?") + b'{"question": "caf\xe9?", "answer": "c"}\n'
+    )
+    with pytest.raises(DataError, match=r"not UTF-8 text \(line 3, byte 18 of the line is 0xe9\)"):
+        load_qa(path)
+    path.write_bytes(b'\xef\xbb\xbf{"question": "\xe9", "answer": "a"}\n')
+    with pytest.raises(DataError, match=r"not UTF-8 text \(line 1, byte 18 of the line is 0xe9\)"):
+        load_qa(path)

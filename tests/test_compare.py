@@ -348,6 +348,14 @@ def test_unfinished_seeds_are_marked_with_their_own_step(tmp_path):
         ("out: x\nseeds: [0]\narms: [{name: a, command: [x], overrides: a=1}]\n", "overrides"),
         ("out: x\nseeds: [0]\nmetric: [em]\narms: [{name: a, command: [x]}]\n", "`metric`"),
         ("out: 5\nseeds: [0]\narms: [{name: a, command: [x]}]\n", "`out` must be a folder"),
+        # an arm is a folder under `out`: its name cannot lead out of it
+        (
+            "out: x\nseeds: [0]\narms: [{name: ../../../x, command: [x]}]\n",
+            r"arms\[0\]\.name: '\.\./\.\./\.\./x' cannot be a file or folder name \(it holds a "
+            r"path separator\); name it with letters, digits, '\.', '_' and '-'$",
+        ),
+        ("out: x\nseeds: [0]\narms: [{name: .., command: [x]}]\n", r"'\.\.' cannot be a file"),
+        ("out: x\nseeds: [0]\narms: [{name: 5, command: [x]}]\n", r"\(a name is text, not int\)"),
     ],
 )
 def test_spec_mistakes_are_one_line_naming_the_key(tmp_path, capsys, text, message):
@@ -360,6 +368,36 @@ def test_spec_mistakes_are_one_line_naming_the_key(tmp_path, capsys, text, messa
     assert err.count("\n") == 1 and err.startswith(f"error: {path}: ")
     assert main(["--spec", str(tmp_path / "none.yaml")]) == 2
     assert "none.yaml: cannot read it" in capsys.readouterr().err
+
+
+def test_an_arm_or_metric_that_would_leave_the_output_folder_writes_nothing(tmp_path, capsys):
+    """``../../../x`` as an arm wrote a run outside ``out``; as ``--metric``, a report."""
+    spec_path = _spec(tmp_path)
+    spec = yaml.safe_load(spec_path.read_text())
+    spec["out"] = str(tmp_path / "a" / "b" / "cmp")
+    spec["arms"][0]["name"] = "../../../x"
+    spec_path.write_text(yaml.safe_dump(spec))
+    assert main(["--spec", str(spec_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {spec_path}: arms[0].name: '../../../x' cannot be a file or folder name (it "
+        "holds a path separator); name it with letters, digits, '.', '_' and '-'\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fake.py", "spec.yaml"]
+    assert main(["--spec", str(_spec(tmp_path)), "--metric", "../../y", "--report-only"]) == 2
+    assert capsys.readouterr().err.startswith("error: --metric: '../../y' cannot be a file")
+
+
+def test_an_output_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    """``out`` under a file (as a read-only folder would, even as root): one line, exit 2."""
+    (tmp_path / "afile").write_text("")
+    spec_path = _spec(tmp_path)
+    assert main(["--spec", str(spec_path), "--out", str(tmp_path / "afile" / "cmp")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: cannot write {tmp_path / 'afile' / 'cmp' / 'plain' / 's0'}: a part of its path "
+        "is a file, not a folder; remove or rename that file, or point run_dir (or the "
+        "command's output folder) at another folder"
+    )
 
 
 def test_arms_without_a_baseline_key_compare_against_the_start(tmp_path):

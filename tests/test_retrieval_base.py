@@ -83,6 +83,16 @@ def test_read_corpus_title_text_rows_and_int_ids(tmp_path):
     assert read_corpus(path) == [Doc("5", "T", "body", 0.0), Doc("b", "U", "more", 0.0)]
 
 
+def test_a_corpus_with_a_byte_order_mark_is_read_and_a_bad_byte_names_its_line(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b'\xef\xbb\xbf{"id": "a", "contents": "\\"T\\"\\nx"}\n')
+    assert read_corpus(path) == [Doc("a", "T", "x", 0.0)]
+    path.write_bytes(b'{"id": "a", "contents": "x"}\n{"id": "b", "contents": "caf\xe9"}\n')
+    with pytest.raises(CorpusError) as err:
+        read_corpus(path)
+    assert str(err.value) == f"{path}:2: not UTF-8 text (line 2, byte 29 of the line is 0xe9)"
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [

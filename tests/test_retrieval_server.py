@@ -16,10 +16,10 @@ import httpx
 import pytest
 import uvicorn
 
-from common.launcher import RunStopped
+from common.launcher import STOPPED_EXIT_CODE, RunStopped, run_command
 from common.retrieval import BM25Retriever, Doc, HTTPRetriever, RetrievalError, read_corpus
-from common.retrieval.client import RetrievalOutage
-from common.retrieval.server import ServerLimits, create_app
+from common.retrieval.client import RetrievalOutage, RetrievalRejected
+from common.retrieval.server import ServerLimits, create_app, server_config
 
 pytestmark = pytest.mark.slow
 
@@ -237,6 +237,35 @@ def test_client_reports_rejected_request(server):
         client.search(["a"], 1000)
 
 
+def test_a_422_mid_run_stops_in_one_line_naming_the_url_and_what_to_change(threaded_server, capsys):
+    """A request the server refuses (topk over its --max-topk) is not retried: the command
+    prints one line, `stopped: ...`, naming the URL, the server's reason and the flag, and exits
+    3 (before, a RetrievalError's traceback)."""
+    url = threaded_server(FlakyRetriever(failures=0), ServerLimits(max_topk=5))
+
+    def main() -> int:
+        with HTTPRetriever(url) as client:
+            client.search(["a", "bb"], 10)
+        return 0
+
+    with pytest.raises(SystemExit) as exit_:
+        run_command(main)
+    assert exit_.value.code == STOPPED_EXIT_CODE == 3
+    assert capsys.readouterr().err == (
+        f"stopped: retrieval server {url}/retrieve rejected the request (HTTP 422): topk: must "
+        "be between 1 and 5, got 10 (2 queries, the longest 2 characters, topk 10); lower the "
+        "run's topk, or restart the server with a larger --max-topk\n"
+    )
+    expected = (
+        r"queries\.0: at most 2048 characters, got 3000 \(1 query, the longest 3000 characters, "
+        r"topk 1\); restart the server with --max-query-chars of at least 4000 \(the client cuts "
+        r"queries to it\)$"
+    )
+    client = HTTPRetriever(url, max_query_chars=4000)
+    with client, pytest.raises(RetrievalRejected, match=expected):
+        client.search(["x" * 3000], 1)
+
+
 def test_unreachable_server_fails_fast_naming_url(free_port):
     url = f"http://127.0.0.1:{free_port()}"
     start = time.monotonic()
@@ -274,7 +303,7 @@ def threaded_server() -> Iterator[Callable[..., str]]:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         app = create_app(retriever, 1, limits)
-        srv = uvicorn.Server(uvicorn.Config(app, log_level="error"))
+        srv = uvicorn.Server(server_config(app, limits, log_level="error"))  # as `serve` runs it
         thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
         thread.start()
         servers.append((srv, thread, sock))

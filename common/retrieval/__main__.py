@@ -62,6 +62,26 @@ def _parser() -> argparse.ArgumentParser:
         default=ServerLimits.max_body_bytes,
         help="larger request bodies get a 413",
     )
+    srv.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=ServerLimits.body_timeout_s,
+        help="seconds a request body has to arrive whole after its headers (else a 408)",
+    )
+    srv.add_argument(
+        "--max-connections",
+        type=int,
+        default=ServerLimits.max_connections,
+        help="connections open at once (lowered to what `ulimit -n` holds); past it the oldest "
+        "idle one is closed for the new one",
+    )
+    srv.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=ServerLimits.idle_timeout_s,
+        help="seconds a connection with no request in progress stays open after it opened or "
+        "got its last answer (keep-alive; also the time to send a request's headers)",
+    )
     srv.add_argument("--no-mmap", action="store_true", help="read the index into memory")
     srv.add_argument(
         "--dense-encoder",
@@ -116,6 +136,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not (args.index or args.corpus):
             raise FileNotFoundError("serve needs --corpus or --index")
+        limits = ServerLimits(
+            args.topk,
+            args.max_queries,
+            args.max_query_chars,
+            args.max_topk,
+            args.max_body_bytes,
+            args.max_connections,
+            args.idle_timeout_s,
+            args.body_timeout_s,
+        )
         start = time.perf_counter()
         try:  # before the index loads: a port in use is found at once
             sock = bind(args.host, args.port)
@@ -133,9 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     except (CorpusError, FileNotFoundError, ImportError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    limits = ServerLimits(
-        args.topk, args.max_queries, args.max_query_chars, args.max_topk, args.max_body_bytes
-    )
     serve(retriever, len(retriever), args.host, args.port, limits, sock)
     return 0
 

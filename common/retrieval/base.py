@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple, Protocol, runtime_checkable
 
+from common.jsonl import NotUTF8, utf8_text
+
 
 class Doc(NamedTuple):
     """One retrieved passage; `score` is the retriever's relevance (0.0 when unknown).
@@ -113,12 +115,18 @@ def parse_row(row: object, where: str) -> Doc:
 
 
 def iter_corpus(path: str | Path) -> Iterator[Doc]:
-    """Stream the docs of a jsonl corpus; blank lines are skipped, bad rows raise CorpusError."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    """Stream the docs of a jsonl corpus; blank lines are skipped, bad rows raise CorpusError (a
+    byte that is not UTF-8 names its line and its byte in it; a UTF-8 byte order mark at the
+    start is dropped)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = utf8_text(raw, lineno)
+            except NotUTF8 as e:
+                raise CorpusError(f"{where}: not UTF-8 text ({e})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:

@@ -31,6 +31,22 @@ class RetrievalOutage(RetrievalError, RunStopped):
     wait: the run stops in one line; its checkpoints stay."""
 
 
+class RetrievalRejected(RetrievalError, RunStopped):
+    """The server refused a request (a 4xx): asking again cannot help, so the run stops in one
+    line naming the URL, the server's reason and the setting to change; its checkpoints stay."""
+
+
+# What to change for each refusal of this project's server (its 4xx `detail` starts with the
+# field); Search-R1's own server and others get the generic advice.
+_MORE_CHARS = "restart the server with --max-query-chars of at least {chars} (the client cuts "
+_REJECTED_ADVICE = (
+    ("topk:", "lower the run's topk, or restart the server with a larger --max-topk"),
+    ("queries:", "restart the server with --max-queries of at least {batch} (the client batch)"),
+    ("queries.", _MORE_CHARS + "queries to it)"),
+    ("body:", "restart the server with a larger --max-body-bytes"),
+)
+
+
 def parse_response(body: Any, num_queries: int, url: str) -> list[list[Doc]]:
     """Docs from a `/retrieve` answer, with scores (`{"document", "score"}` items) or
     without (bare `{"id", "contents"}` items, score 0.0)."""
@@ -82,7 +98,8 @@ class HTTPRetriever:
     seconds (at most 30 s a wait), up to `retries` times and while the time since the first
     failure stays under `max_wait` seconds (a server restart takes 13-22 s; the default waits
     minutes). Past them, a `RetrievalOutage` (a `RunStopped`: one line, the run's checkpoints
-    intact). A 4xx is not retried: a `RetrievalError` naming the URL. A query longer than
+    intact). A 4xx is not retried: a `RetrievalRejected` (also a `RunStopped`) naming the URL,
+    the server's reason and what to change. A query longer than
     `max_query_chars` (the server's limit) is cut to it and counted (`cut_queries`), so one
     runaway policy query cannot end a run.
     """
@@ -167,9 +184,17 @@ class HTTPRetriever:
             time.sleep(delay)
             attempt += 1
         if response.status_code >= 400:
-            raise RetrievalError(
-                f"{self.url} rejected the request (HTTP {response.status_code}): "
-                f"{_detail(response)}"
+            detail = " ".join(_detail(response).split())
+            advice = next(
+                (a for prefix, a in _REJECTED_ADVICE if detail.startswith(prefix)),
+                "check that the server's limits admit the run's requests",
+            ).format(batch=self.batch_size, chars=self.max_query_chars)
+            longest = max(map(len, queries), default=0)
+            raise RetrievalRejected(
+                f"retrieval server {self.url} rejected the request (HTTP "
+                f"{response.status_code}): {detail} ({len(queries)} quer"
+                f"{'y' if len(queries) == 1 else 'ies'}, the longest {longest} characters, "
+                f"topk {k}); {advice}"
             )
         try:
             body = response.json()

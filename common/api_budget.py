@@ -12,7 +12,16 @@ over a launcher's ranks.
   plus the in-flight requests' bounds plus this one's), is not sent: ``BudgetExceeded`` (a
   ``RunStopped``: the CLI prints one line and exits 3) is raised instead, and every later
   request is refused too. Answers that came back are in the client's disk cache, so a rerun
-  with a higher cap pays only for the rest.
+  with a higher cap pays only for the rest. A request is reserved at its worst case, its
+  prompt's tokens bound (``TokenCounter.prompt``) plus ``max_tokens``, so no request that would
+  pass ``max_usd`` is sent.
+- ``TokenCounter``: a request's tokens where the endpoint sends no ``usage`` (some servers and
+  proxies do not), and the prompt's bound before it is sent: through the model's tokenizer where
+  one is configured (its chat template, else each message's tokens plus ``MESSAGE_TOKENS`` and
+  ``TEMPLATE_TOKENS``), else the UTF-8 bytes of the text plus the same allowance, an upper bound
+  for the byte-level BPE and SentencePiece tokenizers served models use (a token holds at least
+  one byte), about 4x an English text's real tokens: without usage and without a tokenizer a
+  request is counted at that bound, so the cap holds and stops early.
 - ``on_rank_zero``: a function's result computed by rank 0 alone and given to every rank (its
   ``RunStopped`` raised on every rank), so a launcher's N ranks pay for a request once, not N
   times.
@@ -22,7 +31,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,6 +39,10 @@ from typing import Any, TypeVar
 from common.launcher import RunStopped
 
 CHARS_PER_TOKEN = 4  # the estimate's prompt tokens: characters / 4 (English text, BPE tokenizers)
+# The tokens a chat template adds at most, beyond the messages' text: a default system prompt and
+# the generation prompt once a request, role markers around each message.
+TEMPLATE_TOKENS = 64
+MESSAGE_TOKENS = 8
 T = TypeVar("T")
 
 
@@ -41,6 +54,61 @@ def tokens_from_chars(chars: int) -> int:
 def messages_chars(messages: Sequence[dict[str, str]]) -> int:
     """Characters of a chat request's contents (what its prompt tokens are estimated from)."""
     return sum(len(m.get("content", "")) for m in messages)
+
+
+class TokenCounter:
+    """Tokens of a chat request and of a reply, counted where the endpoint sends no ``usage``,
+    and the bound a request's prompt is reserved at before it is sent.
+
+    ``tokenizer``: an HF tokenizer, or its folder or hub id (loaded here), or None. With one, a
+    prompt is counted through its chat template (without one: each message's tokens plus
+    ``MESSAGE_TOKENS``, plus ``TEMPLATE_TOKENS``), exact when it is the served model's; without
+    one, from characters: the UTF-8 bytes of the text plus the same allowance, an upper bound for
+    byte-level BPE and SentencePiece tokenizers (a token holds at least one byte), about 4x an
+    English text's real tokens."""
+
+    def __init__(self, tokenizer: Any = None):
+        if isinstance(tokenizer, str | Path):
+            tokenizer = str(tokenizer)
+            if tokenizer:
+                from transformers import AutoTokenizer
+
+                try:
+                    tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+                except (OSError, ValueError) as e:
+                    raise ValueError(f"cannot load the tokenizer {tokenizer!r}: {e}") from e
+            else:
+                tokenizer = None
+        self.tokenizer = tokenizer
+
+    @property
+    def how(self) -> str:
+        """What the counts are, in words (for a log line)."""
+        if self.tokenizer is None:
+            return "UTF-8 bytes + the template allowance (an upper bound)"
+        return f"the tokenizer {getattr(self.tokenizer, 'name_or_path', '') or '(given)'}"
+
+    def prompt(self, messages: Sequence[dict[str, str]]) -> int:
+        """The prompt tokens of ``messages`` (with a tokenizer: exact for the served model's)."""
+        allowance = TEMPLATE_TOKENS + MESSAGE_TOKENS * len(messages)
+        if self.tokenizer is None:
+            return sum(utf8_bytes(m.get("content", "")) for m in messages) + allowance
+        if getattr(self.tokenizer, "chat_template", None):
+            ids = self.tokenizer.apply_chat_template(
+                list(messages), tokenize=True, add_generation_prompt=True
+            )
+            return len(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+        return sum(self.text(m.get("content", "")) for m in messages) + allowance
+
+    def text(self, text: str) -> int:
+        """The tokens of a reply's ``text`` (without a tokenizer: its UTF-8 bytes)."""
+        if self.tokenizer is None:
+            return utf8_bytes(text)
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def utf8_bytes(text: str) -> int:
+    return len(text.encode("utf-8", errors="replace"))
 
 
 def usd(prompt_tokens: float, completion_tokens: float, prices: Sequence[float]) -> float:
@@ -135,7 +203,6 @@ class ApiBudget:
         self.spent_usd = 0.0  # of the answered ones
         self.reserved_usd = 0.0  # bounds of the requests in flight
         self.stopped: str | None = None
-        self._tokens_per_char = 1 / CHARS_PER_TOKEN  # the highest seen, for the USD bound
         self._lock = threading.Lock()
 
     @classmethod
@@ -161,14 +228,10 @@ class ApiBudget:
     def capped(self) -> bool:
         return bool(self.max_calls or self.max_usd)
 
-    def prompt_tokens_bound(self, chars: int) -> int:
-        """The prompt tokens a request of ``chars`` characters is counted at before it is sent:
-        the highest tokens per character an answered request had (at least 1/4)."""
-        return math.ceil(chars * self._tokens_per_char)
-
     def reserve(self, cost_bound: float = 0.0) -> None:
         """Count one request about to be sent, or raise ``BudgetExceeded`` (and refuse every
-        later one) when it would pass a cap. ``cost_bound``: the request's dollars at most."""
+        later one) when it would pass a cap. ``cost_bound``: the request's dollars at most (its
+        prompt's bound and ``max_tokens``: ``LLMClient`` reserves with ``TokenCounter``)."""
         with self._lock:
             if self.stopped is None:
                 if self.max_calls and self.sent + 1 > self.max_calls:
@@ -188,15 +251,12 @@ class ApiBudget:
             self.sent += 1
             self.reserved_usd += cost_bound
 
-    def settle(
-        self, cost_bound: float, cost: float, prompt_chars: int = 0, prompt_tokens: int = 0
-    ) -> None:
-        """A reserved request is over: its bound released, its cost (0 when it failed) spent."""
+    def settle(self, cost_bound: float, cost: float) -> None:
+        """A reserved request is over: its bound released, its cost spent (0 when it was refused
+        before the server generated; its bound when it may have generated: a timeout)."""
         with self._lock:
             self.reserved_usd = max(0.0, self.reserved_usd - cost_bound)
             self.spent_usd += cost
-            if prompt_chars > 0 and prompt_tokens > 0:
-                self._tokens_per_char = max(self._tokens_per_char, prompt_tokens / prompt_chars)
 
 
 def on_rank_zero(fn: Callable[[], T], heartbeat_s: float = 60.0) -> T:

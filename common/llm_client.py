@@ -12,15 +12,26 @@ are not. ``timeout`` bounds each network wait; ``deadline`` bounds a whole attem
 that trickles bytes cannot hold a request past it. Successful results are cached on disk, one
 JSON file per request, keyed by the sha256 of (base_url, model, messages, sampling parameters,
 cache tag); a reply the caller's ``accept`` refuses (e.g. a verdict that does not parse) is
-counted (``stats.rejected``) and never cached. A request repeated within one ``chat_many`` is
-sent once, its repeats answered as cache hits. ``probe()`` asks the server before a run loads
-anything: it answers, and it serves ``model``. The API key is read from the environment
-variable ``api_key_env`` and never appears in repr, logs, errors or the cache.
+counted (``stats.rejected``), asked again up to ``reasks`` times, and never cached. A request
+repeated within one ``chat_many`` is sent once, its repeats answered as cache hits. ``probe()``
+asks the server before a run loads anything, retried as a request is: it answers, and it serves
+``model``. The API key is read from the environment variable ``api_key_env`` and never appears
+in repr, logs, errors or the cache.
+
+A reply's ``model`` field is checked against ``model`` (``model_matches``: the same name, the
+name behind a provider's prefix, or a dated snapshot of it; ``reply_models`` adds names): a
+reply from another model (a restarted server, a proxy that routes elsewhere) is refused, not
+retried, never cached, and counted (``stats.wrong_model``); a reply without the field is taken.
+A reply without ``usage`` is counted by ``tokenizer`` (``common.api_budget.TokenCounter``; none
+configured: an upper bound from the text's bytes) and counted in ``stats.usage_missing``.
 
 ``budget`` (``common.api_budget.ApiBudget``, shared by the clients of one command) is asked
-before every HTTP request (retries included; a request answered from the cache is not one): a
-request that would pass its cap is not sent, ``BudgetExceeded`` (a ``RunStopped``) is raised out
-of ``chat_many`` instead, after the requests already in flight have come back and been cached.
+before every HTTP request (retries and re-asks included; a request answered from the cache is
+not one), at its worst case (the prompt's bound and ``max_tokens``): a request that would pass
+its cap is not sent, ``BudgetExceeded`` (a ``RunStopped``) is raised out of ``chat_many``
+instead, after the requests already in flight have come back and been cached. An attempt that
+fails after the server may have generated (a read timeout, the deadline, a broken body) is
+counted at its bound; one refused before (a connection error, an HTTP error status) at $0.
 """
 
 from __future__ import annotations
@@ -28,11 +39,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
+import re
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -40,7 +53,7 @@ from typing import Any
 
 import httpx
 
-from common.api_budget import ApiBudget, messages_chars, usd
+from common.api_budget import ApiBudget, TokenCounter, usd
 from common.launcher import RunStopped
 from common.redact import redact
 
@@ -48,6 +61,8 @@ log = logging.getLogger(__name__)
 
 Messages = list[dict[str, str]]
 _RETRY_STATUS = frozenset({429}) | frozenset(range(500, 600))
+# errors raised before the request reached the server: nothing was generated or billed
+_UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 _MAX_RETRY_AFTER_S = 60.0
 
 
@@ -62,7 +77,9 @@ class ChatResult:
     completion_tokens: int = 0
     latency_s: float = 0.0
     cached: bool = False
-    rejected: bool = False  # the caller's ``accept`` refused the text (not cached)
+    rejected: bool = False  # the caller's ``accept`` refused the text, every ask (not cached)
+    model: str = ""  # the model the reply names ("" where it names none)
+    wrong_model: bool = False  # refused: the reply came from another model (``error`` says which)
 
 
 class EndpointError(RunStopped):
@@ -70,6 +87,29 @@ class EndpointError(RunStopped):
 
 
 THINK_END = "</think>"
+_DATE_SUFFIX = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8})$")
+
+
+def model_matches(configured: str, replied: str, also: Sequence[str] = ()) -> bool:
+    """Whether a reply's ``model`` field names the ``configured`` model, by the rule the
+    providers' documented names need (case ignored):
+
+    - the same name (vLLM echoes the served model name asked for);
+    - the name behind a provider's prefix, either way round (OpenRouter's ``openai/gpt-4o`` for
+      ``gpt-4o``, a hub id ``Qwen/Qwen3-8B`` for ``Qwen3-8B``; two different prefixes differ);
+    - a dated snapshot of the name, ``-YYYY-MM-DD`` or ``-YYYYMMDD`` (OpenAI's ``gpt-4o`` answers
+      as ``gpt-4o-2024-08-06``, Anthropic's as ``...-20241022``); not the other way round (an
+      undated name may be another snapshot);
+    - a name in ``also`` (``teacher.reply_models``), or anything where ``also`` holds ``*``.
+    """
+    want, got = configured.strip().lower(), replied.strip().lower()
+    extra = {a.strip().lower() for a in also}
+    if "*" in extra or got in extra:
+        return True
+    for name in {got, _DATE_SUFFIX.sub("", got)}:
+        if name == want or name.endswith("/" + want) or want.endswith("/" + name):
+            return True
+    return False
 
 
 def strip_reasoning(text: str) -> str:
@@ -90,7 +130,10 @@ class ClientStats:
     requests: int = 0  # HTTP attempts, retries included
     retries: int = 0
     failures: int = 0  # items that came back with an error
-    rejected: int = 0  # replies the caller's ``accept`` refused
+    rejected: int = 0  # replies the caller's ``accept`` refused (each ask)
+    reasked: int = 0  # requests sent again after a refused reply
+    wrong_model: int = 0  # replies refused for naming another model
+    usage_missing: int = 0  # answers without ``usage``: their tokens counted here
     reasoning_stripped: int = 0  # replies whose thinking block came inside the content
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -104,10 +147,22 @@ class ClientStats:
 class _Failure(Exception):
     """A request that failed; ``retry`` says whether another attempt may succeed."""
 
-    def __init__(self, message: str, retry: bool, retry_after: float = 0.0):
+    def __init__(
+        self,
+        message: str,
+        retry: bool,
+        retry_after: float = 0.0,
+        *,
+        at_bound: bool = False,
+        tokens: tuple[int, int] = (0, 0),
+        wrong_model: str = "",
+    ):
         super().__init__(redact(message))  # the URL may carry a credential
         self.retry = retry
         self.retry_after = retry_after
+        self.at_bound = at_bound  # the server may have generated and billed: cost its bound
+        self.tokens = tokens  # (prompt, completion) of an answer refused after it came
+        self.wrong_model = wrong_model  # the other model a refused answer came from
 
 
 @dataclass(eq=False)
@@ -116,6 +171,10 @@ class LLMClient:
 
     Cost: ``price_prompt_per_mtok`` and ``price_completion_per_mtok`` in USD per million tokens.
     ``extra_body`` is merged into every request (e.g. vLLM's ``chat_template_kwargs``).
+    ``reasks``: times a reply the caller's ``accept`` refuses is asked again (0: none).
+    ``reply_models``: names a reply's ``model`` may carry besides ``model_matches``'s.
+    ``tokenizer``: the served model's tokenizer (object, folder or hub id) for the tokens of an
+    answer without ``usage`` and a request's bound before it is sent; None: UTF-8 bytes.
     """
 
     base_url: str
@@ -133,6 +192,9 @@ class LLMClient:
     price_prompt_per_mtok: float = 0.0
     price_completion_per_mtok: float = 0.0
     extra_body: dict[str, Any] | None = None
+    reasks: int = 0
+    reply_models: Sequence[str] = ()
+    tokenizer: Any = field(default=None, repr=False, compare=False)
     budget: ApiBudget | None = field(default=None, repr=False, compare=False)
     stats: ClientStats = field(default_factory=ClientStats, init=False)
 
@@ -141,6 +203,11 @@ class LLMClient:
             raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
         if self.retries < 0:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
+        if self.reasks < 0:
+            raise ValueError(f"reasks must be >= 0, got {self.reasks}")
+        self.reply_models = tuple(self.reply_models)
+        self.counter = TokenCounter(self.tokenizer)
+        self._prompt_scale = 1.0  # the most reported / counted prompt tokens seen (>= 1)
         if self.deadline is None:
             self.deadline = 3 * self.timeout
         if self.deadline <= 0:
@@ -264,13 +331,31 @@ class LLMClient:
     def probe(self, timeout: float = 10.0) -> None:
         """Raise ``EndpointError`` in one line unless the server answers and serves ``model``:
         ``GET /models`` lists it (OpenAI, vLLM), or, where the server has no model list, a
-        one-token chat request succeeds. Call before any model loads."""
-        url = f"{self.base_url}/models"
+        one-token chat request succeeds (from ``model``: ``model_matches``). A server that does
+        not answer, times out, or answers 429 or 5xx is asked again as a request is (``retries``,
+        ``backoff``, ``Retry-After``); a refusal (401/403, another model) stops at once. Call
+        before any model loads."""
         where = f"{redact(self.base_url)} (model {self.model})"
+        for attempt in range(self.retries + 1):
+            try:
+                self._probe_once(timeout, where)
+                return
+            except _Failure as failure:
+                if attempt == self.retries:
+                    tries = f" ({attempt + 1} attempts)" if attempt else ""
+                    raise EndpointError(f"{where} {self._redact(str(failure))}{tries}") from None
+                delay = min(max(self.backoff * 2**attempt, failure.retry_after), _MAX_RETRY_AFTER_S)
+                why = self._redact(str(failure))
+                log.warning("probe of %s: %s; again in %.2fs", where, why, delay)
+                time.sleep(delay)
+
+    def _probe_once(self, timeout: float, where: str) -> None:
+        """One probe: ``EndpointError`` for a refusal, ``_Failure`` for what may pass."""
+        url = f"{self.base_url}/models"
         try:
             response = self._http.get(url, timeout=timeout)
         except httpx.HTTPError as e:
-            raise EndpointError(f"{where} is not answering: {type(e).__name__}: {e}") from e
+            raise _Failure(f"is not answering: {type(e).__name__}: {e}", True) from e
         if response.status_code == 200:
             try:
                 served = [m["id"] for m in response.json()["data"]]
@@ -285,11 +370,19 @@ class LLMClient:
                 f"{where} refused the credentials (HTTP {response.status_code}): set "
                 f"{self.api_key_env}"
             )
+        elif response.status_code in _RETRY_STATUS:
+            raise _Failure(
+                f"is not answering: HTTP {response.status_code} from {url}",
+                True,
+                _retry_after(response),
+            )
         body = {"model": self.model, "messages": [{"role": "user", "content": "ping"}],
                 "max_tokens": 1}  # fmt: skip
         try:
             self._request(body)
         except _Failure as e:
+            if e.retry:
+                raise _Failure(f"cannot answer a chat request: {e}", True, e.retry_after) from e
             raise EndpointError(f"{where} cannot answer a chat request: {e}") from e
 
     # --- one request ---------------------------------------------------------------------
@@ -306,10 +399,17 @@ class LLMClient:
             self.stats.cache_hits += cached is not None
         if cached is not None:
             return cached
-        result = self._request_with_retries(messages)
-        if result.error is None and accept is not None and not accept(result.text or ""):
+        for ask in range(self.reasks + 1):
+            result = self._request_with_retries(messages)
+            if result.error is not None or accept is None or accept(result.text or ""):
+                break
             with self._lock:
                 self.stats.rejected += 1
+                self.stats.reasked += ask < self.reasks
+            if ask < self.reasks:
+                shown = (result.text or "")[:80]
+                log.info("refused reply %r: asked again (%d of %d)", shown, ask + 1, self.reasks)
+        else:  # refused every time
             return replace(result, rejected=True)
         if result.error is None:
             self._cache_write(key, result)
@@ -317,11 +417,13 @@ class LLMClient:
 
     def _request_with_retries(self, messages: Messages) -> ChatResult:
         body = {"model": self.model, "messages": messages, **self.sampling_params()}
-        chars = messages_chars(messages)
+        counted = self.counter.prompt(messages) if self.budget is not None else 0
         for attempt in range(self.retries + 1):
             bound, cost = 0.0, 0.0
             if self.budget is not None:  # raises BudgetExceeded: this request is not sent
-                prompt_bound = self.budget.prompt_tokens_bound(chars)
+                # the worst case: the prompt's bound (the tokenizer's count, or the bytes, times
+                # the most the server has reported over it) and every completion token
+                prompt_bound = math.ceil(counted * self._prompt_scale)
                 bound = usd(prompt_bound, self.max_tokens, self.prices)
                 self.budget.reserve(bound)
             start = time.perf_counter()
@@ -331,19 +433,30 @@ class LLMClient:
                     result = self._request(body)
                 latency = time.perf_counter() - start
                 cost = self._account(result, latency)
+                if result["reported"] and counted:  # a tokenizer that undercounts the server's
+                    with self._lock:
+                        self._prompt_scale = max(self._prompt_scale, result["prompt"] / counted)
                 return ChatResult(
-                    result["text"], None, result["prompt"], result["completion"], latency
+                    result["text"],
+                    None,
+                    result["prompt"],
+                    result["completion"],
+                    latency,
+                    model=result["model"],
                 )
             except _Failure as failure:
+                cost = bound if failure.at_bound else usd(*failure.tokens, self.prices)
                 with self._lock:
                     self.stats.requests += 1
                     self.stats.latency_s += time.perf_counter() - start
+                    self.stats.wrong_model += bool(failure.wrong_model)
                 error = self._redact(str(failure))
                 if not failure.retry or attempt == self.retries:
                     with self._lock:
                         self.stats.failures += 1
                     log.warning("chat request failed after %d attempt(s): %s", attempt + 1, error)
-                    return ChatResult(None, error)
+                    other = failure.wrong_model
+                    return ChatResult(None, error, model=other, wrong_model=bool(other))
                 delay = min(max(self.backoff * 2**attempt, failure.retry_after), _MAX_RETRY_AFTER_S)
                 log.info("chat request failed (%s); retry %d in %.2fs", error, attempt + 1, delay)
                 with self._lock:
@@ -351,8 +464,7 @@ class LLMClient:
                 time.sleep(delay)
             finally:
                 if self.budget is not None:
-                    prompt = result["prompt"] if result is not None else 0
-                    self.budget.settle(bound, cost, chars, prompt)
+                    self.budget.settle(bound, cost)
         raise AssertionError("unreachable: the last attempt returns")
 
     def _request(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -368,13 +480,20 @@ class LLMClient:
                             f"no whole answer within the {self.deadline:g}s deadline at {url} "
                             f"({len(raw)} bytes read)",
                             True,
+                            at_bound=True,
                         )
         except httpx.TimeoutException as e:
             raise _Failure(
-                f"timeout after {self.timeout}s ({type(e).__name__}) at {url}", True
+                f"timeout after {self.timeout}s ({type(e).__name__}) at {url}",
+                True,
+                at_bound=not isinstance(e, _UNSENT),
             ) from e
         except httpx.TransportError as e:
-            raise _Failure(f"connection error at {url}: {type(e).__name__}: {e}", True) from e
+            raise _Failure(
+                f"connection error at {url}: {type(e).__name__}: {e}",
+                True,
+                at_bound=not isinstance(e, _UNSENT),
+            ) from e
         text_body = raw.decode("utf-8", errors="replace")
         if response.status_code != 200:
             retry = response.status_code in _RETRY_STATUS
@@ -385,22 +504,55 @@ class LLMClient:
             )
         try:
             data = json.loads(text_body)
-            text = data["choices"][0]["message"]["content"]
-            usage = data.get("usage") or {}
-            prompt, completion = (
-                int(usage.get("prompt_tokens", 0)),
-                int(usage.get("completion_tokens", 0)),
+            message = data["choices"][0]["message"]
+            text = message["content"]
+            usage = data.get("usage")
+            reported = isinstance(usage, dict) and bool(
+                {"prompt_tokens", "completion_tokens"} & usage.keys()
             )
-        except (ValueError, KeyError, IndexError, TypeError) as e:
+            if reported:
+                prompt, completion = (
+                    int(usage.get("prompt_tokens") or 0),
+                    int(usage.get("completion_tokens") or 0),
+                )
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             # a proxy's or an overloaded server's broken answer: another attempt may succeed
-            raise _Failure(f"malformed response from {url}: {type(e).__name__}: {e}", True) from e
+            raise _Failure(
+                f"malformed response from {url}: {type(e).__name__}: {e}", True, at_bound=True
+            ) from e
         if not isinstance(text, str):
-            raise _Failure(f"response from {url} has no message content", True)
+            raise _Failure(f"response from {url} has no message content", True, at_bound=True)
+        if not reported:  # counted here: the tokenizer's count, or the bytes' bound
+            reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+            prompt = self.counter.prompt(body["messages"])
+            completion = min(
+                self.counter.text(text + (reasoning if isinstance(reasoning, str) else "")),
+                int(body.get("max_tokens") or self.max_tokens),
+            )
+            with self._lock:
+                self.stats.usage_missing += 1
+        model = data.get("model")
+        model = model if isinstance(model, str) else ""
+        if model and not model_matches(self.model, model, self.reply_models):
+            raise _Failure(
+                f"the reply from {url} came from model {model!r}, not {self.model!r} (a "
+                "restarted server or a proxy serving another model; names a reply may carry: "
+                "common.llm_client.model_matches)",
+                False,
+                tokens=(prompt, completion),
+                wrong_model=model,
+            )
         answer = strip_reasoning(text)
         if answer is not text:
             with self._lock:
                 self.stats.reasoning_stripped += 1
-        return {"text": answer, "prompt": prompt, "completion": completion}
+        return {
+            "text": answer,
+            "prompt": prompt,
+            "completion": completion,
+            "model": model,
+            "reported": reported,
+        }
 
     def _account(self, result: dict[str, Any], latency: float) -> float:
         """Count an answered request; returns its cost in USD."""
@@ -430,7 +582,13 @@ class LLMClient:
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
             return ChatResult(
-                d["text"], None, d["prompt_tokens"], d["completion_tokens"], d["latency_s"], True
+                d["text"],
+                None,
+                d["prompt_tokens"],
+                d["completion_tokens"],
+                d["latency_s"],
+                True,
+                model=str(d.get("model", "")),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("ignoring unreadable cache entry %s (%s); asking again", path, e)
@@ -441,7 +599,8 @@ class LLMClient:
         if path is None:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
-        entry = {k: v for k, v in asdict(result).items() if k not in ("error", "cached")}
+        skip = ("error", "cached", "rejected", "wrong_model")  # never true of a cached answer
+        entry = {k: v for k, v in asdict(result).items() if k not in skip}
         # Written next to the target and renamed, so a reader never sees half a file.
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
         try:

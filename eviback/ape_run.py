@@ -411,7 +411,7 @@ def run_ape(cfg: EviBackConfig) -> dict:
     dev, holdout = split(rows, cfg.ape.holdout_fraction, cfg.seed)
     teacher = llm_client(
         a.teacher_endpoint, a.teacher_model, cfg.teacher, out / "cache", a.api_key_env, budget,
-        cfg.ape.teacher_usd_per_mtok,
+        cfg.ape.teacher_usd_per_mtok, a.teacher_tokenizer,
     )  # fmt: skip
     teacher.probe()
     controller = None

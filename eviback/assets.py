@@ -172,14 +172,21 @@ def llm_client(
     api_key_env: str = "OPENAI_API_KEY",
     budget: ApiBudget | None = None,
     prices: tuple[float, float] = (0.0, 0.0),
+    tokenizer: str = "",
 ) -> LLMClient:
     """A client of ``endpoint`` with the teacher's request settings; the key is read from the
     environment variable ``api_key_env`` (``assets.api_key_env``). ``budget``: the command's API
-    cap, shared by its clients; ``prices``: USD per million prompt and completion tokens."""
+    cap, shared by its clients; ``prices``: USD per million prompt and completion tokens;
+    ``tokenizer``: the model's (``assets.teacher_tokenizer`` for the teacher), else bytes. A
+    reply from another model is refused (``teacher.reply_models``); one its caller refuses (a
+    broken verdict) is asked again ``teacher.contract_retries`` times."""
     return LLMClient(
         endpoint,
         model,
         api_key_env=api_key_env,
+        reasks=teacher.contract_retries,
+        reply_models=teacher.reply_models,
+        tokenizer=tokenizer or None,
         budget=budget,
         price_prompt_per_mtok=prices[0],
         price_completion_per_mtok=prices[1],
@@ -221,7 +228,12 @@ def build_teacher(
     if teacher.backend == "oracle":
         return EvidenceOracle(teacher.top_m)
     client = llm_client(
-        assets.teacher_endpoint, assets.teacher_model, teacher, cache_dir, assets.api_key_env
+        assets.teacher_endpoint,
+        assets.teacher_model,
+        teacher,
+        cache_dir,
+        assets.api_key_env,
+        tokenizer=assets.teacher_tokenizer,
     )
     if probe:
         client.probe()

@@ -65,9 +65,12 @@ def backoff_rewards(
     teacher): EM, scale 1. ``em_gate``: EM counts only from a well-formed trajectory
     (``actor_em``), so a malformed correct rollout earns 0 and leaves its group all-zero.
 
-    A failed request (``Verdict.failed``: no answer after the retries) is a missing verdict,
-    not "insufficient evidence": its group is rewarded as if the teacher were off for it (EM,
-    scale 1; all-zero, so it moves nothing) and counted in ``missing_groups``.
+    A failed verdict (``Verdict.failed``: no answer after the retries, a reply from another
+    model, or one that broke the verdict contract however often asked) is a missing verdict, not
+    "insufficient evidence" and not a zero beside its group's judged rollouts: its group is
+    rewarded as if the teacher were off for it (EM, scale 1; all-zero, so it moves nothing) and
+    counted in ``missing_groups``. A failed stage B alone leaves stage A's verdict (merge rule
+    3); a dead stage B stops the run (``eviback.trainer.check_teacher_failures``).
     """
     groups: dict[str, list[int]] = {}
     for i, t in enumerate(trajs):
@@ -121,7 +124,11 @@ def backoff_metrics(b: Backoff) -> dict[str, float]:
         "teacher/A": s.ambiguous / judged,
         "teacher/invalid": s.invalid / judged,
         "teacher/failures": s.failures,
+        "teacher/broken": s.broken,
+        "teacher/wrong_model": s.wrong_model,
         "teacher/failure_share": s.failure_share,
+        "teacher/failure_share_a": s.failure_share_a,
+        "teacher/failure_share_b": s.failure_share_b,
         "teacher/missing_groups": b.missing_groups,
         "teacher/tokens": s.prompt_tokens + s.completion_tokens,
         "teacher/latency_s": s.latency_s,

@@ -96,6 +96,14 @@ class AssetsConfig(SearchAssetsConfig, EvalAssetsConfig):
         default="", metadata={"help": "OpenAI-compatible base URL of the teacher (…/v1)"}
     )
     teacher_model: str = field(default="", metadata={"help": "the teacher's model name"})
+    teacher_tokenizer: str = field(
+        default="",
+        metadata={
+            "help": "the teacher's tokenizer (HF folder or hub id): the tokens of a reply sent "
+            "without usage, and a request's bound under eviback ape's dollar cap; empty: UTF-8 "
+            "bytes, an upper bound"
+        },
+    )
     api_key_env: str = field(
         default="OPENAI_API_KEY",
         metadata={"help": "environment variable holding the teacher's and controller's API key"},
@@ -169,15 +177,34 @@ class TeacherConfig:
         default=300.0,
         metadata={"help": "seconds for a whole attempt, however slowly the server sends", "gt": 0},
     )
-    retries: int = field(default=3, metadata={"help": "retries of a failed request", "ge": 0})
+    retries: int = field(
+        default=3,
+        metadata={"help": "retries of a failed request (and of the endpoint's probe)", "ge": 0},
+    )
+    contract_retries: int = field(
+        default=2,
+        metadata={
+            "help": "times a reply that breaks the verdict contract is asked again; then it is "
+            "a missing verdict, as a failed request (never a zero)",
+            "ge": 0,
+        },
+    )
+    reply_models: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "model names a reply may carry besides assets.teacher_model, its provider "
+            "prefix and dated snapshots (common.llm_client.model_matches); '*': any"
+        },
+    )
     backoff: float = field(
         default=1.0, metadata={"help": "seconds before the first retry (doubling)", "ge": 0}
     )
     max_failure_share: float = field(
         default=0.5,
         metadata={
-            "help": "a step whose teacher requests fail or do not parse over this share (all "
-            "ranks) stops the run; 1 = never",
+            "help": "a step in which either stage's teacher requests (all ranks) give no usable "
+            "verdict (failed, another model, broken contract) over this share stops the run, "
+            "before its update, the last finished step saved; 1 = never",
             "ge": 0,
             "le": 1,
         },

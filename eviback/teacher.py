@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal, Protocol
 
 from common.metrics import cover_exact_match, f1_score
@@ -31,9 +31,10 @@ _CONTRACT = re.compile(
 @dataclass(frozen=True)
 class Verdict:
     """A teacher's judgement of one item; ``error`` says why an invalid verdict is invalid.
-    ``failed``: no answer came back (the request failed after its retries), so there is no
-    verdict at all: the reward treats the item as missing (``eviback.backoff``), not as a
-    judgement of insufficient evidence."""
+    ``failed``: no usable answer came back (the request failed after its retries, the reply came
+    from another model, or it broke the verdict contract however often it was asked), so there
+    is no verdict at all: the reward treats the item as missing (``eviback.backoff``), not as a
+    judgement of insufficient evidence, nor as a zero."""
 
     valid: bool
     status: Status | None
@@ -156,7 +157,9 @@ class TeacherStats:
     calls_a: int = 0
     calls_b: int = 0
     failures: int = 0  # backend errors (no answer), each also an invalid, failed verdict
-    invalid_a: int = 0
+    broken: int = 0  # replies that broke the verdict contract every time asked (failed verdicts)
+    wrong_model: int = 0  # replies refused for coming from another model (failed verdicts)
+    invalid_a: int = 0  # stage A requests without a usable verdict (failed, broken, other model)
     invalid_b: int = 0
     cached: int = 0
     prompt_tokens: int = 0
@@ -185,8 +188,22 @@ class TeacherStats:
         """The share of requests that gave no usable verdict: failed, or did not parse."""
         return (self.invalid_a + self.invalid_b) / self.calls if self.calls else 0.0
 
+    @property
+    def failure_share_a(self) -> float:
+        """Stage A's (gold-blind) share of requests without a usable verdict."""
+        return self.invalid_a / self.calls_a if self.calls_a else 0.0
+
+    @property
+    def failure_share_b(self) -> float:
+        """Stage B's (gold-aware) share: it makes at most as many requests as stage A, so a dead
+        stage B keeps ``failure_share`` at 0.5 or under; its own share is 1."""
+        return self.invalid_b / self.calls_b if self.calls_b else 0.0
+
     def as_dict(self) -> dict[str, float]:
         return {**asdict(self), "calls": self.calls}
+
+
+STAGES = {"A": "stage A (gold-blind)", "B": "stage B (gold-aware)"}
 
 
 class Teacher(Protocol):
@@ -224,7 +241,8 @@ class TeacherPolicy:
 
 def parses(text: str) -> bool:
     """Whether a teacher reply keeps the verdict contract (an ``LLMClient``'s ``accept``: a reply
-    that does not parse is counted, warned about and never cached, so a resume asks again)."""
+    that does not parse is counted, asked again up to the client's ``reasks`` times
+    (``teacher.contract_retries``), warned about and never cached, so a resume asks again)."""
     return parse_verdict(text).valid
 
 
@@ -241,8 +259,10 @@ def as_backend(client_or_backend: Any) -> Backend:
 class TwoStageTeacher:
     """Runs Stage A on every item, Stage B on the gated ones, and merges (``merge_verdicts``).
 
-    A backend failure (text None) is a counted, invalid verdict marked ``failed`` (missing, not
-    a judgement); nothing raises for it.
+    A backend failure (text None: the request failed, or the reply came from another model) and
+    a reply that breaks the verdict contract (refused by the client's check after its re-asks,
+    or, from a plain backend, not parsing) are counted, invalid verdicts marked ``failed``
+    (missing, not a judgement, never a zero); nothing raises for them.
     """
 
     def __init__(self, client_or_backend: Any, policy: TeacherPolicy):
@@ -301,7 +321,12 @@ class TwoStageTeacher:
             stats.cached += bool(meta.get("cached", False))
             if text is None:
                 stats.failures += 1
+                stats.wrong_model += bool(meta.get("wrong_model", False))
                 verdicts.append(_invalid(f"client: {meta.get('error') or 'no text'}", True))
-            else:
-                verdicts.append(parse_verdict(text))
+                continue
+            verdict = parse_verdict(text)
+            if not verdict.valid:  # broken however often asked: missing, not a zero
+                stats.broken += 1
+                verdict = replace(verdict, failed=True)
+            verdicts.append(verdict)
         return verdicts

@@ -17,7 +17,7 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -64,7 +64,7 @@ from eviback.reward import (
     fallback_advantage_share,
     rollout_facts,
 )
-from eviback.teacher import Judgement, Teacher, TeacherItem, TeacherStats
+from eviback.teacher import STAGES, Judgement, Teacher, TeacherItem, TeacherStats
 
 
 def teacher_items(
@@ -196,8 +196,6 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     except (ConfigError, RunStopped):
         run.close()
         raise
-    if teacher is not None:
-        run.step_checks.append(teacher_failure_check(cfg))
     tokenizer = AutoTokenizer.from_pretrained(a.model)
     announce_plan(cfg)  # on a GPU: the memory plan, before the model loads
     model = load_for_training(a.model, cfg.train, partition=cfg.loss.kl_coef == 0)
@@ -248,7 +246,14 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             else teacher_verdicts(trajs, by_id, teacher, cfg.em_well_formed)
         )
         timings["teacher"] = time.perf_counter() - t0
-        failed, calls = all_reduce_values([stats.invalid_a + stats.invalid_b, stats.calls])
+        # each stage's requests without a usable verdict, over all ranks; a stage past
+        # teacher.max_failure_share stops the run here, before the update, so the frame saves
+        # the last finished step (Run.fit), as for a retrieval outage
+        stage_counts = all_reduce_values(
+            [stats.invalid_a, stats.calls_a, stats.invalid_b, stats.calls_b]
+        )
+        if teacher is not None:
+            check_teacher_failures(step, stage_counts, cfg)
         extra = {"judgements": judged, "teacher_stats": stats, "em_gate": cfg.em_well_formed,
                  "teacher": cfg.teacher if teacher is not None else None}  # fmt: skip
         ctx = RewardContext(train.model, tokenizer, engine, step, extra)
@@ -269,8 +274,12 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             **{f"time/{k}": v for k, v in timings.items()},
         }
         metrics["backoff_adv_share"] = fallback_advantage_share(adv, b.fell_back)
-        if teacher is not None:  # over all ranks: the same on every rank (teacher_failure_check)
-            metrics["teacher/failure_share"] = failed / calls if calls else 0.0
+        if teacher is not None:  # over all ranks: the same on every rank (check_teacher_failures)
+            failed_a, calls_a, failed_b, calls_b = stage_counts
+            calls = calls_a + calls_b
+            metrics["teacher/failure_share"] = (failed_a + failed_b) / calls if calls else 0.0
+            metrics["teacher/failure_share_a"] = failed_a / calls_a if calls_a else 0.0
+            metrics["teacher/failure_share_b"] = failed_b / calls_b if calls_b else 0.0
         # tokens through the model (the teacher is external: teacher/tokens), every rank's summed
         counts = {k: v for k, v in upd.items() if k.startswith(SUMMED_PREFIXES)}
         metrics |= all_ranks_mean(counts | rollout_token_metrics(trajs), len(trajs))
@@ -290,23 +299,35 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     return out
 
 
-def teacher_failure_check(cfg: EviBackConfig) -> Callable[[int, dict[str, float]], None]:
-    """A step check (``Run.step_checks``): the run stops when the share of the step's teacher
-    requests, over all ranks, that failed after their retries or did not parse exceeds
-    ``teacher.max_failure_share``. A teacher down, a wrong model name or a reply format the
-    parser never reads stops at the first step, not as the Search-R1 baseline at the end."""
+def check_teacher_failures(step: int, counts: Sequence[float], cfg: EviBackConfig) -> None:
+    """Stop the run (``RunStopped``, one line) when either stage's share of the step's teacher
+    requests, over all ranks, that gave no usable verdict (failed after their retries, came from
+    another model, or broke the verdict contract after ``teacher.contract_retries``) exceeds
+    ``teacher.max_failure_share``. ``counts``: (stage A failed, stage A calls, stage B failed,
+    stage B calls). Each stage on its own: stage B makes at most as many requests as stage A,
+    so a dead stage B never took the two stages' share past 0.5 and the run trained on stage
+    A's verdicts alone. Called inside the step before its update: ``Run.fit`` saves the last
+    finished step (in one process) before the stop goes on up."""
     limit, where = cfg.teacher.max_failure_share, cfg.assets.teacher_endpoint
-
-    def check(step: int, metrics: dict[str, float]) -> None:
-        share = metrics.get("teacher/failure_share", 0.0)
-        if share > limit:
-            raise RunStopped(
-                f"step {step}: {share:.0%} of the teacher's requests to {redact(where)} (model "
-                f"{cfg.assets.teacher_model}) failed or did not parse, over "
-                f"teacher.max_failure_share={limit:g}; the warnings above name the errors"
-            )
-
-    return check
+    shares = {
+        stage: (failed / calls, int(calls))
+        for stage, failed, calls in (("A", *counts[:2]), ("B", *counts[2:]))
+        if calls
+    }
+    over = [stage for stage, (share, _) in shares.items() if share > limit]
+    if not over:
+        return
+    share, calls = shares[over[0]]
+    others = "; ".join(
+        f"{STAGES[s]}: {sh:.0%} of {n}" for s, (sh, n) in shares.items() if s != over[0]
+    )
+    raise RunStopped(
+        f"step {step}: {share:.0%} of the teacher's {STAGES[over[0]]} requests ({calls} over all "
+        f"ranks) to {redact(where)} (model {cfg.assets.teacher_model}) failed after their "
+        f"retries, came from another model or broke the verdict contract, over "
+        f"teacher.max_failure_share={limit:g} (each stage on its own)"
+        f"{'; ' + others if others else ''}; the warnings above name the errors"
+    )
 
 
 POLICY_RECORD = "teacher_policy.json"

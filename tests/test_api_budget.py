@@ -14,6 +14,7 @@ from common.api_budget import (
     ApiBudget,
     BudgetExceeded,
     RequestGroup,
+    TokenCounter,
     estimate_text,
     on_rank_zero,
     tokens_from_chars,
@@ -75,18 +76,29 @@ def test_the_budget_counts_under_threads_and_stays_stopped():
         budget.reserve()
 
 
-def test_the_usd_bound_learns_the_tokens_per_character():
+def test_the_usd_cap_counts_spent_and_in_flight_bounds():
     budget = ApiBudget(max_usd=1.0)
-    assert budget.prompt_tokens_bound(400) == 100  # 4 characters a token at first
     budget.reserve(0.25)
-    budget.settle(0.25, 0.1, prompt_chars=100, prompt_tokens=50)  # 2 characters a token
-    assert budget.prompt_tokens_bound(400) == 200
+    budget.settle(0.25, 0.1)
     assert (budget.spent_usd, budget.reserved_usd) == (pytest.approx(0.1), 0.0)
     budget.reserve(0.9)  # 0.1 + 0.9 = 1.0: fits
     with pytest.raises(BudgetExceeded, match=r"max_api_usd=1 reached: \$0.1000 spent in 2"):
         budget.reserve(0.01)
     with pytest.raises(ValueError):
         ApiBudget(-1)
+
+
+def test_without_a_tokenizer_a_prompt_is_bounded_by_its_bytes_and_the_template_allowance():
+    """A token holds at least one byte (byte-level BPE, SentencePiece with byte fallback), and a
+    chat template adds at most 64 tokens a request and 8 a message."""
+    counter = TokenCounter()
+    messages = [{"role": "system", "content": "Judge."}, {"role": "user", "content": "Où né ?"}]
+    # 6 bytes + 9 bytes ("ù" and "é" are 2 each) + 64 + 2 x 8
+    assert counter.prompt(messages) == 6 + 9 + 64 + 16 == 95
+    assert counter.text("né") == 3
+    assert TokenCounter("").tokenizer is None
+    with pytest.raises(ValueError, match="cannot load the tokenizer"):
+        TokenCounter("/no/such/tokenizer")
 
 
 def test_no_cap_never_stops():

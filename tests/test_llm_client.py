@@ -33,7 +33,12 @@ class ServerState:
     trickle_s: float = 0.0  # a valid answer sent a byte at a time, this many seconds apart
     models: list[str] | None = None  # GET /v1/models lists these (None: 404)
     think: bool = False  # the reply's content starts with a thinking block
+    usage: bool = True  # False: the answer has no usage (some servers and proxies)
+    reply_model: str | None = None  # the answer's model field (None: none)
+    models_fail_next: int = 0  # that many GET /v1/models answered 503 first
+    refuse_next: int = 0  # that many answers "broken" (the callers' checks refuse it)
     requests: int = 0
+    models_requests: int = 0
     concurrent: int = 0
     max_concurrent: int = 0
     auth: list[str | None] = field(default_factory=list)
@@ -69,9 +74,16 @@ def make_app(state: ServerState) -> FastAPI:
             text = f"echo {prompt}"
             if state.think:  # a thinking model served without a reasoning parser
                 text = f"<think>maybe A? {prompt} -> A</think>\n\n{text}"
+            if state.refuse_next > 0:
+                state.refuse_next -= 1
+                text = "broken"
             usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())}
             message = {"role": "assistant", "content": text}
             answer = {"choices": [{"index": 0, "message": message}], "usage": usage}
+            if not state.usage:
+                del answer["usage"]
+            if state.reply_model is not None:
+                answer["model"] = state.reply_model
             if state.trickle_s:
                 return StreamingResponse(trickle(json.dumps(answer), state.trickle_s))
             return answer
@@ -80,6 +92,10 @@ def make_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models():
+        state.models_requests += 1
+        if state.models_fail_next > 0:
+            state.models_fail_next -= 1
+            return JSONResponse({"error": "loading"}, status_code=503)
         if state.models is None:
             return JSONResponse({"error": "no such route"}, status_code=404)
         return {"object": "list", "data": [{"id": m, "object": "model"} for m in state.models]}
@@ -508,3 +524,164 @@ def test_a_thinking_block_in_the_content_is_cut_off_and_counted(srv):
 )
 def test_strip_reasoning(content, answer):
     assert strip_reasoning(content) == answer
+
+
+# --- the reply's model, broken replies asked again, usage, the probe's retries ----------------
+
+
+def test_a_reply_from_another_model_is_refused_never_cached_and_counted(srv, tmp_path):
+    """A restarted server or a proxy answering as another model: before, the reply was taken and
+    cached, and the judge changed without a word."""
+    state, url = srv
+    state.reply_model = "other-model"
+    c = client(url, cache_dir=tmp_path, retries=2)
+    [r] = c.chat_many([msgs("x")])
+    assert r.text is None and r.wrong_model and r.model == "other-model"
+    assert "came from model 'other-model', not 'tiny'" in r.error
+    assert state.requests == 1  # a definite answer: not retried
+    assert (c.stats.wrong_model, c.stats.failures) == (1, 1)
+    assert not list(tmp_path.rglob("*.json"))
+    state.reply_model = "tiny-2025-01-01"  # a dated snapshot of the model asked for
+    [ok] = c.chat_many([msgs("x")])
+    assert (ok.text, ok.model, c.stats.wrong_model) == ("echo x", "tiny-2025-01-01", 1)
+    assert len(list(tmp_path.rglob("*.json"))) == 1
+    state.reply_model = None  # a server that names no model: taken
+    [plain] = c.chat_many([msgs("y")])
+    assert plain.text == "echo y" and plain.model == ""
+
+
+@pytest.mark.parametrize(
+    ("configured", "replied", "also", "same"),
+    [
+        ("gpt-4o", "gpt-4o", (), True),
+        ("gpt-4o", "GPT-4o", (), True),
+        ("gpt-4o", "openai/gpt-4o", (), True),  # a provider's prefix
+        ("openai/gpt-4o", "gpt-4o", (), True),
+        ("Qwen3-8B", "Qwen/Qwen3-8B", (), True),
+        ("gpt-4o", "gpt-4o-2024-08-06", (), True),  # a dated snapshot
+        ("claude-3-5-sonnet", "claude-3-5-sonnet-20241022", (), True),
+        ("gpt-4o", "openai/gpt-4o-2025-01-01", (), True),
+        ("gpt-4o-2024-08-06", "gpt-4o", (), False),  # the undated name may be another snapshot
+        ("gpt-4o", "gpt-4o-mini", (), False),
+        ("Qwen/Qwen3-8B", "Qwen/Qwen3-4B", (), False),
+        ("org1/judge", "org2/judge", (), False),  # two prefixes: two models
+        ("gpt-4", "gpt-4-0613", (), False),
+        ("gpt-4", "gpt-4-0613", ("gpt-4-0613",), True),  # teacher.reply_models
+        ("judge", "anything", ("*",), True),
+    ],
+)
+def test_model_matches_the_documented_names(configured, replied, also, same):
+    from common.llm_client import model_matches
+
+    assert model_matches(configured, replied, also) is same
+
+
+def test_a_refused_reply_is_asked_again_then_given_up(srv, tmp_path):
+    """A reply the caller's check refuses (a broken verdict) is asked again, ``reasks`` times at
+    most; before, it came back refused at once."""
+    state, url = srv
+    c = client(url, cache_dir=tmp_path, reasks=2)
+    good = lambda text: text != "broken"  # noqa: E731
+    state.refuse_next = 1
+    [r] = c.chat_many([msgs("one")], accept=good)
+    assert (r.text, r.rejected, state.requests) == ("echo one", False, 2)
+    assert (c.stats.rejected, c.stats.reasked) == (1, 1)
+    assert len(list(tmp_path.rglob("*.json"))) == 1
+    state.refuse_next = 5
+    [bad] = c.chat_many([msgs("two")], accept=good)
+    assert (bad.text, bad.rejected, state.requests) == ("broken", True, 5)  # 1 + 2 asks again
+    assert (c.stats.rejected, c.stats.reasked) == (4, 3)
+    assert len(list(tmp_path.rglob("*.json"))) == 1  # never cached
+
+
+def test_without_usage_the_dollar_cap_counts_the_bytes_bound_and_holds(srv):
+    """No usage in the answers: before, 4 of 4 requests went out and $0 was counted. $1 a token,
+    max_tokens 5, no tokenizer: "x0" is 2 bytes + 64 + 8 (template allowance) = 74 prompt
+    tokens, "echo x0" 7 bytes, at most 5 completion tokens: $79 counted and reserved a request.
+    Cap $200: $0 + 79 and $79 + 79 fit, $158 + 79 does not."""
+    from common.api_budget import ApiBudget, BudgetExceeded
+
+    state, url = srv
+    state.usage = False
+    budget = ApiBudget(max_usd=200.0)
+    c = client(url, max_concurrency=1, max_tokens=5, price_prompt_per_mtok=1e6,
+               price_completion_per_mtok=1e6, budget=budget)  # fmt: skip
+    with pytest.raises(BudgetExceeded) as stop:
+        c.chat_many([msgs(f"x{i}") for i in range(4)])
+    assert state.requests == 2 and budget.spent_usd == pytest.approx(158.0)
+    assert (c.stats.usage_missing, c.stats.prompt_tokens, c.stats.completion_tokens) == (2, 148, 10)
+    assert str(stop.value) == (
+        "API cap max_api_usd=200 reached: $158.0000 spent in 2 requests, the next could cost "
+        "$79.0000"
+    )
+
+
+def test_the_dollar_cap_reserves_the_worst_case_so_concurrent_requests_cannot_pass_it(srv):
+    """Usage present, "a a a a a a a a a a": 19 characters, 10 tokens, $1 a prompt token. Before,
+    each request was reserved at 19 / 4 = 5 tokens, so two in flight fit a $15 cap and spent $20.
+    Now each is reserved at its worst case, 19 bytes + 72 = $91: none is sent."""
+    from common.api_budget import ApiBudget, BudgetExceeded
+
+    state, url = srv
+    budget = ApiBudget(max_usd=15.0)
+    c = client(url, max_concurrency=2, price_prompt_per_mtok=1e6, budget=budget)
+    with pytest.raises(BudgetExceeded, match=r"the next could cost \$91.0000"):
+        c.chat_many([msgs("a a a a a a a a a a"), msgs("a a a a a a a a a b")])
+    assert budget.spent_usd <= 15.0 and state.requests == 0
+
+
+def test_a_timeout_is_counted_at_its_bound_an_http_error_at_nothing(srv):
+    """The server may have generated (and billed) an answer the client stopped waiting for."""
+    from common.api_budget import ApiBudget
+
+    state, url = srv
+    budget = ApiBudget(max_usd=1000.0)
+    prices = {"price_prompt_per_mtok": 1e6, "price_completion_per_mtok": 1e6}
+    c = client(url, timeout=0.2, retries=0, max_tokens=3, budget=budget, **prices)
+    state.sleep_s = 2.0
+    [r] = c.chat_many([msgs("slow")])  # 4 bytes + 72 prompt tokens + 3 completion: $79
+    assert r.error and budget.spent_usd == pytest.approx(79.0)
+    state.sleep_s, state.fail_next = 0.0, 1
+    [r] = c.chat_many([msgs("fail")])
+    assert "HTTP 500" in r.error and budget.spent_usd == pytest.approx(79.0)
+
+
+def test_with_a_tokenizer_an_answer_without_usage_is_counted_exactly(srv, tmp_path):
+    """``tokenizer`` (a folder): the prompt through its chat template, the reply by its tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "one": 1}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="[UNK]")
+    tok.chat_template = "{% for m in messages %}{{ m.content }} {% endfor %}"
+    tok.save_pretrained(tmp_path / "tok")
+    state, url = srv
+    state.usage = False
+    c = client(url, tokenizer=str(tmp_path / "tok"))
+    [r] = c.chat_many([msgs("one two three")])
+    assert (r.text, r.prompt_tokens, r.completion_tokens) == ("echo one two three", 3, 4)
+    assert c.stats.usage_missing == 1
+
+
+def test_the_probe_asks_again_while_the_server_is_not_answering(srv):
+    """A server still loading (503) is waited for with the client's retries; before, one 503 sent
+    the probe to a chat request, and a server down at that moment stopped the run."""
+    state, url = srv
+    state.models, state.models_fail_next = ["tiny"], 2
+    client(url, retries=3).probe()
+    assert state.models_requests == 3 and state.requests == 0
+    state.models_fail_next = 5
+    with pytest.raises(EndpointError, match=r"is not answering: HTTP 503 .*\(2 attempts\)"):
+        client(url, retries=1).probe()
+    assert state.models_requests == 5
+
+
+def test_the_probe_of_a_closed_port_is_retried_with_backoff():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.perf_counter()
+    with pytest.raises(EndpointError, match=r"is not answering: ConnectError.*\(3 attempts\)"):
+        client(f"http://127.0.0.1:{port}/v1", retries=2, backoff=0.1).probe(timeout=2.0)
+    assert time.perf_counter() - start >= 0.1 + 0.2

@@ -36,6 +36,14 @@ retry draws afresh): ``malformed`` (HTTP 200, content that breaks the contract),
 is not a chat request, or whose contract is not recognised, gets HTTP 400 naming what was not
 recognised (counted under ``unrecognised``).
 
+Faults beside the shares (fault injection for the clients' guards): ``fail_only`` applies the
+shares to some contracts only (``("eviback_stage_b",)``: the gold-aware stage down, stage A
+well); ``fail_matching`` to the requests whose prompt holds one of the strings only (e.g. the
+questions of a later step: a teacher that goes down mid-run); ``reply_model`` answers as another
+model (the reply's ``model`` field; by default the one asked for); ``usage=False`` sends no
+``usage``; ``answers`` replaces the rehearsal answers the stage A/B rules look for (e.g. the tiny
+world's, so that stage A finds evidence and stage B is asked).
+
 CLI: ``python -m experiments.rehearse.endpoint --port 8001 [--malformed 0.1 ...]``.
 """
 
@@ -153,18 +161,18 @@ def _verdict(status: str, answer: str, reason: str) -> str:
     return f"<reason>{reason}</reason><status>{status}</status><answer>{answer}</answer>"
 
 
-def _judge(references: list[str], documents: str) -> str:
+def _judge(references: list[str], documents: str, answers: Sequence[str] = QA_ANSWERS) -> str:
     """Stage B's and the labeller's verdict: a reference the documents state, else another
     rehearsal answer they state, else insufficient."""
-    for answer in [*references, *QA_ANSWERS]:
+    for answer in [*references, *answers]:
         if _occurs(answer, documents):
             return _verdict("supported_answer", answer.strip(), f"A document states {answer}.")
     return _verdict("insufficient_evidence", "", "No document states the answer.")
 
 
-def answer_eviback_stage_a(text: str) -> str:
+def answer_eviback_stage_a(text: str, answers: Sequence[str] = QA_ANSWERS) -> str:
     documents = _after(text, "\nDocuments:\n")
-    found = [a for a in QA_ANSWERS if _occurs(a, documents)]
+    found = [a for a in answers if _occurs(a, documents)]
     if not found:
         return _verdict("insufficient_evidence", "", "No document states an answer.")
     if len(found) > 1:
@@ -172,10 +180,10 @@ def answer_eviback_stage_a(text: str) -> str:
     return _verdict("supported_answer", found[0], f"A document states {found[0]}.")
 
 
-def answer_eviback_stage_b(text: str) -> str:
+def answer_eviback_stage_b(text: str, answers: Sequence[str] = QA_ANSWERS) -> str:
     line = _after(text, "Candidate answer to check").split("\n", 1)[0]
     references = re.findall(r'"([^"]*)"', line.split(":", 1)[-1])
-    return _judge(references, _after(text, "\nDocuments:\n"))
+    return _judge(references, _after(text, "\nDocuments:\n"), answers)
 
 
 def answer_eviback_labeller(text: str) -> str:
@@ -290,9 +298,14 @@ ANSWERERS = {
 }
 
 
-def answer(contract: str, messages: list[dict[str, Any]]) -> str:
-    """The valid reply to a request of ``contract``."""
+def answer(
+    contract: str, messages: list[dict[str, Any]], answers: Sequence[str] = QA_ANSWERS
+) -> str:
+    """The valid reply to a request of ``contract`` (``answers``: what EviBack's stage A and B
+    rules look for in the documents)."""
     text = "\n".join(str(m.get("content", "")) for m in messages)
+    if contract in ("eviback_stage_a", "eviback_stage_b"):
+        return ANSWERERS[contract](text, answers)
     return ANSWERERS[contract](text)
 
 
@@ -308,7 +321,16 @@ class StandinEndpoint:
         seed: int = 0,
         timeout_delay_s: float = 5.0,
         served: Sequence[str] = (),
+        *,
+        fail_only: Sequence[str] = (),
+        fail_matching: Sequence[str] = (),
+        reply_model: str = "",
+        usage: bool = True,
+        answers: Sequence[str] = QA_ANSWERS,
     ) -> None:
+        unknown = sorted(set(fail_only) - set(CONTRACTS))
+        if unknown:
+            raise ValueError(f"stand-in endpoint: fail_only names unknown contracts {unknown}")
         if timeout_delay_s <= 0:
             raise ValueError(
                 f"stand-in endpoint: timeout_delay_s must be > 0, got {timeout_delay_s}"
@@ -319,6 +341,8 @@ class StandinEndpoint:
         self._counts = {c: dict.fromkeys(OUTCOMES, 0) for c in (*CONTRACTS, UNRECOGNISED)}
         self._models: dict[str, int] = {}
         self.served = tuple(served)  # listed by GET /v1/models beside "standin" and those asked
+        self.fail_only, self.fail_matching = tuple(fail_only), tuple(fail_matching)
+        self.reply_model, self.usage, self.answers = reply_model, usage, tuple(answers)
         self.app = self._build()
 
     def stats(self) -> dict[str, Any]:
@@ -335,6 +359,10 @@ class StandinEndpoint:
             "shares": {n: getattr(self.shares, n) for n in FAILURES},
             "seed": self.seed,
             "timeout_delay_s": self.timeout_delay_s,
+            "fail_only": list(self.fail_only),
+            "fail_matching": len(self.fail_matching),
+            "reply_model": self.reply_model,
+            "usage": self.usage,
         }
 
     def _count(self, contract: str, outcome: str, model: str | None = None) -> None:
@@ -343,11 +371,15 @@ class StandinEndpoint:
             if model is not None:
                 self._models[model] = self._models.get(model, 0) + 1
 
-    def _outcome(self, body: dict[str, Any]) -> str:
+    def _outcome(self, body: dict[str, Any], contract: str = "", text: str = "") -> str:
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         with self._lock:
             n = self._seen.get(digest, 0)
             self._seen[digest] = n + 1
+        if self.fail_only and contract not in self.fail_only:
+            return "ok"
+        if self.fail_matching and not any(m in text for m in self.fail_matching):
+            return "ok"
         return self.shares.draw(random.Random(f"{self.seed}:{digest}:{n}").random())
 
     def _build(self) -> FastAPI:
@@ -385,7 +417,8 @@ class StandinEndpoint:
                     status_code=400,
                 )
             model = str(body.get("model", ""))
-            outcome = self._outcome(body)
+            text = "\n".join(str(m.get("content", "")) for m in messages)
+            outcome = self._outcome(body, contract, text)
             self._count(contract, outcome, model)
             if outcome in ("http_500", "http_503"):
                 code = int(outcome[-3:])
@@ -397,29 +430,33 @@ class StandinEndpoint:
                 deadline = time.monotonic() + self.timeout_delay_s
                 while time.monotonic() < deadline and not await request.is_disconnected():
                     await asyncio.sleep(0.05)
-            content = MALFORMED[contract] if outcome == "malformed" else answer(contract, messages)
+            content = (
+                MALFORMED[contract]
+                if outcome == "malformed"
+                else answer(contract, messages, self.answers)
+            )
             prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
             completion_tokens = len(content.split())
-            return JSONResponse(
-                {
-                    "id": f"chatcmpl-standin-{contract}",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": model,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": content},
-                            "finish_reason": "stop",
-                        }
-                    ],
-                    "usage": {
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": completion_tokens,
-                        "total_tokens": prompt_tokens + completion_tokens,
-                    },
+            reply = {
+                "id": f"chatcmpl-standin-{contract}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self.reply_model or model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": "stop",
+                    }
+                ],
+            }
+            if self.usage:
+                reply["usage"] = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
                 }
-            )
+            return JSONResponse(reply)
 
         return app
 
@@ -444,12 +481,19 @@ def serve_endpoint(
     host: str = "127.0.0.1",
     port: int = 0,
     served: Sequence[str] = (),
+    **faults: Any,
 ) -> Iterator[str]:
     """Serve the stand-in endpoint from a background thread on a socket bound up front
     (``port=0``: a free one); yields the base URL ``http://host:port/v1`` and stops on exit.
-    ``served``: model names ``GET /v1/models`` lists (a client's probe looks for its model)."""
+    ``served``: model names ``GET /v1/models`` lists (a client's probe looks for its model);
+    ``faults``: ``StandinEndpoint``'s ``fail_only``, ``fail_matching``, ``reply_model``,
+    ``usage``, ``answers``."""
     endpoint = StandinEndpoint(
-        Shares(malformed, bad_body, http_500, http_503, timeout), seed, timeout_delay_s, served
+        Shares(malformed, bad_body, http_500, http_503, timeout),
+        seed,
+        timeout_delay_s,
+        served,
+        **faults,
     )
     sock = socket.socket()
     try:
@@ -484,6 +528,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout-delay", type=float, default=5.0, help="seconds a timeout waits")
     parser.add_argument("--served-model", action="append", default=[], dest="served",
                         help="a model name GET /v1/models lists (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--fail-only",
+        action="append",
+        default=[],
+        choices=list(CONTRACTS),
+        help="apply the failure shares to this contract only (repeatable)",
+    )
+    parser.add_argument("--reply-model", default="", help="answer as this model")
+    parser.add_argument("--no-usage", action="store_true", help="send no usage in the answers")
     for name in FAILURES:
         parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=0.0, dest=name,
                             help=f"share of requests answered with {name}")  # fmt: skip
@@ -494,6 +547,9 @@ def main(argv: list[str] | None = None) -> int:
             args.seed,
             args.timeout_delay,
             args.served,
+            fail_only=args.fail_only,
+            reply_model=args.reply_model,
+            usage=not args.no_usage,
         )
     except ValueError as e:
         parser.error(str(e))

@@ -179,11 +179,66 @@ def test_a_teacher_that_fails_or_never_parses_stops_the_run_at_its_first_step(
         )
         with pytest.raises(RunStopped) as stop:
             train_eviback(cfg)
-    assert str(stop.value).startswith("step 1: 100% of the teacher's requests to " + url)
-    assert "teacher.max_failure_share=0.5" in str(stop.value)
+    message = str(stop.value)
+    assert message.startswith("step 1: 100% of the teacher's stage A (gold-blind) requests (")
+    assert f" over all ranks) to {url} (model judge) failed" in message
+    assert "teacher.max_failure_share=0.5" in message
     assert step_rows(run_dir) == []  # the refused step is neither logged
     assert not (run_dir / "checkpoints").exists()  # nor saved
     assert not list((run_dir / "teacher_cache").rglob("*.json"))  # no broken reply cached
+
+
+def step_questions(world, step: int, per_step: int = 2) -> list[str]:
+    """The questions step ``step`` draws (the seed's shuffle of the train set, ``per_step`` a
+    step), as ``train_eviback`` draws them in one process."""
+    from eviback.assets import select_questions
+
+    cfg = load_config(EviBackConfig, DEFAULT_CONFIG, overrides(world, world / "model", "x"))
+    train_set = select_questions(cfg.assets, "train", cfg.seed)
+    order = list(range(len(train_set)))
+    random.Random(cfg.seed).shuffle(order)
+    first = (step - 1) * per_step
+    return [train_set[i].question for i in order[first : first + per_step]]
+
+
+def test_a_teacher_stage_down_from_step_2_stops_before_the_update_and_saves_step_1(
+    tiny_world, warm, tmp_path
+):
+    """The endpoint answers step 1 and fails (503, after the retries) every stage-B request of
+    step 2: the gold-aware stage down, stage A well. Before, the share of the step's requests
+    that failed was 8 of 16, not over 0.5: step 2 trained on stage A's verdicts alone and the
+    run ended with exit 0; and a stop came after the step's update, so step 1 (save_every=0:
+    only the last step is saved) was lost (measured with the whole teacher down in step 2).
+    Now each stage's share counts on its own, decided before the update: step 1 is saved and
+    logged, and a resume starts at step 2."""
+    from common.launcher import RunStopped
+    from eviback.trainer import train_eviback
+    from experiments.rehearse.endpoint import serve_endpoint
+
+    run_dir = tmp_path / "run"
+    # the tiny world's answers: stage A's rule finds one in the documents, so stage B is asked
+    answers = {
+        a for x in (tiny_world / "train.jsonl").open() for a in json.loads(x)["golden_answers"]
+    }
+    faults = {
+        "fail_only": ("eviback_stage_b",),
+        "fail_matching": step_questions(tiny_world, 2),
+        "answers": sorted(answers),
+    }
+    with serve_endpoint(http_503=1.0, served=["judge"], **faults) as url:
+        cfg = load_config(
+            EviBackConfig, DEFAULT_CONFIG, overrides(tiny_world, warm, run_dir, *llm_teacher(url))
+        )
+        with pytest.raises(RunStopped) as stop:
+            train_eviback(cfg)
+    assert str(stop.value).startswith("step 2: 100% of the teacher's stage B (gold-aware) requests")
+    assert "stage A (gold-blind): 0% of" in str(stop.value)
+    assert "\n" not in str(stop.value)
+    (row,) = step_rows(run_dir)  # step 1 logged, step 2 not
+    assert row["step"] == 1 and row["teacher/calls"] > 0 and row["teacher/failure_share"] == 0
+    assert row["teacher/calls"] == 2 * row["teacher/items"]  # stage B was asked in step 1
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert saved == ["step_1"]
 
 
 def test_a_wrong_teacher_model_name_stops_before_any_model_loads(tiny_world, tmp_path, monkeypatch):

@@ -22,25 +22,36 @@ from arco.rubric_prompt import (
 )
 from common.data import QAExample, check_where, load_qa_where, question_char_limit
 from common.model_id import model_problem
-from common.rewards import StepScorer, load_part
+from common.rewards import REWARDS, OutcomeReward, StepScorer, load_part
 from common.rollout.agent import AgentConfig
 from common.run_config import EvalAssetsConfig, RunLoopConfig, SearchAssetsConfig
 
 METHODS = ("arco", "outcome_only", "prm")
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
+# the ARCO release's warmup trajectories (GPT-4o-mini playing, GPT-5.4 annotating; HotpotQA,
+# 3 samples a question), at the commit the paper configs' HotpotQA splits come from
+RELEASE_WARMUP_URL = (
+    "https://raw.githubusercontent.com/zihangtian/ARCO/5974454e522e8997b92bb9c4e5a656ff23894e72/"
+    "data/hotpotqa/output/warmup_train_api-gpt-4o-mini_rubric-gpt-5.4-ca_k3_temp1.0_strict_"
+    "20260423_210457.jsonl"
+)
+
 HOW_TO_GET = {
     "model": "the tiny warmup: `make warmup` (tiny world + supervised agent); a paper "
     "backbone: a hub id such as Qwen/Qwen3-4B-Instruct-2507, downloaded first "
-    "(`hf download Qwen/Qwen3-4B-Instruct-2507`; meta-llama/Llama-3.2-3B-Instruct is gated: "
+    "(`make data METHOD=arco SCALE=qwen3-4b DATA=hotpotqa` fetches it with the data, or "
+    "`hf download Qwen/Qwen3-4B-Instruct-2507`; meta-llama/Llama-3.2-3B-Instruct is gated: "
     "accept its licence on its hub page, then `hf auth login`)",
     "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; "
-    "HotpotQA distractor JSON: hotpot_train_v1.1.json / hotpot_dev_distractor_v1.json from the "
-    "HotpotQA site (or the hub dataset hotpotqa/hotpot_qa, config distractor); 2WikiMultiHopQA "
-    "and MuSiQue: their release files (dev.json, musique_ans_v1.0_dev.jsonl)",
+    "the paper's data: `make data METHOD=arco SCALE=qwen3-4b|llama3.2-3b "
+    "DATA=hotpotqa|2wiki|musique` (or `python -m experiments.prepare_data --config <this "
+    "config>`) fetches the files the config names (the release's HotpotQA splits; 2Wiki's and "
+    "MuSiQue's drawn from their release files)",
     "corpus": "a corpus jsonl or index folder (`python -m common.retrieval index ...`), or "
     "assets.retrieval_url pointing at a Search-R1 retrieval server",
-    "warmup": "run `python -m arco warmup --config <same config>` first (it writes warmup_dir)",
+    "warmup": "run `python -m arco warmup --config <same config>` first (it writes warmup_dir; "
+    "a paper config: `make warmup-arco SCALE=... DATA=... GPUS=8`)",
     "teacher": "an OpenAI-compatible endpoint (vLLM server, OpenAI): set "
     "assets.teacher_endpoint / teacher_model (and annotator_*) and the key's environment variable",
 }
@@ -360,6 +371,36 @@ class ArcoWarmupConfig:
 
 
 @dataclass
+class ArcoRewardConfig:
+    """The outcome reward R(τ) of a trajectory (``common.rewards``): what the sparse phase's group
+    advantages are of and what μ's step scores are trained to add up to (the decomposition
+    loss; its class weights split the batch at R > 0.5, so a reward in [0, 1] keeps their
+    meaning). The default is the paper's, exact match."""
+
+    fn: str = field(
+        default="exact_match",
+        metadata={
+            "help": "outcome reward: exact_match (the paper's EM) | f1 | package.module:Name (an "
+            "OutcomeReward, or a TRL or verl reward function, wrapped in its adapter)"
+        },
+    )
+    fn_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "keyword arguments for a reward that is a class, or the adapter's for a TRL "
+            "or verl function (docs/reward_adapters.md)"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.fn not in REWARDS or self.fn_args:  # resolved and checked before any model loads
+            self.reward_fn()
+
+    def reward_fn(self) -> OutcomeReward:
+        return load_part(self.fn, "reward.fn", "reward", REWARDS, self.fn_args)
+
+
+@dataclass
 class RLConfig:
     """Co-evolution RL: a sparse phase, then a dense phase; π and μ updated on every batch."""
 
@@ -557,6 +598,7 @@ class ArcoConfig(RunLoopConfig):
     )
     env: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    reward: ArcoRewardConfig = field(default_factory=ArcoRewardConfig)
     lora: LoraSpec = field(default_factory=LoraSpec)
     rubric: RubricConfig = field(default_factory=RubricConfig)
     warmup: ArcoWarmupConfig = field(default_factory=ArcoWarmupConfig)
@@ -643,7 +685,8 @@ class ArcoConfig(RunLoopConfig):
         if "teacher" in needs and self.warmup.teacher == "file" and not Path(release).is_file():
             problems.append(
                 f"warmup.release_file: {release!r} not found; the ARCO release's warmup data "
-                "(data/hotpotqa/output/warmup_train_*.jsonl) or a file in its format"
+                f"(HotpotQA, Qwen3-4B): `curl -L -o {release or 'FILE'} {RELEASE_WARMUP_URL}`, or "
+                "a file in its format"
             )
         if "teacher" in needs and self.warmup.teacher == "llm":
             for key in (

@@ -63,14 +63,14 @@ from common.rewards import (
     groups_of,
     step_scorer_metrics,
 )
-from common.rl import logprobs_from_logits
+from common.rl import entropy_from_logits, logprobs_from_logits
 from common.rl_loop import (
     all_ranks_mean,
     dev_results_path,
-    em_rewards,
     evaluate,
     group_shares,
     identical_group_share,
+    response_length_metrics,
     rollout_metrics,
 )
 from common.rollout import HFEngine, Trajectory, run_agent
@@ -82,6 +82,9 @@ from common.train import (
 from common.train.engine import dropout_off, eval_mode
 from common.train.gpu_memory import phase_memory
 from common.train.memory_plan import announce_plan
+
+# Logit rows a time in π's entropy metric (one [rows, vocab] float32 temporary)
+ENTROPY_CHUNK = 1024
 
 
 def build_engine(cfg: ArcoConfig, model: ArcoModel, tokenizer, seed: int):
@@ -283,6 +286,11 @@ def policy_loss(
     # positions in the engine than in training show here (the update averages it over chunks)
     gap = (logp.detach() - batch.sampling_logprobs).abs() * batch.loss_mask
     stats = {"pi_kl": 0.0, "logprob_gap": (gap.sum() / batch.loss_mask.sum().clamp(min=1)).item()}
+    # π's entropy at the sampled tokens, from these logits (no gradient); ``update`` makes the
+    # token mean of the sums
+    sampled = batch.loss_mask.bool()[where]  # [n]: which logit rows are sampled tokens'
+    entropy = entropy_from_logits(logits[sampled], ENTROPY_CHUNK, detached=True)
+    stats |= {"entropy_sum": float(entropy.sum()), "entropy_tokens": float(sampled.sum())}
     if kl_coef > 0:
         with torch.no_grad(), eval_mode(train.model):  # the reference without LoRA dropout
             ref_logits, _ = train.model(
@@ -449,6 +457,7 @@ def update(
     by_traj = _by_traj(items)
     chunks = _micro_batches(len(trajs), mbs)
     factor = train.config.grad_accum / len(chunks)
+    lrs = {g["name"]: float(g["lr"]) for g in train.optimizer.param_groups if "name" in g}
     stats: dict[str, float] = {}
     info: dict = {}
     for chunk in chunks:
@@ -492,7 +501,12 @@ def update(
             mine["loss_mu"] = l_mu.item()
         for k, v in mine.items():
             stats[k] = stats.get(k, 0.0) + v
+    entropy_sum, tokens = stats.pop("entropy_sum"), stats.pop("entropy_tokens")
     out = {k: v / len(chunks) for k, v in stats.items()}
+    out["entropy"] = entropy_sum / tokens if tokens else float("nan")
+    out |= {"lr": lrs.get("policy", float("nan")), **{f"lr/{k}": v for k, v in lrs.items()}}
+    out["clip_frac"] = 0.0  # π's loss is -A log π, with no ratio: nothing is clipped
+    out |= response_length_metrics(list(trajs))
     out["train_mode"] = float(train.model.training)  # 0: dropout and checkpointing are off
     out["grad_norm"] = (
         float(info["grad_norm"]) if info.get("grad_norm") is not None else float("nan")
@@ -650,6 +664,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
     dev_set = cfg.assets.questions("dev", cfg.question_chars())[: cfg.eval_questions]
     uses_mu = cfg.method != "outcome_only" and rl.step_scorer == "rubric"
     step_scorer = rl.scorer() if rl.step_scorer != "rubric" else None
+    reward_fn = cfg.reward.reward_fn()  # checked on one example before any model loads
     by_id = {q.id: q for q in train_set}
     single = mu_single_forward(cfg)
     # the keys ArcoConfig.DERIVED declares (a config or override setting them is refused)
@@ -657,6 +672,9 @@ def train_arco(cfg: ArcoConfig) -> dict:
     cfg.train.total_steps = max(cfg.steps, 1)
     cfg.train.seed = cfg.seed
     cfg.train.lr = rl.pi_lr_sparse
+    from arco.warmup import check_warmup_finished
+
+    check_warmup_finished(cfg)  # its phases/mu.done, made with this run's RL settings
     if uses_mu:  # the warmup's K and rubric settings from its arco.json, before any load
         meta = read_meta(cfg.warmup_dir)
         warm = SimpleNamespace(k=int(meta["k"]), rubric_meta=meta.get("rubric"))
@@ -727,8 +745,12 @@ def train_arco(cfg: ArcoConfig) -> dict:
             seed=cfg.seed * 100003 + step,
         )
         timings["rollout"] = time.perf_counter() - t0
-        rewards = em_rewards(trajs).float()
+        ctx = RewardContext(train.model, tokenizer, engine, step, {"examples": by_id})
+        outcome = reward_fn(groups_of(trajs), ctx)  # reward.fn: R(τ), EM by default
+        rewards = outcome.values.float()
         episodes = [episode_from_trajectory(t, tokenizer, cfg.env.max_searches) for t in trajs]
+        for ep, r in zip(episodes, rewards.tolist(), strict=True):
+            ep.reward = r  # the reward trained on, in samples/
         items = make_rubric_items(cfg, episodes, tokenizer) if uses_mu else []
         if cfg.rubric.mode == "adaptive" and items:
             t0 = time.perf_counter()
@@ -750,7 +772,6 @@ def train_arco(cfg: ArcoConfig) -> dict:
                 scores = step_rewards(items, len(trajs))
             else:
                 t0 = time.perf_counter()
-                ctx = RewardContext(train.model, tokenizer, engine, step, {"examples": by_id})
                 scores = external_step_scores(step_scorer, trajs, ctx, rl.step_scorer)
                 mu_stats.update(step_scorer_metrics(step_scorer))
                 timings["step_scorer"] = time.perf_counter() - t0
@@ -775,6 +796,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
             **rollout_metrics(trajs),
             **(rubric_metrics(items, kinds, rewards, rl.invalid_bucket) if uses_mu else {}),
             "reward": rewards.mean().item(),
+            **outcome.metrics,
             **identical_group_share(trajs, n),
             **(group_shares(rewards, n) if n > 1 else {}),  # sparse-shaped steps: groups
             **upd,

@@ -1,7 +1,8 @@
 """The CER prompt: the model's chat template around a system line and the question.
 
 system: "You are a helpful assistant."; user: the question, then the instruction to reason step by
-step and box the final answer (multiple-choice questions also ask for the letter only); a
+step and box the final answer (multiple-choice questions: the release's, the letter alone in the
+box, on the same line: ``recipe/cer/src/data_preparation.py``'s ``qwen_multi_choice_prompt``); a
 short-answer row (``metadata["short_answer"]``: reading comprehension) asks for a short phrase
 from the paragraphs and nothing else, as a small model can follow (``benchmarks/README.md``
 "SmolLM2 before training": SmolLM2-135M boxes 1% of its answers when asked to).
@@ -15,7 +16,9 @@ from cer.data import MathExample
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-MC_INSTRUCTION = "Answer with the letter of the correct option only."
+# appended to INSTRUCTION after a space (the release's qwen_multi_choice_prompt): the letter in
+# the box is what ``choice_verifier: strict`` (the release's check) scores
+MC_INSTRUCTION = "Please only provide the letter of the answer in the box."
 SHORT_INSTRUCTION = (
     "Read the paragraphs, then answer the question with a short phrase taken from them. "
     "Reply with the answer only."
@@ -26,10 +29,10 @@ def user_message(example: MathExample) -> str:
     """The question followed by the instruction(s)."""
     if example.metadata.get("short_answer"):
         return "\n".join([example.problem.strip(), SHORT_INSTRUCTION])
-    parts = [example.problem.strip(), INSTRUCTION]
+    instruction = INSTRUCTION
     if example.metadata.get("multiple_choice"):
-        parts.append(MC_INSTRUCTION)
-    return "\n".join(parts)
+        instruction = f"{INSTRUCTION} {MC_INSTRUCTION}"
+    return "\n".join([example.problem.strip(), instruction])
 
 
 def prompt_ids(tokenizer: Any, example: MathExample) -> list[int]:

@@ -250,9 +250,12 @@ def train_cer(cfg: CERConfig) -> dict:
         # Every reward type for the groups written to samples/ (same count on every rank: the
         # vLLM scorer is collective under several ranks).
         shown = groups[: cfg.samples_per_step]
-        shown_rewards, shown_stats = group_rewards(
-            ALL_TYPES, shown, score_fn, tokenizer, cfg.reward.m, *reward_rules
-        )
+        shown_rewards: dict[str, torch.Tensor] = {}
+        shown_stats: dict[str, float] = {}
+        if cfg.samples_per_step:  # 0 on every rank alike: no group to score, none written
+            shown_rewards, shown_stats = group_rewards(
+                ALL_TYPES, shown, score_fn, tokenizer, cfg.reward.m, *reward_rules
+            )
         trained, trained_adv = trajs, adv
         if verifree and cfg.reward.verifree_likelihood:
             # the reference replaces the answer and is trained too

@@ -42,6 +42,7 @@ import asyncio
 import inspect
 import math
 import numbers
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -51,7 +52,36 @@ from common.rewards import Group, RewardContext, Rewards, import_object
 if TYPE_CHECKING:  # torch loads where a reward runs, not when a config names one
     from torch import Tensor
 
-__all__ = ["TRLReward", "VerlReward", "from_trl", "from_verl", "response_texts"]
+__all__ = [
+    "TRLReward",
+    "VerlReward",
+    "adapter_for",
+    "convention",
+    "from_trl",
+    "from_verl",
+    "response_texts",
+]
+
+
+# "Most of a batch": a call whose rewards are None (not applicable) for more than this share of
+# its samples is warned about on stderr and counted (``trl/<name>/mostly_none_batches``).
+MOSTLY_NONE_SHARE = 0.5
+# What a function that is handed a value of the wrong shape raises (a string indexed as a dict,
+# a message list read as a string): the errors that make ``auto`` try the other shape.
+SHAPE_ERRORS = (TypeError, KeyError, IndexError, AttributeError)
+# The example ``check_on_example`` scores before any model loads: a QA question, its gold answer,
+# and two completions, a search agent's (think, answer) and one with two answer tags, a box and a
+# GSM8K-style "####" line, so that the usual extractors find something to compare.
+PROBE_QUESTION = "What is the capital of France?"
+PROBE_GOLD = "Paris"
+PROBE_COMPLETIONS = (
+    "<think>The capital of France is Paris.</think>\n<answer>Paris</answer>",
+    "<answer>Lyon</answer> is a city; the capital is Paris, so the answer is \\boxed{Paris}.\n"
+    "#### Paris\n<answer>Paris</answer>",
+)
+# The keywords a TRL function is given besides the gold-answer columns (``solution_column``).
+TRL_GIVEN = ("prompts", "completions", "completion_ids", "question", "golden_answers",
+             "trainer_state", "log_metric", "log_extra")  # fmt: skip
 
 
 class TRLReward:
@@ -60,27 +90,34 @@ class TRLReward:
 
     ``function``: the callable or its import path ``package.module:name``; with
     ``function_args`` it is a factory (TRL's ``get_cosine_scaled_reward``, ...) called with them
-    to make the reward function. ``format``: ``standard`` (completions as strings) or
-    ``conversational`` (one assistant message each). ``prompt``: ``question`` (the group's) or
-    ``decoded`` (the trajectory's prompt ids decoded: the templated prompt; standard only).
-    ``solution_column``: the keyword that carries the first gold answer. ``reward_kwargs``:
-    constant keyword arguments added to every call (``reasoning_delimiters``). ``none_value``:
-    the reward of a ``None``. ``name``: in metric names (default the function's ``__name__``)."""
+    to make the reward function. ``format``: ``standard`` (completions as strings),
+    ``conversational`` (one assistant message each) or ``auto`` (strings, until a call raises a
+    shape error (``SHAPE_ERRORS``) with them and succeeds with messages: from then on messages;
+    ``check_on_example`` settles it before any model loads). ``prompt``: ``question`` (the
+    group's) or ``decoded`` (the trajectory's prompt ids decoded: the templated prompt; strings
+    only). ``solution_column``: the keyword(s) that carry the first gold answer (default
+    ``solution`` and ``answer``, the columns of TRL's math and GSM8K examples).
+    ``reward_kwargs``: constant keyword arguments added to every call
+    (``reasoning_delimiters``). ``none_value``: the reward of a ``None``. ``name``: in metric
+    names (default the function's ``__name__``). A function without ``**kwargs`` is given only
+    the keywords it names."""
 
     def __init__(
         self,
         function: str | Callable[..., Any],
         *,
         function_args: Mapping[str, Any] | None = None,
-        format: Literal["standard", "conversational"] = "standard",
+        format: Literal["auto", "standard", "conversational"] = "auto",
         prompt: Literal["question", "decoded"] = "question",
-        solution_column: str = "solution",
+        solution_column: str | Sequence[str] = ("solution", "answer"),
         reward_kwargs: Mapping[str, Any] | None = None,
         none_value: float = 0.0,
         name: str | None = None,
     ) -> None:
-        if format not in ("standard", "conversational"):
-            raise ValueError(f"format must be 'standard' or 'conversational', got {format!r}")
+        if format not in ("auto", "standard", "conversational"):
+            raise ValueError(
+                f"format must be 'auto', 'standard' or 'conversational', got {format!r}"
+            )
         if prompt not in ("question", "decoded"):
             raise ValueError(f"prompt must be 'question' or 'decoded', got {prompt!r}")
         if prompt == "decoded" and format == "conversational":
@@ -88,15 +125,21 @@ class TRLReward:
                 "prompt='decoded' is the templated prompt text, which is no conversation: "
                 "use it with format='standard'"
             )
-        if not solution_column.isidentifier():
-            raise ValueError(f"solution_column must be a keyword name, got {solution_column!r}")
+        columns = [solution_column] if isinstance(solution_column, str) else list(solution_column)
+        for column in columns:
+            if not isinstance(column, str) or not column.isidentifier():
+                raise ValueError(f"solution_column must be a keyword name, got {column!r}")
+            if column in TRL_GIVEN:
+                raise ValueError(f"solution_column={column!r} is a keyword the function is given")
         if not math.isfinite(none_value):
             raise ValueError(f"none_value must be finite, got {none_value}")
         self.fn, self.label = _resolve(function, function_args)
-        self.format, self.prompt, self.solution_column = format, prompt, solution_column
+        self.format, self.prompt, self.solution_columns = format, prompt, columns
         self.reward_kwargs = dict(reward_kwargs or {})
         self.none_value = float(none_value)
         self.name = name or _name_of(self.fn)
+        self.accepts = _accepted(self.fn)
+        self.mostly_none_batches = 0  # calls with most rewards None, since this object was made
 
     def __call__(self, groups: Sequence[Group], ctx: RewardContext) -> Rewards:
         import torch
@@ -108,49 +151,128 @@ class TRLReward:
         for i, g in enumerate(groups):
             where = f"{self.label} on {describe_group(g, i)}"
             texts = response_texts(g, ctx.tokenizer, where)
-            n = len(texts)
-            gold = g.golden_answers[0] if g.golden_answers else None
-            kwargs = {
-                "prompts": [self._prompt(g, ctx, where)] * n,
-                "completions": texts
-                if self.format == "standard"
-                else [[{"role": "assistant", "content": t}] for t in texts],
-                "completion_ids": [list(t.response_ids) for t in g.trajectories],
-                "question": [g.question] * n,
-                "golden_answers": [list(g.golden_answers)] * n,
-                self.solution_column: [gold] * n,
-                "trainer_state": state,
-                "log_extra": _ignore,
-                "log_metric": lambda key, value: logged[key].append(float(value)),
-                **self.reward_kwargs,
-            }
-            got = _run(self.fn, kwargs, where, self._hint)
-            for r in _as_list(got, n, where):
+            prompt = self._prompt(g, ctx, where) if self.prompt == "decoded" else None
+            for r in self._call(g, texts, prompt, state, logged, where):
                 if r is None or (_is_number(r) and math.isnan(float(r))):
                     nones += 1
                     values.append(self.none_value)
                 else:
                     values.append(_finite(r, where))
-        metrics = {f"trl/{self.name}/none_share": nones / max(len(values), 1)}
+        share = nones / max(len(values), 1)
+        metrics = {f"trl/{self.name}/none_share": share}
+        if share > MOSTLY_NONE_SHARE:
+            self.mostly_none_batches += 1
+            self._warn_mostly_none(nones, len(values), ctx.step, groups)
+        metrics[f"trl/{self.name}/mostly_none_batches"] = float(self.mostly_none_batches)
         metrics |= {f"trl/{self.name}/{k}": sum(v) / len(v) for k, v in logged.items()}
         return Rewards(_tensor(torch, values), metrics)
 
-    def _prompt(self, g: Group, ctx: RewardContext, where: str) -> Any:
-        if self.prompt == "decoded":
-            if not g.trajectories:
-                return ""
-            return _decode(ctx.tokenizer, g.trajectories[0].prompt_ids, where, "prompt ids")
-        if self.format == "conversational":
-            return [{"role": "user", "content": g.question}]
-        return g.question
+    def check_on_example(self) -> None:
+        """One call on ``PROBE_*`` (no tokenizer, no model): the function runs with what it is
+        given and returns one reward (a number or None) per completion; ``format=auto`` is
+        settled by it. Raises ``ValueError`` saying what failed."""
+        g = _probe_group()
+        try:
+            self._call(g, list(PROBE_COMPLETIONS), None, _trainer_state(0), defaultdict(list),
+                       self.label)  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - what failed is the message
+            raise ValueError(_probe_failure(e, self.label)) from None
 
-    def _hint(self, e: Exception) -> str:
-        if self.format == "standard" and isinstance(e, TypeError | KeyError | IndexError):
-            return (
-                "; the completions were strings (format='standard'): a function that reads "
-                "completion[0]['content'], as trl.rewards' do, needs format='conversational'"
-            )
-        return ""
+    def _call(
+        self,
+        g: Group,
+        texts: list[str],
+        prompt: str | None,
+        state: Any,
+        logged: dict[str, list[float]],
+        where: str,
+    ) -> list[Any]:
+        """The function on one group: its rewards as it returned them, checked in number. With
+        ``format=auto`` a shape error on strings makes it try messages once."""
+        fmt = "standard" if self.format == "auto" else self.format
+        try:
+            return self._call_as(fmt, g, texts, prompt, state, logged, where)
+        except SHAPE_ERRORS as e:
+            if self.format != "auto" or prompt is not None or not _shape_error(e):
+                raise
+            try:
+                got = self._call_as("conversational", g, texts, prompt, state, logged, where)
+            except Exception as second:
+                second.add_note(f"with strings for completions it raised {type(e).__name__}: {e}")
+                raise second from None
+            self.format = "conversational"  # settled: the function reads chat messages
+            return got
+
+    def _call_as(
+        self,
+        fmt: str,
+        g: Group,
+        texts: list[str],
+        prompt: str | None,
+        state: Any,
+        logged: dict[str, list[float]],
+        where: str,
+    ) -> list[Any]:
+        n = len(texts)
+        gold = g.golden_answers[0] if g.golden_answers else None
+        mine: dict[str, list[float]] = defaultdict(list)  # this call's log_metric values
+        conversational = fmt == "conversational"
+        question: Any = [{"role": "user", "content": g.question}] if conversational else g.question
+        kwargs = {
+            "prompts": [prompt if prompt is not None else question] * n,
+            "completions": [[{"role": "assistant", "content": t}] for t in texts]
+            if conversational
+            else texts,
+            "completion_ids": [list(t.response_ids) for t in g.trajectories],
+            "question": [g.question] * n,
+            "golden_answers": [list(g.golden_answers)] * n,
+            **{column: [gold] * n for column in self.solution_columns},
+            "trainer_state": state,
+            "log_extra": _ignore,
+            "log_metric": lambda key, value: mine[key].append(float(value)),
+        }
+        if self.accepts is not None:  # no **kwargs: what it names
+            kwargs = {k: v for k, v in kwargs.items() if k in self.accepts}
+        got = _run(self.fn, {**kwargs, **self.reward_kwargs}, where, self._hint(fmt))
+        out = _as_list(got, n, where)
+        for key, v in mine.items():
+            logged[key].extend(v)
+        return out
+
+    def _prompt(self, g: Group, ctx: RewardContext, where: str) -> str:
+        """The trajectory's prompt ids decoded (``prompt=decoded``)."""
+        if not g.trajectories:
+            return ""
+        return _decode(ctx.tokenizer, g.trajectories[0].prompt_ids, where, "prompt ids")
+
+    def _hint(self, fmt: str) -> Callable[[Exception], str]:
+        def hint(e: Exception) -> str:
+            if isinstance(e, TypeError) and "argument" in str(e):
+                given = [*TRL_GIVEN, *self.solution_columns, *self.reward_kwargs]
+                return (
+                    f"; it is given the keyword lists {', '.join(given)} (the first gold answer "
+                    "under solution_column; constants: reward_kwargs)"
+                )
+            if self.format == "standard" and isinstance(e, SHAPE_ERRORS):
+                return (
+                    "; the completions were strings (format='standard'): a function that reads "
+                    "completion[0]['content'], as trl.rewards' do, needs format='conversational' "
+                    "(or 'auto')"
+                )
+            return ""
+
+        return hint
+
+    def _warn_mostly_none(self, nones: int, n: int, step: int, groups: Sequence[Group]) -> None:
+        gold = next((g.golden_answers[0] for g in groups if g.golden_answers), None)
+        print(
+            f"[reward] {self.label}: {nones} of {n} rewards at step {step} were None (not "
+            f"applicable), each scored {self.none_value:g}; {self.mostly_none_batches} such "
+            f"batch(es) so far. The function found nothing it could judge: is the gold answer "
+            f"it was given ({', '.join(self.solution_columns)}: e.g. {gold!r}) what it parses?",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 class VerlReward:
@@ -159,11 +281,19 @@ class VerlReward:
 
     ``function``: the callable or its import path (``function_args``: as ``TRLReward``'s).
     ``data_source``: passed as is (verl's ``default_compute_score`` picks its rule by it).
-    ``ground_truth``: ``first`` (the first gold answer, a string) or ``all`` (gold answers and
-    aliases, a list). ``reward_kwargs``: verl's ``custom_reward_function.reward_kwargs``, added
-    to every call. ``extra_info``: ``question``, ``golden_answers``, ``prediction`` (the
-    trajectory's final answer), ``index`` (its sample index) and ``step``. A dict result's
-    ``"score"`` is the reward; its other numeric values are averaged into ``verl/<name>/<key>``."""
+    ``ground_truth``: ``first`` (the first gold answer, a string: verl's gsm8k and math
+    scorers), ``all`` (gold answers and aliases, a list), ``target`` (``{"target": [gold answers
+    and aliases]}``: verl's and Search-R1's QA scorers) or ``auto`` (``first``, until a call
+    raises a shape error with it and succeeds with ``target``: from then on ``target``;
+    ``check_on_example`` settles it before any model loads). ``solution_str``: ``response`` (the
+    response decoded, as verl's reward manager) or ``sequence`` (prompt + response decoded, as
+    Search-R1's: its scorer skips the prompt's example answer). ``reward_kwargs``: verl's
+    ``custom_reward_function.reward_kwargs``, added to every call. ``extra_info``: ``question``,
+    ``golden_answers``, ``prediction`` (the trajectory's final answer), ``index`` (its sample
+    index) and ``step``. A function that does not take ``data_source`` or ``extra_info`` (verl's
+    own scorers, which ``default_compute_score`` calls with the other two) is called without
+    them. A dict result's ``"score"`` is the reward; its other numeric values are averaged into
+    ``verl/<name>/<key>``."""
 
     def __init__(
         self,
@@ -171,16 +301,30 @@ class VerlReward:
         *,
         data_source: str = "",
         function_args: Mapping[str, Any] | None = None,
-        ground_truth: Literal["first", "all"] = "first",
+        ground_truth: Literal["auto", "first", "all", "target"] = "auto",
+        solution_str: Literal["response", "sequence"] = "response",
         reward_kwargs: Mapping[str, Any] | None = None,
         name: str | None = None,
     ) -> None:
-        if ground_truth not in ("first", "all"):
-            raise ValueError(f"ground_truth must be 'first' or 'all', got {ground_truth!r}")
+        if ground_truth not in ("auto", "first", "all", "target"):
+            raise ValueError(
+                f"ground_truth must be 'auto', 'first', 'all' or 'target', got {ground_truth!r}"
+            )
+        if solution_str not in ("response", "sequence"):
+            raise ValueError(f"solution_str must be 'response' or 'sequence', got {solution_str!r}")
         self.fn, self.label = _resolve(function, function_args)
         self.data_source, self.ground_truth = data_source, ground_truth
+        self.solution_str = solution_str
         self.reward_kwargs = dict(reward_kwargs or {})
         self.name = name or _name_of(self.fn)
+        self.accepts = _accepted(self.fn)
+        if self.accepts is not None:
+            missing = {"solution_str", "ground_truth"} - self.accepts
+            if missing:
+                raise ValueError(
+                    f"function {self.label} takes no {' or '.join(sorted(missing))}: not a verl "
+                    f"compute_score (it takes {_signature_text(self.fn)})"
+                )
 
     def __call__(self, groups: Sequence[Group], ctx: RewardContext) -> Rewards:
         import torch
@@ -190,11 +334,11 @@ class VerlReward:
         for i, g in enumerate(groups):
             where = f"{self.label} on {describe_group(g, i)}"
             texts = response_texts(g, ctx.tokenizer, where)
-            truth: Any = (
-                list(g.golden_answers) + list(g.aliases)
-                if self.ground_truth == "all"
-                else (g.golden_answers[0] if g.golden_answers else None)
-            )
+            if self.solution_str == "sequence":
+                texts = [
+                    _decode(ctx.tokenizer, [*t.prompt_ids, *t.response_ids], where, "sequences")
+                    for t in g.trajectories
+                ]
             for k, (text, t) in enumerate(zip(texts, g.trajectories, strict=True)):
                 at = f"{where}, trajectory {k}"
                 info = {
@@ -204,14 +348,7 @@ class VerlReward:
                     "index": t.sample_index,
                     "step": ctx.step,
                 }
-                kwargs = {
-                    "data_source": self.data_source,
-                    "solution_str": text,
-                    "ground_truth": truth,
-                    "extra_info": info,
-                    **self.reward_kwargs,
-                }
-                got = _run(self.fn, kwargs, at)
+                got = self._call(g, text, info, at)
                 if isinstance(got, Mapping):
                     if "score" not in got:
                         raise ValueError(
@@ -224,6 +361,61 @@ class VerlReward:
                 values.append(_finite(got, at))
         metrics = {f"verl/{self.name}/{k}": sum(v) / len(v) for k, v in sums.items()}
         return Rewards(_tensor(torch, values), metrics)
+
+    def check_on_example(self) -> None:
+        """One call per completion of ``PROBE_*`` (no tokenizer, no model; ``sequence``: the
+        question before each): each returns a finite number or a dict with one under "score";
+        ``ground_truth=auto`` is settled by it. Raises ``ValueError`` saying what failed."""
+        g = _probe_group()
+        try:
+            for k, text in enumerate(PROBE_COMPLETIONS):
+                if self.solution_str == "sequence":
+                    text = f"{PROBE_QUESTION}\n{text}"
+                info = {"question": g.question, "golden_answers": list(g.golden_answers),
+                        "prediction": PROBE_GOLD, "index": k, "step": 0}  # fmt: skip
+                got = self._call(g, text, info, self.label)
+                if isinstance(got, Mapping):
+                    if "score" not in got:
+                        raise ValueError(
+                            f"{self.label}: returned a dict without a 'score' key ({sorted(got)})"
+                        )
+                    got = got["score"]
+                _finite(got, self.label)
+        except Exception as e:  # noqa: BLE001 - what failed is the message
+            raise ValueError(_probe_failure(e, self.label)) from None
+
+    def _call(self, g: Group, text: str, info: dict[str, Any], at: str) -> Any:
+        """The function on one trajectory; with ``ground_truth=auto`` a shape error on the gold
+        string makes it try ``{"target": [...]}`` once."""
+        shape = "first" if self.ground_truth == "auto" else self.ground_truth
+        try:
+            return self._call_as(shape, g, text, info, at)
+        except SHAPE_ERRORS as e:
+            if self.ground_truth != "auto" or not _shape_error(e):
+                raise
+            try:
+                got = self._call_as("target", g, text, info, at)
+            except Exception as second:
+                e.add_note(
+                    "with ground_truth={'target': [...]} it raised "
+                    f"{type(second).__name__}: {second}"
+                )
+                raise e from None
+            self.ground_truth = "target"  # settled: the function reads ground_truth["target"]
+            return got
+
+    def _call_as(self, shape: str, g: Group, text: str, info: dict[str, Any], at: str) -> Any:
+        answers = list(g.golden_answers) + list(g.aliases)
+        truth: Any = {
+            "first": g.golden_answers[0] if g.golden_answers else None,
+            "all": answers,
+            "target": {"target": answers},
+        }[shape]
+        kwargs = {"data_source": self.data_source, "solution_str": text, "ground_truth": truth,
+                  "extra_info": info}  # fmt: skip
+        if self.accepts is not None:  # verl's own scorers: (solution_str, ground_truth, ...)
+            kwargs = {k: v for k, v in kwargs.items() if k in self.accepts}
+        return _run(self.fn, {**kwargs, **self.reward_kwargs}, at)
 
 
 def from_trl(fn: str | Callable[..., Any], **kwargs: Any) -> TRLReward:
@@ -238,6 +430,40 @@ def from_verl(
     """``compute_score``, a verl scoring function (or its import path), as an outcome reward;
     ``kwargs``: ``VerlReward``'s (``ground_truth``, ``reward_kwargs``, ``name``)."""
     return VerlReward(compute_score, data_source=data_source, **kwargs)
+
+
+def convention(fn: Any) -> str | None:
+    """``verl`` for a function with a ``solution_str`` parameter (verl's ``compute_score``s and
+    Search-R1's), ``trl`` for one with ``completions`` (TRL's reward functions), else None (this
+    project's ``(groups, ctx)``, or no signature to read). Classes are not inspected: a class
+    named as ``reward.fn`` is built with ``reward.fn_args``."""
+    if inspect.isclass(fn) or not callable(fn):
+        return None
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    if "solution_str" in names:
+        return "verl"
+    if "completions" in names:
+        return "trl"
+    return None
+
+
+def adapter_for(fn: Any, args: Mapping[str, Any] | None = None) -> TRLReward | VerlReward | None:
+    """``fn`` (a function named directly as ``reward.fn``) in its adapter when it is written in
+    TRL's or verl's form (``convention``), ``args`` (``reward.fn_args``) the adapter's keyword
+    arguments; None for anything else. The adapter's own refusals (an unknown argument, a bad
+    ``format``) raise ``TypeError`` or ``ValueError``."""
+    style = convention(fn)
+    if style is None:
+        return None
+    cls = TRLReward if style == "trl" else VerlReward
+    inspect.signature(cls).bind(fn, **dict(args or {}))  # TypeError: an argument it does not take
+    return cls(fn, **dict(args or {}))
+
+
+KIND_OF = {TRLReward: "a TRL reward function", VerlReward: "a verl compute_score"}
 
 
 def describe_group(g: Group, index: int) -> str:
@@ -292,6 +518,60 @@ def _resolve(
         if not callable(obj):
             raise ValueError(f"function {label} made {type(obj).__name__}, not a callable")
     return obj, label
+
+
+def _accepted(fn: Callable[..., Any]) -> set[str] | None:
+    """The keyword names ``fn`` takes; None when it takes ``**kwargs`` (everything) or its
+    signature cannot be read."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+
+
+def _shape_error(e: Exception) -> bool:
+    """An error of a value read in the wrong shape, not a call with the wrong arguments."""
+    return isinstance(e, SHAPE_ERRORS) and not (isinstance(e, TypeError) and "argument" in str(e))
+
+
+def _probe_group() -> Group:
+    """``PROBE_*`` as a group of two trajectories with no token ids (nothing is decoded)."""
+    from common.rollout.trajectory import Trajectory
+
+    trajs = [
+        Trajectory("check", k, "check", PROBE_QUESTION, [PROBE_GOLD], [], response_ids=[])
+        for k in range(len(PROBE_COMPLETIONS))
+    ]
+    return Group(PROBE_QUESTION, [PROBE_GOLD], [], trajs, [PROBE_GOLD] * len(trajs))
+
+
+def _probe_failure(e: Exception, label: str) -> str:
+    """What a call on the check's example did, on one line: the adapter's own refusal (a wrong
+    number of rewards, a reward that is no number) or the function's error, with its notes."""
+    example = (
+        f"question {PROBE_QUESTION!r}, gold {PROBE_GOLD!r}, {len(PROBE_COMPLETIONS)} completions"
+    )
+    own = str(e)
+    if isinstance(e, ValueError) and own.startswith(f"{label}: "):
+        what = own.removeprefix(f"{label}: ")
+    else:
+        what = f"it raised {type(e).__name__}: {own}"
+    for note in getattr(e, "__notes__", []):
+        if note.startswith("raised by "):  # "raised by <label><hint>": the hint only
+            note = note.removeprefix(f"raised by {label}").removeprefix("; ")
+        if note:
+            what += f" ({note})"
+    return " ".join(f"called on one example ({example}) {what}".split())
+
+
+def _signature_text(fn: Any) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "an unknown signature"
 
 
 def _run(

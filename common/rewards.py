@@ -244,7 +244,12 @@ def load_part(
     when empty; ``args`` for anything but a class is an error). ``kind`` is a key of
     ``PROTOCOLS``; the callable must accept the protocol's positional parameters. Raises
     ``ValueError`` naming config key ``key`` when it does not import, cannot be built from
-    ``args``, is not callable, or does not take them."""
+    ``args``, is not callable, or does not take them.
+
+    A reward function written for TRL (a ``completions`` parameter) or verl (``solution_str``)
+    is wrapped in its adapter (``common.reward_adapters.adapter_for``; ``args`` are the
+    adapter's), and a reward with a ``check_on_example()`` (the adapters) is called on one
+    example now, before any model loads: what fails there is the error, naming ``key``."""
     path = builtins.get(spec, spec)
     module, sep, name = path.partition(":")
     if not (sep and module and name):
@@ -258,6 +263,20 @@ def load_part(
             f"{key}={spec!r} does not import: {type(e).__name__}: {e}".splitlines()[0]
         ) from None
     args = dict(args or {})
+    adapted = None
+    if kind == "reward" and not inspect.isclass(obj):  # a TRL or verl function, unchanged
+        from common.reward_adapters import KIND_OF, adapter_for
+
+        try:
+            adapted = adapter_for(obj, args)
+        except (TypeError, ValueError) as e:
+            raise ValueError(
+                f"{key}={spec!r} (a TRL or verl function, in its adapter) does not take the "
+                f"arguments {sorted(args)}: {e}"
+            ) from None
+        if adapted is not None:
+            spec_kind = f"{spec!r} ({KIND_OF[type(adapted)]})"
+            obj, args = adapted, {}
     if inspect.isclass(obj):
         try:
             inspect.signature(obj).bind(**args)
@@ -288,6 +307,13 @@ def load_part(
             f"{key}={spec!r} has the wrong signature: {_article(kind)} {kind} is called as "
             f"{call}, it takes {_signature_text(obj)}"
         ) from None
+    check = getattr(obj, "check_on_example", None) if kind == "reward" else None
+    if callable(check):  # one call on an example, before any model loads
+        try:
+            check()
+        except ValueError as e:
+            named = spec_kind if adapted is not None else repr(spec)
+            raise ValueError(f"{key}={named}: {e}") from None
     return obj
 
 

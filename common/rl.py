@@ -65,6 +65,14 @@ def _entropy(logits: Tensor) -> Tensor:
     return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)  # [n]
 
 
+def _entropy_detached(logits: Tensor) -> Tensor:
+    """``_entropy`` without gradient, one [n, V] float32 temporary (softmax, times z in place)."""
+    with torch.no_grad():
+        z = logits.float()  # [n, V]
+        p = torch.softmax(z, -1)  # [n, V]
+        return torch.logsumexp(z, -1) - p.mul_(z).sum(-1)  # [n]
+
+
 def logprobs_from_logits(logits: Tensor, labels: Tensor, chunk_size: int = 4096) -> Tensor:
     """log π(y) = z_y − logsumexp(z), per position, in float32.
 
@@ -84,6 +92,7 @@ def forward_logprobs(
     chunk_size: int = 1024,
     temperature: float = 1.0,
     model: nn.Module | None = None,
+    entropy: list[Tensor] | None = None,
 ) -> Tensor:
     """log π(x_{t+1} | x_≤t) through a full model forward, e.g. a TrainEngine's training forward.
 
@@ -95,15 +104,20 @@ def forward_logprobs(
     DeepSpeed's hooks on it run: under ZeRO-3 they gather its weight for the forward and again
     for the backward, and reduce its gradient into the partition (tied embeddings included).
     Under DeepSpeed the training forward must be the engine's, which is why this takes a
-    callable rather than reaching into the model like `sequence_logprobs`.
+    callable rather than reaching into the model like `sequence_logprobs`. ``entropy`` (a list):
+    the entropy of each position's distribution [B, T-1] is appended to it, without gradient,
+    from the same chunks (`head_returns_logprobs`).
     """
     if model is None:
         model = forward if isinstance(forward, nn.Module) else forward.model
     labels = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)  # [B, T]; the last is unused
-    with head_returns_logprobs(model, labels, chunk_size, temperature):
+    sink: list[Tensor] | None = [] if entropy is not None else None
+    with head_returns_logprobs(model, labels, chunk_size, temperature, entropy=sink):
         logp = forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     if logp.shape != labels.shape:
         raise ValueError(f"the model returned {tuple(logp.shape)} for labels {tuple(labels.shape)}")
+    if entropy is not None and sink:
+        entropy.append(sink[-1][:, :-1])  # [B, T-1]
     return logp[:, :-1]  # [B, T-1]: position t predicts token t+1
 
 
@@ -115,6 +129,7 @@ def shared_prompt_logprobs(
     chunk_size: int = 1024,
     temperature: float = 1.0,
     model: nn.Module | None = None,
+    entropy: list[Tensor] | None = None,
 ) -> Tensor:
     """log π(response tokens | prompt) for b responses to one prompt, the prompt forwarded once.
 
@@ -126,7 +141,8 @@ def shared_prompt_logprobs(
     The gradient reaches the prompt's forward through the cache. A GRPO group's G responses
     share their prompt: with a 280-token prompt and 32-token answers the update forwards about
     a fifth of the tokens. The model must return its cache while training: not under
-    gradient checkpointing (HF then turns the cache off).
+    gradient checkpointing (HF then turns the cache off). ``entropy`` (a list): each response
+    position's entropy [b, R] is appended to it, without gradient.
     """
     if prompt_ids.dim() != 1 or len(prompt_ids) < 2:
         raise ValueError(f"prompt_ids must be [P] with P >= 2, got {tuple(prompt_ids.shape)}")
@@ -150,7 +166,7 @@ def shared_prompt_logprobs(
     attention = torch.cat([seen, response_mask[:, :-1]], dim=1)  # [b, P - 1 + R]
     if model is None:
         model = forward if isinstance(forward, nn.Module) else forward.model
-    with head_returns_logprobs(model, response_ids, chunk_size, temperature):
+    with head_returns_logprobs(model, response_ids, chunk_size, temperature, entropy=entropy):
         logp = forward(
             input_ids=inputs, attention_mask=attention, past_key_values=cache, use_cache=True
         ).logits
@@ -163,7 +179,11 @@ def shared_prompt_logprobs(
 
 @contextmanager
 def head_returns_logprobs(
-    model: nn.Module, labels: Tensor, chunk_size: int = 1024, temperature: float = 1.0
+    model: nn.Module,
+    labels: Tensor,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    entropy: list[Tensor] | None = None,
 ) -> Iterator[None]:
     """While active, the model's output embedding maps hidden states [B, T, H] to log π(labels)
     [B, T] (float32) instead of logits [B, T, V], by `logprobs_from_hidden`: `chunk_size`
@@ -172,7 +192,9 @@ def head_returns_logprobs(
     The head's `forward` is replaced for the duration, its `__call__` (and so any hooks on the
     module, e.g. DeepSpeed's) untouched. The head must be a plain `nn.Linear` applied to every
     position (HF's default `logits_to_keep=0`) with nothing done to the logits after it; models
-    that soft-cap or scale their logits are refused.
+    that soft-cap or scale their logits are refused. ``entropy`` (a list): each head call
+    appends the entropy of every position's distribution [B, T] (float32, no gradient),
+    computed from the same chunk's logits (``logprobs_from_hidden(with_entropy="detached")``).
     """
     head = model.get_output_embeddings()
     if type(head) is not nn.Linear:
@@ -194,9 +216,17 @@ def head_returns_logprobs(
                 f"head_returns_logprobs: the head got hidden states "
                 f"{tuple(hidden.shape)} for labels {tuple(labels.shape)}"
             )
-        logp, _ = logprobs_from_hidden(
-            hidden, head.weight, labels, chunk_size, temperature, lm_head_bias=head.bias
+        logp, h = logprobs_from_hidden(
+            hidden,
+            head.weight,
+            labels,
+            chunk_size,
+            temperature,
+            lm_head_bias=head.bias,
+            with_entropy="detached" if entropy is not None else False,
         )
+        if entropy is not None and h is not None:
+            entropy.append(h)
         return logp
 
     previous = head.__dict__.get("forward")
@@ -210,11 +240,18 @@ def head_returns_logprobs(
             head.forward = previous
 
 
-def entropy_from_logits(logits: Tensor, chunk_size: int = 4096) -> Tensor:
+def entropy_from_logits(logits: Tensor, chunk_size: int = 4096, detached: bool = False) -> Tensor:
     """H = logsumexp(z) − Σ_v softmax(z)_v z_v, per position, in float32.
 
-    logits [..., V] -> [...]. Rows are processed `chunk_size` at a time.
+    logits [..., V] -> [...]. Rows are processed `chunk_size` at a time. ``detached``: without
+    gradient (a metric), one [chunk_size, V] float32 temporary at a time.
     """
+    if detached:
+        flat = logits.reshape(-1, logits.shape[-1])  # [n, V]
+        if flat.shape[0] == 0:
+            return flat.new_zeros(logits.shape[:-1], dtype=torch.float32)
+        parts = [_entropy_detached(z) for z in flat.detach().split(chunk_size)]
+        return torch.cat(parts).view(logits.shape[:-1])
     rows = (logits.reshape(-1, logits.shape[-1]),)  # [n, V]
     (entropy,) = _chunked(lambda z: (_entropy(z),), chunk_size, rows, ())
     return entropy.view(logits.shape[:-1])
@@ -227,7 +264,7 @@ def logprobs_from_hidden(
     chunk_size: int = 4096,
     temperature: float = 1.0,
     lm_head_bias: Tensor | None = None,
-    with_entropy: bool = False,
+    with_entropy: bool | str = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Token log-probabilities (and entropy) of `labels` straight from the final hidden states.
 
@@ -236,6 +273,8 @@ def logprobs_from_hidden(
     hidden [..., H], lm_head_weight [V, H], labels [...] -> (logp [...], entropy [...] or None).
     The logits of only `chunk_size` positions exist at a time, forward and backward. τ is the
     sampling temperature, so that logp matches the logprobs the rollout engine reported.
+    ``with_entropy="detached"``: the entropy without gradient, for a metric (no graph through
+    it, one [chunk, V] float32 temporary beside the chunk's logits).
     """
     if hidden.shape[:-1] != labels.shape:
         raise ValueError(
@@ -244,9 +283,13 @@ def logprobs_from_hidden(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 
+    if with_entropy not in (False, True, "detached"):
+        raise ValueError(f"with_entropy must be a bool or 'detached', got {with_entropy!r}")
+    entropy_of = _entropy_detached if with_entropy == "detached" else _entropy
+
     def chunk(h: Tensor, y: Tensor, w: Tensor, b: Tensor | None) -> tuple[Tensor, ...]:
         logits = F.linear(h, w, b) / temperature  # [n, V]
-        return (_logp(logits, y), _entropy(logits)) if with_entropy else (_logp(logits, y),)
+        return (_logp(logits, y), entropy_of(logits)) if with_entropy else (_logp(logits, y),)
 
     flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
     outs = _chunked(chunk, chunk_size, (flat_hidden, flat_labels), (lm_head_weight, lm_head_bias))

@@ -101,13 +101,14 @@ def policy_update(
     bad = agreed_nonfinite({"reward": rewards, "advantage": advantages})
     if bad:
         train.skip_update(bad)
-        return skipped_update_stats(cfg, train)
+        return skipped_update_stats(cfg, train) | response_length_metrics(trajs)
     mbs = cfg.micro_batch_size
     stats: dict[str, float] = {}
     tokens = {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
     tokens["tokens/update_forwarded"] = 0  # positions run: a shared prompt counts once
     rows_run = 0
     gap = [0.0, 0.0]  # sum of |log pi_train - log pi_engine| over sampled tokens, their count
+    entropy_sum = 0.0  # H of the sampled tokens' distributions, summed (count: gap[1])
     for start in range(0, len(trajs), mbs):
         part = trajs[start : start + mbs]
         part_adv = advantages[start : start + mbs]
@@ -124,10 +125,12 @@ def policy_update(
             adv = broadcast_to_tokens(part_adv[keep].to(train.device), batch.loss_mask)
         else:
             adv = token_advantages(chunk, [part_adv[i] for i in keep], batch.loss_mask)
-        logp, forwarded = update_logprobs(train, chunk, batch, cfg)
+        entropy: list[torch.Tensor] = []
+        logp, forwarded = update_logprobs(train, chunk, batch, cfg, entropy)
         tokens["tokens/update_forwarded"] += forwarded
         gap[0] += float(((logp.detach() - batch.sampling_logprobs).abs() * batch.loss_mask).sum())
         gap[1] += float(batch.loss_mask.sum())
+        entropy_sum += float((entropy[0] * batch.loss_mask).sum())
         per_tok, clip = clipped_surrogate(
             logp, logp.detach(), adv, batch.loss_mask, cfg.eps_low, cfg.eps_high
         )
@@ -157,6 +160,9 @@ def policy_update(
     out["grad_norm"] = float(info["grad_norm"]) if info["grad_norm"] is not None else float("nan")
     # over the sampled tokens forwarded; NaN when none was (every row's advantage 0)
     out["logprob_gap"] = gap[0] / gap[1] if gap[1] else float("nan")
+    out["entropy"] = entropy_sum / gap[1] if gap[1] else float("nan")
+    out["lr"] = float(info["lr"])  # the rate of this optimizer step
+    out |= response_length_metrics(trajs)
     out["update_rows"] = rows_run  # of len(trajs): the rest had zero advantage (trained_rows)
     out["train_mode"] = float(train.model.training)  # 0: dropout and checkpointing are off
     return out
@@ -188,13 +194,18 @@ def stand_in(trajs: list[Trajectory]) -> Trajectory:
 
 
 def update_logprobs(
-    train: TrainEngine, trajs: list[Trajectory], batch: TokenBatch, cfg: LossConfig
+    train: TrainEngine,
+    trajs: list[Trajectory],
+    batch: TokenBatch,
+    cfg: LossConfig,
+    entropy: list[torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """The micro-batch's log π [b, T-1] (``forward_logprobs``' layout) and the positions
     forwarded. With ``cfg.share_prompt`` the rows with one prompt (a GRPO group's) run it once
     (``shared_prompt_logprobs``) and the positions outside every response stay 0, which the loss
     mask leaves out; a micro-batch with a prompt under 2 tokens or no response token at all runs
-    whole."""
+    whole. ``entropy`` (a list): the entropy of each position's distribution, in the same
+    layout and without gradient, is appended to it (from the same forward's head chunks)."""
     whole = int(batch.attention_mask.sum())
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, t in enumerate(trajs):
@@ -204,9 +215,11 @@ def update_logprobs(
         or min(len(p) for p in by_prompt) < 2
         or not any(t.response_ids for t in trajs)
     ):
-        logp = forward_logprobs(train, batch.input_ids, batch.attention_mask, cfg.logprob_chunk)
+        logp = forward_logprobs(
+            train, batch.input_ids, batch.attention_mask, cfg.logprob_chunk, entropy=entropy
+        )
         return logp, whole
-    rows, cols, values, forwarded = [], [], [], 0
+    rows, cols, values, entropies, forwarded = [], [], [], [], 0
     for prompt, idx in by_prompt.items():
         p, r = len(prompt), max(len(trajs[i].response_ids) for i in idx)
         if r == 0:
@@ -214,17 +227,22 @@ def update_logprobs(
         index = torch.tensor(idx, device=batch.input_ids.device)
         response = batch.input_ids[index, p : p + r]  # right-padded by collate
         mask = batch.attention_mask[index, p : p + r]
-        values.append(
-            shared_prompt_logprobs(
-                train, batch.input_ids[idx[0], :p], response, mask, cfg.logprob_chunk
-            ).reshape(-1)
+        sink: list[torch.Tensor] = []
+        prompt_ids = batch.input_ids[idx[0], :p]
+        got = shared_prompt_logprobs(
+            train, prompt_ids, response, mask, cfg.logprob_chunk, entropy=sink
         )
+        values.append(got.reshape(-1))
+        entropies.append(sink[-1].reshape(-1))
         rows.append(index.repeat_interleave(r))
         cols.append(torch.arange(p - 1, p - 1 + r, device=index.device).repeat(len(idx)))
         forwarded += p + int(mask.sum())
     b, width = batch.input_ids.shape
     logp = torch.zeros(b, width - 1, device=values[0].device, dtype=values[0].dtype)
-    return logp.index_put((torch.cat(rows), torch.cat(cols)), torch.cat(values)), forwarded
+    where = (torch.cat(rows), torch.cat(cols))
+    if entropy is not None:
+        entropy.append(torch.zeros_like(logp).index_put(where, torch.cat(entropies)))
+    return logp.index_put(where, torch.cat(values)), forwarded
 
 
 def skipped_update_stats(cfg: LossConfig, train: TrainEngine) -> dict[str, float]:
@@ -234,7 +252,19 @@ def skipped_update_stats(cfg: LossConfig, train: TrainEngine) -> dict[str, float
     out = {"loss": nan, "clip_frac": nan} | ({"kl": nan} if cfg.kl_coef > 0 else {})
     out |= {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
     out |= {"tokens/update_forwarded": 0, "update_rows": 0}
+    out |= {"entropy": nan, "lr": float(train.lr)}
     return out | {"grad_norm": nan, "logprob_gap": nan, "train_mode": float(train.model.training)}
+
+
+def response_length_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """``response_length/mean`` and ``/max`` (verl's names; TRL's ``completions/mean_length``)
+    over ``trajs``: every response token, a search agent's inserted documents included
+    (``len(response_ids)``); ``all_ranks_mean`` takes the max over ranks (``MAX_OVER_RANKS``)."""
+    lengths = [len(t.response_ids) for t in trajs]
+    return {
+        "response_length/mean": sum(lengths) / max(len(lengths), 1),
+        "response_length/max": float(max(lengths, default=0)),
+    }
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -277,15 +307,18 @@ def group_shares(rewards: torch.Tensor, n: int) -> dict[str, float]:
     }
 
 
-# NaN on a rank that measured nothing (``logprob_gap``: no sampled token forwarded there)
-MEASURED_WHERE_FINITE = frozenset({"logprob_gap"})
+# NaN on a rank that measured nothing (``logprob_gap``, ``entropy``: no sampled token forwarded)
+MEASURED_WHERE_FINITE = frozenset({"logprob_gap", "entropy"})
+# The largest over ranks, not a mean (``response_length_metrics``)
+MAX_OVER_RANKS = frozenset({"response_length/max"})
 
 
 def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
     """Each metric averaged over ranks, rank r weighted by its ``weight`` (e.g. its sample count);
     counts (``tokens/*``, ``shape/*``: ``common.token_counts``) summed over ranks. A metric of
     ``MEASURED_WHERE_FINITE`` is averaged over the ranks where it is finite (NaN if none): one
-    rank whose rows all had zero advantage does not make the step's ``logprob_gap`` NaN."""
+    rank whose rows all had zero advantage does not make the step's ``logprob_gap`` NaN. A
+    metric of ``MAX_OVER_RANKS`` is the largest over ranks (a second collective)."""
     if not is_multi_rank():
         return metrics
     keys = sorted(metrics)
@@ -300,10 +333,14 @@ def all_ranks_mean(metrics: dict[str, float], weight: int) -> dict[str, float]:
     ]
     t = all_reduce_values(values + weights)
     n = len(keys)
-    return {
+    out = {
         k: t[i] if summed[i] else (t[i] / t[n + i] if t[n + i] else math.nan)
         for i, k in enumerate(keys)
     }
+    maxed = [k for k in keys if k in MAX_OVER_RANKS]
+    if maxed:  # the same keys on every rank: every rank makes this collective or none does
+        out |= dict(zip(maxed, all_reduce_values([metrics[k] for k in maxed], "max"), strict=True))
+    return out
 
 
 def result_line(out: dict) -> str:

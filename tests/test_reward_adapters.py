@@ -74,7 +74,10 @@ def test_think_format_reward_as_a_part(tok):
     out = reward(groups, RewardContext(tokenizer=tok))
     assert out.values.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
     assert out.values.dtype == torch.float32
-    assert out.metrics == {"trl/think_format_reward/none_share": 0.0}
+    assert out.metrics == {
+        "trl/think_format_reward/none_share": 0.0,
+        "trl/think_format_reward/mostly_none_batches": 0.0,
+    }
 
 
 def test_accuracy_reward_none_becomes_zero_and_is_counted(tok):
@@ -95,7 +98,7 @@ def test_accuracy_reward_none_becomes_zero_and_is_counted(tok):
     low = from_trl(accuracy_reward, format="conversational", none_value=-1.0, name="acc")
     out = low(groups, RewardContext(tokenizer=tok))
     assert out.values.tolist() == [1.0, 0.0, -1.0, -1.0]
-    assert out.metrics == {"trl/acc/none_share": 0.5}
+    assert out.metrics == {"trl/acc/none_share": 0.5, "trl/acc/mostly_none_batches": 0.0}
 
 
 def test_reasoning_accuracy_reward_takes_constant_keyword_arguments(tok):
@@ -199,7 +202,7 @@ def test_a_nan_is_not_applicable_too(tok):
     g = group(tok, "q", ["a"], ["x", "y"])
     out = TRLReward(lambda completions, **kw: [float("nan"), 1])([g], RewardContext(tokenizer=tok))
     assert out.values.tolist() == [0.0, 1.0]
-    assert out.metrics == {"trl/<lambda>/none_share": 0.5}
+    assert out.metrics == {"trl/<lambda>/none_share": 0.5, "trl/<lambda>/mostly_none_batches": 0}
 
 
 # a verl custom reward function in verl's documented form, fn(data_source, solution_str,
@@ -320,7 +323,7 @@ def test_the_config_path(tok):
          r"does not import"),
         (["reward.fn_args.function=trl.rewards"], "is not of the form package.module:name"),
         (["reward.fn_args={function: 'trl.rewards:think_format_reward', format: chat}"],
-         "format must be 'standard' or 'conversational'"),
+         "format must be 'auto', 'standard' or 'conversational'"),
         (["reward.fn_args={function: 'trl.rewards:think_format_reward', formt: standard}"],
          "does not take the arguments"),
         (["reward.fn_args={}"], "missing a required argument: 'function'"),
@@ -379,8 +382,10 @@ def test_an_exception_in_the_function_is_noted(tok):
     """The exception stays what it was, with a note naming the function and the group; with
     strings for completions, the note says TRL's own rewards need the conversational format."""
     g = group(tok, "1 + 2?", ["3"], [THINK_OK])
-    with pytest.raises(TypeError) as e:
-        TRLReward("trl.rewards:think_format_reward")([g], RewardContext(tokenizer=tok))
+    with pytest.raises(TypeError) as e:  # format=auto (the default) would take the messages
+        TRLReward("trl.rewards:think_format_reward", format="standard")(
+            [g], RewardContext(tokenizer=tok)
+        )
     note = "\n".join(e.value.__notes__)
     assert "raised by trl.rewards:think_format_reward on group 0 (q0: '1 + 2?')" in note
     assert "needs format='conversational'" in note
@@ -401,7 +406,7 @@ def test_no_tokenizer_and_bad_arguments():
         TRLReward(reward_len, format="conversational", prompt="decoded")
     with pytest.raises(ValueError, match="solution_column must be a keyword name"):
         TRLReward(reward_len, solution_column="gold answer")
-    with pytest.raises(ValueError, match="ground_truth must be 'first' or 'all'"):
+    with pytest.raises(ValueError, match="ground_truth must be 'auto', 'first', 'all' or 'target'"):
         VerlReward(gsm8k_score, ground_truth="last")
     with pytest.raises(ValueError, match=r"made float, not a callable"):
         TRLReward(lambda: 1.0, function_args={})

@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from cer.prompt import INSTRUCTION, MC_INSTRUCTION, SYSTEM_PROMPT
+from cer.prompt import INSTRUCTION, SYSTEM_PROMPT
 from cer.tasks import alias, arithmetic
 
 TASKS: dict[str, Callable[..., Path]] = {"alias": alias.build, "arithmetic": arithmetic.build}
@@ -27,8 +27,11 @@ TASKS: dict[str, Callable[..., Path]] = {"alias": alias.build, "arithmetic": ari
 VOCAB_SIZES = {"alias": 512, "arithmetic": 1024}
 SHARED_VOCAB_SIZE = 2048
 # Words the prompts and solutions use beyond the task's own text, so that they are whole tokens.
+# FORMER_MC_LINE is the multiple-choice line the prompt had before it took the release's (the
+# tiny tasks have no multiple-choice row): kept, so that a seed still builds the same tokenizer.
+FORMER_MC_LINE = "Answer with the letter of the correct option only."
 EXTRA_TEXT = " ".join(
-    [SYSTEM_PROMPT, INSTRUCTION, MC_INSTRUCTION, "\\boxed{ } \\frac{ \\dfrac{ \\text{ \\%"]
+    [SYSTEM_PROMPT, INSTRUCTION, FORMER_MC_LINE, "\\boxed{ } \\frac{ \\dfrac{ \\text{ \\%"]
     + [str(d) for d in range(10)]
 )
 

@@ -7,7 +7,7 @@ from cer.data import MathExample
 from cer.prompt import INSTRUCTION, MC_INSTRUCTION, SYSTEM_PROMPT, user_message
 from cer.rewards.answer import solution_split
 from cer.rewards.expectation import cer_from_logprobs
-from cer.rewards.groups import Group, group_rewards, score_groups
+from cer.rewards.groups import Group, Rules, group_rewards, score_groups
 from cer.rewards.scoring import hf_prefix_scorer, score_group
 
 
@@ -96,8 +96,23 @@ def test_multiple_choice_uses_letter_match(char_tokenizer):
     )
     rewards, _ = group_rewards(["rule"], [g], None, char_tokenizer)
     assert rewards["rule"].tolist() == [1, 1, 0]
-    assert user_message(g.example).endswith(INSTRUCTION + "\n" + MC_INSTRUCTION)
+    assert user_message(g.example).endswith(INSTRUCTION + " " + MC_INSTRUCTION)
     assert SYSTEM_PROMPT == "You are a helpful assistant."
+
+
+def test_the_multiple_choice_prompt_is_the_release_s_letter_in_the_box(char_tokenizer):
+    """The release (recipe/cer/src/data_preparation.py, qwen_multi_choice_prompt) appends "Please
+    only provide the letter of the answer in the box." to the step-by-step line, on one line
+    after the question; under ``choice_verifier: strict`` (the release's check) only the boxed
+    letter itself scores, which is what that prompt asks for (issue 54)."""
+    g = make_group(char_tokenizer, "Pick", "H", ["\\boxed{H}", "H", "\\boxed{H.}"], mc=True)
+    assert user_message(g.example) == (
+        "Pick\nPlease reason step by step, and put your final answer within \\boxed{}. "
+        "Please only provide the letter of the answer in the box."
+    )
+    strict = Rules(choice="strict")
+    rewards, _ = group_rewards(["rule"], [g], None, char_tokenizer, rules=strict)
+    assert rewards["rule"].tolist() == [1, 0, 0]
 
 
 def test_ref_prob_is_each_samples_own_scored_solution(groups, char_tokenizer, tiny_qwen3):

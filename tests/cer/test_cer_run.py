@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import random
 import re
 from pathlib import Path
@@ -332,6 +333,35 @@ def test_verifree_with_its_likelihood_term_runs_end_to_end(tiny_root):
     (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert 0 <= record["reward/verifree"] <= 1 and "grad_norm" in record
     assert (run_dir / "checkpoints" / "step_1" / "model.safetensors").is_file()
+
+
+def test_samples_per_step_0_trains_and_writes_no_group(tiny_root):
+    """``samples_per_step=0`` (allowed: ge 0) writes an empty samples record; it crashed in
+    ``torch.cat`` of no group's rewards (issue 54)."""
+    run_dir = tiny_root / "run_no_samples"
+    cfg = tiny_config(
+        tiny_root,
+        f"run_dir={run_dir}",
+        "steps=1",
+        "prompts_per_step=2",
+        "group_size=2",
+        "loss.micro_batch_size=4",
+        "eval_every=0",
+        "max_response_tokens=16",
+        "samples_per_step=0",
+        "reward.signal=false",
+    )
+    torch.set_num_threads(1)
+    train_cer(cfg)
+    (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert not any(k.startswith("samples/") for k in record)
+    # what TRL and verl users look for, from the update (tests/test_update_metrics.py by hand)
+    assert record["lr"] > 0 and record["clip_frac"] == 0.0
+    # over the rows the update forwarded: none where every advantage was 0 (then NaN)
+    assert record["entropy"] > 0 if record["update_rows"] else math.isnan(record["entropy"])
+    assert 0 < record["response_length/mean"] <= record["response_length/max"] <= 16
+    sample = json.loads((run_dir / "samples" / "step_00001.json").read_text())
+    assert sample == {"cer_summary": {}, "groups": []}
 
 
 def test_frozen_scorer_keeps_the_initial_policy_and_grpo_advantages(tiny_root):

@@ -175,7 +175,9 @@ class Run:
         if train.is_main:
             self.start_afresh()
             (self.dir / "samples").mkdir(parents=True, exist_ok=True)
-            self.logger = MetricsLogger.from_config(self.dir, self.cfg.log, self.cfg)
+            self.logger = MetricsLogger.from_config(
+                self.dir, self.cfg.log, self.cfg, start_step=self.folder.start_step
+            )  # TensorBoard and W&B go on from the resume point (common/train/logging.py)
 
     def fit(self, step: Callable[[int], StepRecord], desc: str | None = None) -> dict:
         """Run the steps from the resume point to ``cfg.steps``; returns the dev evaluations

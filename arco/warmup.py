@@ -26,11 +26,20 @@ The LLM teacher's requests (``collect_llm``) are estimated before the first is s
 under a launcher (``common.api_budget.on_rank_zero``).
 
 A warmup resumes by phase (``WarmupPhases``): each writes its result into ``warmup_dir/phases/``
-(``collect.pt``: the trajectories and raw annotations; ``pi.pt``: π's adapter and report) and
-then, atomically, its marker ``<phase>.done`` holding a hash of the warmup's settings
-(``warmup_settings``); μ's result is the folder itself. A rerun with the same ``warmup_dir``
-skips each leading phase whose marker holds this config's hash (``[arco warmup] π phase done at
-<path>, skipped``) and runs the rest; other settings run every phase again.
+(``collect.json`` + ``collect.safetensors``: the trajectories, raw annotations, the fresh
+adapters and head and the random streams; ``pi.json`` + ``pi.safetensors``: π's adapter and
+report; plain formats, ``common.train.plain_state``: reading them runs no code) and then,
+atomically, its marker ``<phase>.done`` holding a hash of the warmup's settings
+(``warmup_settings``) and the settings RL must share with it (``warmup_rl_settings``); μ's
+result is the folder itself. A rerun with the same ``warmup_dir`` skips each leading phase whose
+marker holds this config's hash (``[arco warmup] π phase done at <path>, skipped``) and runs the
+rest; other settings run every phase again. An older warmup's ``<phase>.pt`` (a pickle) is never
+read: its phase runs again.
+
+The adapters and the head are created after the warmup seeds torch, Python and numpy with
+``seed`` (a process's own seed differs from run to run), so two warmups of one config create the
+same weights. ``arco train`` starts only from a finished warmup whose RL settings are its own
+(``check_warmup_finished``: ``phases/mu.done`` present, its ``rl_settings`` equal).
 """
 
 from __future__ import annotations
@@ -38,7 +47,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import pickle
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -58,7 +66,7 @@ from arco.release_import import ReleaseImport, import_release
 from arco.rubric_model import ArcoModel, build_arco_model, load_adapters, save_arco
 from arco.rubric_prompt import format_criteria
 from arco.rubrics import RubricItem, rubric_batch, write_criteria
-from arco.steps import Episode, agent_step, episode_from_trajectory
+from arco.steps import AgentStep, Episode, agent_step, episode_from_trajectory
 from arco.teacher import (
     ANNOTATOR_TOKENS_PER_STEP,
     PLAYER_MAX_TOKENS,
@@ -92,7 +100,10 @@ from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step
 from common.train import MetricsLogger, TrainEngine
 from common.train.checkpoint import _rng_state, _set_rng_state
-from common.train.run_folder import open_run_folder
+from common.train.distributed import current_rank
+from common.train.plain_state import exists as _plain_exists
+from common.train.plain_state import load_plain, save_plain
+from common.train.run_folder import config_diff, open_run_folder
 
 
 def _lr_factor(step: int, total: int, warmup: int) -> float:
@@ -713,6 +724,64 @@ NOT_WARMUP_RESULT = frozenset(
 )
 
 
+# what RL reads of the warmup beside the rubric (``arco.trainer.check_rubric_matches``): the
+# backbone and LoRA its adapters belong to, and the environment and prompt format π and μ learned
+WARMUP_FOR_RL = {
+    "assets": ("model",),
+    "lora": None,  # every key
+    "env": None,
+    "agent": ("instruction", "state_budget"),  # env's protocol replaces agent.protocol
+}
+
+
+def warmup_rl_settings(cfg: ArcoConfig) -> dict:
+    """The settings an RL run must share with the warmup it starts from (``WARMUP_FOR_RL``);
+    the warmup's own (``warmup.*``, its seed, its questions) may differ."""
+    full = config_to_dict(cfg)
+    out = {}
+    for section, keys in WARMUP_FOR_RL.items():
+        values = full.get(section, {})
+        out[section] = dict(values) if keys is None else {k: values.get(k) for k in keys}
+    return json.loads(json.dumps(out, default=str))
+
+
+def check_warmup_finished(cfg: ArcoConfig) -> None:
+    """Before RL loads anything: ``warmup_dir`` holds a finished warmup (its ``phases/mu.done``)
+    made with this run's RL settings (``warmup_rl_settings``); else a ``ValueError`` in one
+    line naming the folder and what differs."""
+    out = Path(cfg.warmup_dir)
+    marker = out / "phases" / "mu.done"
+    try:
+        record = json.loads(marker.read_text(encoding="utf-8"))
+        saved = record.get("rl_settings")
+    except (OSError, ValueError, AttributeError):
+        raise ValueError(
+            f"warmup_dir {out} holds no finished warmup (no {marker}: a warmup killed, or rerun "
+            "under other settings and stopped, before μ's phase ended, or one written before "
+            "the marker; its adapters may be an older warmup's): run `arco warmup` with this "
+            "config to finish it (its finished phases are skipped)"
+        ) from None
+    if not isinstance(saved, dict):
+        raise ValueError(
+            f"warmup_dir {out}: {marker} records no RL settings (a warmup written before "
+            "them): run `arco warmup` again with the settings it was made with (its phases are "
+            "done: it only records them)"
+        )
+    changes = config_diff(saved, warmup_rl_settings(cfg))
+    if changes:
+
+        def show(v: Any) -> str:
+            text = json.dumps(v, default=repr)
+            return text if len(text) <= 60 else text[:57] + "..."
+
+        what = ", ".join(f"{k}: {show(old)} -> {show(new)}" for k, old, new in changes)
+        raise ValueError(
+            f"warmup_dir {out} was made with other settings than this run's ({marker}; "
+            f"warmup -> run): {what}; run `arco warmup` with this run's settings, or set "
+            "warmup_dir to a warmup made with them"
+        )
+
+
 def warmup_settings(cfg: ArcoConfig) -> str:
     """A hash of the settings the warmup depends on: the config less ``NOT_WARMUP`` (RL's keys,
     the output folders, logging), ``train``'s RL-only and derived keys and the API cost keys of
@@ -726,13 +795,19 @@ def warmup_settings(cfg: ArcoConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-class WarmupPhases:
-    """``warmup_dir/phases/``: each finished phase's result (``<phase>.pt``) and marker
-    (``<phase>.done``, JSON: the settings hash and the result's path), written atomically after
-    the result. ``done`` are the leading phases whose markers hold this config's hash."""
+# what a phase's result may hold besides plain data (``common.train.plain_state``)
+PHASE_CLASSES = (Trajectory, Step, Doc, Episode, AgentStep, StepAnnotation)
 
-    def __init__(self, out: Path, settings: str):
+
+class WarmupPhases:
+    """``warmup_dir/phases/``: each finished phase's result (``<phase>.json`` and
+    ``<phase>.safetensors``) and marker (``<phase>.done``, JSON: the settings hash, the RL
+    settings and the result's path), written atomically after the result. ``done`` are the
+    leading phases whose markers hold this config's hash."""
+
+    def __init__(self, out: Path, settings: str, rl_settings: dict | None = None):
         self.out, self.dir, self.settings = out, out / "phases", settings
+        self.rl_settings = rl_settings
         self.done: list[str] = []
         stale = []
         for name in PHASES:
@@ -744,7 +819,16 @@ class WarmupPhases:
             if not isinstance(record, dict) or record.get("settings") != settings:
                 stale.append(name)
                 break
-            if not (self.out / "arco.json" if name == "mu" else self.result(name)).exists():
+            if name == "mu" and not (self.out / "arco.json").exists():
+                break
+            if name != "mu" and not _plain_exists(self.result(name)):
+                if (self.dir / f"{name}.pt").exists():
+                    print(
+                        f"[arco warmup] {self.dir / name}.pt: an older warmup's pickle, not "
+                        f"read (a pickle runs code when read); the {PHASE_NAMES[name]} phase "
+                        "runs again",
+                        flush=True,
+                    )
                 break
             self.done.append(name)
         if stale:
@@ -757,30 +841,37 @@ class WarmupPhases:
             (self.dir / f"{name}.done").unlink(missing_ok=True)
 
     def result(self, name: str) -> Path:
-        return self.out if name == "mu" else self.dir / f"{name}.pt"
+        """μ's result: the folder; the others': the stem of their plain files."""
+        return self.out if name == "mu" else self.dir / name
+
+    def shown(self, name: str) -> Path:
+        return self.out if name == "mu" else self.dir / f"{name}.json"
 
     def skip(self, name: str) -> Any:
         """Say the phase is skipped; its saved result (None for μ: the folder is its result)."""
-        path = self.result(name)
-        print(f"[arco warmup] {PHASE_NAMES[name]} phase done at {path}, skipped", flush=True)
+        print(
+            f"[arco warmup] {PHASE_NAMES[name]} phase done at {self.shown(name)}, skipped",
+            flush=True,
+        )
         if name == "mu":
             return None
-        with path.open("rb") as f:
-            return pickle.load(f)
+        return load_plain(self.result(name), PHASE_CLASSES)
 
     def finish(self, name: str, result: Any = None) -> None:
         """The phase's result (μ: none, its files are written), then its marker."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.result(name)
         if name != "mu":
-            write_atomic(path, pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
-        record = {"phase": name, "settings": self.settings, "output": str(path)}
+            save_plain(self.result(name), result, PHASE_CLASSES)
+            (self.dir / f"{name}.pt").unlink(missing_ok=True)  # an older warmup's pickle
+        record = {"phase": name, "settings": self.settings, "output": str(self.shown(name))}
+        if self.rl_settings is not None:
+            record["rl_settings"] = self.rl_settings
         write_atomic(self.dir / f"{name}.done", json.dumps(record) + "\n")
 
 
 def run_warmup(cfg: ArcoConfig) -> Path:
     """The whole warmup; returns ``warmup_dir``."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, set_seed
 
     from arco.trainer import (
         EngineNap,
@@ -833,10 +924,13 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     # Locked, no settings check (the phases' markers hold the settings they were done with);
     # phases done under these settings are skipped, the log keeps their rows (π's).
     folder = open_run_folder(out, None, resume=False, begin=False)
-    phases = WarmupPhases(out, warmup_settings(cfg))
+    phases = WarmupPhases(out, warmup_settings(cfg), warmup_rl_settings(cfg))
     if "mu" in phases.done:  # all of it done: nothing loads
         for name in PHASES:
             phases.skip(name)
+        marker = json.loads((phases.dir / "mu.done").read_text(encoding="utf-8"))
+        if "rl_settings" not in marker and current_rank() == 0:  # written before them
+            phases.finish("mu")
         folder.close()
         return out
     if w.teacher == "llm" and "collect" not in phases.done:
@@ -848,6 +942,7 @@ def run_warmup(cfg: ArcoConfig) -> Path:
     folder.begin()
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
+    set_seed(cfg.seed)  # the fresh adapters and head: this seed's, not the process's
     model = build_arco_model(
         cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, dtype=cfg.train.weights_dtype()
     )

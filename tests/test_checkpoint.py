@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.torch
 import torch
 import transformers
 from peft import PeftModel
@@ -298,7 +299,7 @@ def test_a_full_disk_mid_save_removes_the_partial_folder_and_keeps_latest(
     save_checkpoint(engine, tmp_path, 1, stream.state())
     train(engine, stream, 1)
     checkpoints = tmp_path / "checkpoints"
-    real_save, seen = torch.save, []
+    real_save, seen = safetensors.torch.save_file, []
 
     def full_disk(obj, f, *args, **kwargs):
         folder = Path(f).parents[1]
@@ -308,11 +309,11 @@ def test_a_full_disk_mid_save_removes_the_partial_folder_and_keeps_latest(
 
     usage = shutil.disk_usage(tmp_path)
     free = int(free_gib * 2**30)
-    monkeypatch.setattr(torch, "save", full_disk)
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)  # the optimizer state's
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=free))
     with pytest.raises(CheckpointSaveError) as caught:
         save_checkpoint(engine, tmp_path, 2, stream.state())
-    monkeypatch.setattr(torch, "save", real_save)
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
     [(tmp, weights_written)] = seen
     assert weights_written and tmp.name.startswith("step_2.tmp-")
     msg = str(caught.value)
@@ -342,7 +343,7 @@ def test_other_errors_mid_save_remove_the_partial_folder_too(tmp_path, monkeypat
         def fail(*args, error=error, **kwargs):
             raise error
 
-        monkeypatch.setattr(torch, "save", fail)
+        monkeypatch.setattr(safetensors.torch, "save_file", fail)
         with pytest.raises(kind) as caught:
             save_checkpoint(engine, tmp_path, 1, {})
         if kind is CheckpointSaveError:
@@ -358,14 +359,14 @@ def test_a_killed_save_s_leftover_is_removed_before_the_next_save_writes(tmp_pat
     engine = build_engine()
     leftover = tmp_path / "checkpoints" / "step_3.tmp-99999"
     (leftover / "state").mkdir(parents=True)
-    (leftover / "state" / "train_state.pt").write_bytes(b"\0" * 4096)
-    real_save, seen = torch.save, []
+    (leftover / "state" / "train_state.safetensors").write_bytes(b"\0" * 4096)
+    real_save, seen = safetensors.torch.save_file, []
 
     def spy(obj, f, *args, **kwargs):
         seen.append(leftover.exists())
         return real_save(obj, f, *args, **kwargs)
 
-    monkeypatch.setattr(torch, "save", spy)
+    monkeypatch.setattr(safetensors.torch, "save_file", spy)
     save_checkpoint(engine, tmp_path, 4, {})
     assert seen and not any(seen)
 

@@ -6,8 +6,9 @@
         config.json, model*.safetensors, tokenizer files   full model, or LoRA merged (optional)
         adapters/<name>/                                   LoRA adapters (peft save_pretrained)
         state/                                             optimizer, schedule, trainable weights
-                                                           (DeepSpeed shards under DeepSpeed),
-                                                           rng_rank<r>.pt per rank
+                                                           (train_state.json + .safetensors;
+                                                           DeepSpeed shards under DeepSpeed),
+                                                           rng_rank<r>.json (+ .safetensors)
         trainer_state.json                                 global step, world size, data position
         COMPLETE                                           written last, before the rename
 
@@ -18,6 +19,13 @@ raises ``CheckpointSaveError`` naming the cause ("no space left on device"), the
 free space; ``latest`` still names the previous checkpoint. Leftovers of a killed save are removed
 before the next one writes. ``check_checkpoint_space`` says before training whether the kept
 checkpoints fit (``checkpoint_bytes``: one checkpoint's size, estimated from the parameters).
+
+Nothing a resume reads runs code (``common.train.plain_state``): the optimizer, schedule and
+random streams are JSON and safetensors; an older checkpoint's ``train_state.pt`` and
+``rng_rank<r>.pt`` are read with ``torch.load(weights_only=True)``, and one holding a pickle of
+anything but tensors, plain containers and the numpy RNG's arrays is refused in one line.
+DeepSpeed's own shards are read through a loader with ``weights_only=True`` too
+(``common.train.engine``).
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from common.train.distributed import barrier, broadcast_object
 from common.train.engine import TrainEngine
 from common.train.export import export_hf_state_dict
 from common.train.lora import is_lora_model
+from common.train.plain_state import exists, load_legacy_torch, load_plain, save_plain
 
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"step_(\d+)")
@@ -97,7 +106,7 @@ def save_checkpoint(
 
         _write_hf_weights(engine, tmp, tokenizer, merge_adapter)
         engine.save_state(tmp / "state")
-        torch.save(rng, tmp / "state" / f"rng_rank{engine.rank}.pt")
+        save_plain(tmp / "state" / f"rng_rank{engine.rank}", rng)
         barrier()
         if engine.is_main:
             trainer_state = {
@@ -293,8 +302,7 @@ def load_checkpoint(engine: TrainEngine, path: str | Path) -> dict[str, Any]:
             "resume with the same number of ranks"
         )
     engine.load_state(path / "state")
-    rng_file = path / "state" / f"rng_rank{engine.rank}.pt"
-    _set_rng_state(torch.load(rng_file, weights_only=False))
+    _set_rng_state(_load_rng_state(path / "state", engine.rank))
     engine.global_step = global_step
     barrier()
     return trainer_state["data_state"]
@@ -433,6 +441,18 @@ def _rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
+
+
+def _load_rng_state(folder: Path, rank: int) -> dict[str, Any]:
+    """Rank ``rank``'s random streams from a checkpoint's ``state/``: ``rng_rank<r>.json``, or
+    an older checkpoint's ``rng_rank<r>.pt`` read with ``weights_only=True``."""
+    stem = folder / f"rng_rank{rank}"
+    if exists(stem):
+        return load_plain(stem)
+    legacy = folder / f"rng_rank{rank}.pt"
+    if legacy.is_file():
+        return load_legacy_torch(legacy, "random-stream state")
+    raise ValueError(f"{folder}: no random-stream state of rank {rank} ({stem.name}.json)")
 
 
 def _set_rng_state(state: dict[str, Any]) -> None:

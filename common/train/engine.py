@@ -289,13 +289,21 @@ class _PlainBackend:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
         }
-        torch.save(state, folder / "train_state.pt")
+        from common.train.plain_state import save_plain
+
+        save_plain(folder / "train_state", state)  # JSON + safetensors: reading runs no code
 
     def load_state(self, folder: Path) -> None:
-        file = folder / "train_state.pt"
-        if not file.exists():
-            raise ValueError(f"{folder}: no train_state.pt (checkpoint of a DeepSpeed run?)")
-        state = torch.load(file, map_location="cpu", weights_only=False)
+        from common.train.plain_state import exists, load_legacy_torch, load_plain
+
+        file = folder / "train_state.json"
+        if exists(folder / "train_state"):
+            state = load_plain(folder / "train_state")
+        elif (folder / "train_state.pt").exists():  # an older checkpoint: weights_only
+            file = folder / "train_state.pt"
+            state = load_legacy_torch(file, "optimizer state")
+        else:
+            raise ValueError(f"{folder}: no train_state.json (checkpoint of a DeepSpeed run?)")
         names = {id(p): n for n, p in self.model.named_parameters()}
         expected = {names[id(p)] for p in self.params}
         if set(state["params"]) != expected:
@@ -438,11 +446,77 @@ class _DeepSpeedBackend:
         )
 
     def load_state(self, folder: Path) -> None:
+        weights_only_loads(self.engine)
         path, _ = self.engine.load_checkpoint(
             str(folder), tag="deepspeed", load_module_strict=not self.frozen
         )
         if path is None:
             raise ValueError(f"{folder}: no DeepSpeed state (checkpoint of a single-process run?)")
+
+
+OPTIMIZER_SETTINGS = "optimizer_settings.json"  # in a checkpoint's state/: TrainEngine.save_state
+
+
+def optimizer_settings(optimizer: torch.optim.Optimizer, scheduler: Any) -> list[dict[str, Any]]:
+    """Each parameter group's name, base lr (the schedule's ``base_lrs``), weight decay, betas
+    and eps, as plain JSON values."""
+    return [
+        {
+            "name": g.get("name", str(i)),
+            "lr": float(scheduler.base_lrs[i]),
+            "weight_decay": float(g["weight_decay"]),
+            "betas": [float(b) for b in g["betas"]],
+            "eps": float(g["eps"]),
+        }
+        for i, g in enumerate(optimizer.param_groups)
+    ]
+
+
+def weights_only_loads(ds_engine: Any) -> None:
+    """DeepSpeed's checkpoint reads (its model-state and ZeRO optimizer-state files, through
+    ``ds_engine.checkpoint_engine.load``) with ``torch.load(weights_only=True)``: torch's
+    restricted unpickler, which builds tensors, plain containers and the few DeepSpeed and
+    Python classes a ZeRO checkpoint holds (``DEEPSPEED_SAFE_GLOBALS``), and refuses a pickle
+    naming anything else in one line instead of running it. DeepSpeed 0.19.8's own
+    ``TorchCheckpointEngine.load`` passes ``weights_only=False``."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
+        TorchCheckpointEngine,
+    )
+
+    engine = ds_engine.checkpoint_engine
+    if type(engine) is not TorchCheckpointEngine:
+        raise ValueError(
+            f"DeepSpeed's checkpoint engine is {type(engine).__name__}; only its "
+            "TorchCheckpointEngine is read with weights_only=True here"
+        )
+
+    def load(path: str, map_location: Any = None) -> Any:
+        from common.train.plain_state import PlainStateError
+
+        try:
+            with torch.serialization.safe_globals(deepspeed_safe_globals()):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        except Exception as err:  # UnpicklingError and what a refused global raises
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise PlainStateError(
+                f"{path}: refused: not plain DeepSpeed state (a pickle naming code that "
+                f"loading would run; torch's weights_only loader says: {first[:200]}); it "
+                "was not loaded"
+            ) from None
+
+    engine.load = load
+
+
+def deepspeed_safe_globals() -> list[Any]:
+    """The classes a DeepSpeed 0.19.8 ZeRO checkpoint pickles besides tensors and containers
+    (``torch.serialization.get_unsafe_globals_in_checkpoint`` on its ZeRO-2 and ZeRO-3 shards):
+    the stage enum, the fragment-address named tuple and the loss scaler, plain records that
+    run no code when built (no ``__reduce__`` or ``__setstate__`` of their own)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, fragment_address, LossScaler, DynamicLossScaler]
 
 
 class TrainEngine:
@@ -523,6 +597,7 @@ class TrainEngine:
             )
         backend = _DeepSpeedBackend if self.world_size > 1 else _PlainBackend
         self._backend = backend(model, groups, config, trained_bf16)
+        self._configured = optimizer_settings(self.optimizer, self._backend.scheduler)
         self._model = model
         self._in_engine_forward = False
         model.register_forward_pre_hook(self._refuse_outside_forward)
@@ -674,10 +749,74 @@ class TrainEngine:
 
     def save_state(self, folder: Path) -> None:
         """Optimizer, schedule and trainable weights into `folder`; all ranks must call, with no
-        micro-batch pending (accumulated gradients are not saved)."""
+        micro-batch pending (accumulated gradients are not saved). Also ``optimizer_settings.json``:
+        each parameter group's configured lr, weight decay, betas and eps (what this engine was
+        built with), which ``load_state`` compares with its own."""
+        import json
+
         self._backend.save_state(folder)
+        if self.is_main:
+            record = {"configured": self._configured_settings()}
+            (folder / OPTIMIZER_SETTINGS).write_text(json.dumps(record, indent=1))
 
     def load_state(self, folder: Path) -> None:
-        """Inverse of save_state; all ranks must call. The global step is set by the caller."""
+        """Inverse of save_state; all ranks must call. The global step is set by the caller.
+
+        The optimizer's saved state holds the lr, weight decay, betas and eps it ran with; where
+        this engine was built with others (a resume with ``allow_config_change``: ``train.lr``,
+        ``train.weight_decay``, a method's group rates), its own are applied after the load to
+        each group that differs: the weight decay, betas and eps as they are, the lr as the
+        schedule's new base (``scheduler.base_lrs``, ``initial_lr``) with the group's current
+        rate scaled to it (the schedule's factor kept), and one line printed. A checkpoint
+        without ``optimizer_settings.json`` (older) gets its weight decay, betas and eps only."""
+        import json
+
+        configured = self._configured_settings()
         self._backend.load_state(folder)
         self._micro_steps = 0
+        try:
+            saved = json.loads((folder / OPTIMIZER_SETTINGS).read_text())["configured"]
+        except (OSError, ValueError, KeyError, TypeError):
+            saved = None
+        changes = self._apply_settings(configured, saved)
+        self.settings_changed = changes
+        if changes and self.is_main:
+            print(
+                "[train] resumed under other optimizer settings, applied after loading its "
+                f"state: {'; '.join(changes)}",
+                flush=True,
+            )
+
+    def _configured_settings(self) -> list[dict[str, Any]]:
+        """Each parameter group's configured settings: as built (``__init__``), or as this
+        engine was resumed under."""
+        if getattr(self, "_configured", None) is None:
+            self._configured = optimizer_settings(self.optimizer, self._backend.scheduler)
+        return self._configured
+
+    def _apply_settings(
+        self, configured: list[dict[str, Any]], saved: list[dict[str, Any]] | None
+    ) -> list[str]:
+        """``configured`` applied to every group whose ``saved`` configured setting differs
+        (``saved`` None: the loaded state's weight decay, betas and eps are compared, not the
+        lr); the changes as text."""
+        groups, scheduler = self.optimizer.param_groups, self._backend.scheduler
+        loaded = optimizer_settings(self.optimizer, scheduler)
+        if saved is None or len(saved) != len(groups):
+            saved = [{**g, "lr": c["lr"]} for g, c in zip(loaded, configured, strict=True)]
+        changes = []
+        for i, (group, want, was) in enumerate(zip(groups, configured, saved, strict=True)):
+            diff = [k for k in ("lr", "weight_decay", "betas", "eps") if want[k] != was[k]]
+            for key in diff:
+                if key == "lr":
+                    base = scheduler.base_lrs[i]
+                    factor = group["lr"] / base if base else 1.0
+                    scheduler.base_lrs[i] = want["lr"]
+                    group["initial_lr"] = want["lr"]
+                    group["lr"] = want["lr"] * factor
+                else:
+                    group[key] = tuple(want[key]) if key == "betas" else want[key]
+            if diff:
+                what = ", ".join(f"{k} {was[k]} -> {want[k]}" for k in diff)
+                changes.append(f"group {want['name']}: {what}")
+        return changes

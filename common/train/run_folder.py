@@ -10,6 +10,8 @@ other ranks only learn where to resume from):
     env.json              the environment of the first start
     env_history.jsonl     one row per start: {time, from_step, **environment}
     run.json              the method's trainer: {method, config_class, version, commit}
+    data_files.json       the sha256 of each data file the config names (``data_files``) at
+                          the first start, and the changes a resume was allowed to go on with
                           (written by ``common.run.Run``; what ``experiments.evaluate_all`` reads)
     metrics.jsonl         trimmed on every start to the rows of the steps it resumes after
     batches.jsonl         (``common.batches.BatchLog``) trimmed with metrics.jsonl, both read
@@ -18,6 +20,9 @@ other ranks only learn where to resume from):
 A start whose settings differ from the folder's (config.yaml, or the last accepted change) stops
 with one line per differing key, unless the config says ``allow_config_change: true``; then the
 change is recorded in config_changes.jsonl and config.yaml keeps the settings that ran first.
+A resume whose data file (``assets.train``, ``assets.dev``, ``assets.corpus``) no longer has the
+sha256 recorded in data_files.json stops the same way, naming the file, unless the config says
+``allow_config_change: true``; then the change is recorded in data_files.json.
 
 A trainer opens the folder with ``begin=False`` before any model loads (the lock and the settings
 check) and calls ``folder.begin()`` right before its first step (or step-0 evaluation), once the
@@ -55,6 +60,11 @@ CHANGES_FILE = "config_changes.jsonl"
 ENV_FILE = "env.json"
 ENV_HISTORY_FILE = "env_history.jsonl"
 RUN_FILE = "run.json"
+DATA_FILE = "data_files.json"
+# the assets.* keys that name the data a run draws from (a QA file, a name -> QA file map, an
+# in-process corpus); each trainer's config names them so (common/run_config.py's AssetsConfig,
+# each method's assets section; GRPO's defaults under assets.world through ``cfg.path``)
+DATA_ASSETS = ("train", "dev", "corpus")
 METRICS_FILE = "metrics.jsonl"
 BATCHES_FILE = "batches.jsonl"
 # Append-only step logs a start trims to its resume point: one row a step, keyed "step".
@@ -145,6 +155,8 @@ class RunFolder:
     allow_config_change: bool = False
     begun: bool = False
     method: dict | None = None  # run.json's record (None: none written, e.g. a warmup)
+    data: dict | None = None  # the data files' sha256 now (``data_files``; None: not checked)
+    data_changes: list | None = None  # the data files a resume goes on with changed
 
     def begin(self) -> None:
         """Record this start: config.yaml on the first start (or the accepted change in
@@ -157,6 +169,8 @@ class RunFolder:
         logs = read_step_logs(self.path)  # a bad log stops the start before anything is written
         if self.config is not None:
             check_settings(self.path, self.config, self.start_step, self.allow_config_change)
+        if self.data is not None:
+            record_data_files(self.path, self.data, self.data_changes or [], self.start_step)
         env = write_environment(self.path, self.start_step)
         if self.method is not None:
             record = {**self.method, "commit": env["git"]["commit"]}
@@ -209,6 +223,9 @@ def open_run_folder(
             check_settings(
                 path, folder.config, folder.start_step, allow_config_change, dry_run=True
             )
+            folder.data = data_files(cfg)
+            if checkpoint is not None:  # a resume: the data the run drew from, unchanged
+                folder.data_changes = check_data_files(path, folder.data, allow_config_change)
         if begin:
             folder.begin()
         else:  # a bad metrics.jsonl or batches.jsonl is found before any model loads
@@ -219,6 +236,87 @@ def open_run_folder(
         folder.close()
         raise
     return folder
+
+
+def data_files(cfg: Any) -> dict[str, dict]:
+    """``assets.<key>`` (``DATA_ASSETS``; a map's entries as ``assets.<key>.<name>``) -> its
+    path, size and sha256, for each that names a file (a folder, a hub id or an unset key is
+    left out; the corpus too when ``assets.retrieval_url`` replaces it)."""
+    import hashlib
+
+    assets = getattr(cfg, "assets", None)
+    if assets is None:
+        return {}
+    out = {}
+    for key in DATA_ASSETS:
+        if key == "corpus" and getattr(assets, "retrieval_url", ""):
+            continue
+        value = getattr(assets, key, None)
+        if not value and callable(getattr(cfg, "path", None)):  # GRPO: the tiny world's file
+            try:
+                value = cfg.path(key)
+            except (KeyError, ValueError, AttributeError):
+                value = None
+        named = value.items() if isinstance(value, dict) else [("", value)]
+        for name, where in named:
+            if not isinstance(where, str) or not where or not Path(where).is_file():
+                continue
+            digest = hashlib.sha256()
+            with open(where, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+            out[f"assets.{key}" + (f".{name}" if name else "")] = {
+                "path": where,
+                "bytes": Path(where).stat().st_size,
+                "sha256": digest.hexdigest(),
+            }
+    return out
+
+
+def check_data_files(run_dir: Path, now: dict[str, dict], allow_change: bool) -> list[dict]:
+    """A resume's data files against data_files.json's sha256: a ``RunFolderError`` naming
+    each changed file, unless ``allow_change``; the changes (none: a folder without the record,
+    written before it, has nothing to compare)."""
+    saved_file = run_dir / DATA_FILE
+    if not saved_file.exists():
+        return []
+    try:
+        saved = json.loads(saved_file.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise RunFolderError(f"{saved_file}: unreadable ({err!r})") from None
+    changes = [
+        {"key": key, "path": now[key]["path"], "saved": was["sha256"], "new": now[key]["sha256"]}
+        for key, was in saved.items()
+        if key in now and isinstance(was, dict) and was.get("sha256") != now[key]["sha256"]
+    ]
+    if not changes:
+        return []
+    what = "; ".join(
+        f"{c['key']} {c['path']} (sha256 {c['saved'][:12]} -> {c['new'][:12]})" for c in changes
+    )
+    if not allow_change:
+        raise RunFolderError(
+            f"run_dir {run_dir}: a data file changed since the run started ({DATA_FILE}): "
+            f"{what}; a resume would draw other questions than the run did: restore the file, "
+            "set allow_config_change=true to go on with it (recorded in "
+            f"{DATA_FILE}), or choose another run_dir"
+        )
+    print(f"[run] {run_dir}: going on with a changed data file ({what})", flush=True)
+    return changes
+
+
+def record_data_files(run_dir: Path, now: dict[str, dict], changes: list, start_step: int) -> None:
+    """data_files.json: this start's data files (the first start's, a fresh start's, or a
+    resume's with the changes it was allowed to go on with appended)."""
+    path = run_dir / DATA_FILE
+    history = []
+    if start_step > 0 and path.exists():
+        try:
+            history = list(json.loads(path.read_text(encoding="utf-8")).get("changes", []))
+        except (OSError, ValueError, AttributeError):
+            history = []
+    history += [{"time": _now(), "from_step": start_step, **c} for c in changes]
+    _write_atomic(path, json.dumps({"files": now, "changes": history}, indent=1) + "\n")
 
 
 def run_record(method: str, cfg: Any) -> dict:

@@ -34,11 +34,23 @@ def train_args(world: Path, tmp: Path, *more: str) -> list[str]:
     ]
 
 
+def mark_finished(world: Path, tmp: Path) -> None:
+    """The finished warmup's marker (``phases/mu.done``, this config's RL settings)."""
+    from arco.config import ArcoConfig
+    from arco.warmup import WarmupPhases, warmup_rl_settings, warmup_settings
+    from common.config import load_config
+
+    cfg = load_config(ArcoConfig, CONFIG, train_args(world, tmp)[3:])
+    WarmupPhases(tmp / "warmup", warmup_settings(cfg), warmup_rl_settings(cfg)).finish("mu")
+
+
 @pytest.fixture()
 def warmup(tiny_world, tmp_path) -> Path:
-    """A warmup folder as the warmup writes it (fresh adapters and head, K=3)."""
+    """A warmup folder as the warmup writes it (fresh adapters and head, K=3; finished)."""
     torch.manual_seed(0)
-    return save_arco(build_arco_model(tiny_world / "model", LORA, k=3), tmp_path / "warmup")
+    folder = save_arco(build_arco_model(tiny_world / "model", LORA, k=3), tmp_path / "warmup")
+    mark_finished(tiny_world, tmp_path)
+    return folder
 
 
 def one_line_exit_2(capsys, args: list[str]) -> str:

@@ -7,7 +7,6 @@ these records are built here, in its writer's format, on the tiny distractor sam
 from __future__ import annotations
 
 import json
-import pickle
 import socket
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from arco.release_import import import_release
 from arco.teacher import INVALID_OBSERVATION
 from common.config import load_config
 from common.data import load_qa
+from common.train.plain_state import load_plain
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "arco" / "configs" / "tiny.yaml"
@@ -282,8 +282,7 @@ def test_warmup_from_the_release_file_sends_no_request(tiny_world, tmp_path, mon
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_world / "model")
-    with (out / "phases" / "collect.pt").open("rb") as f:
-        collected = pickle.load(f)
+    collected = load_plain(out / "phases" / "collect", warmup.PHASE_CLASSES)
     for t, r in zip(collected["trajs"], rows, strict=True):
         assert [s.kind for s in t.steps] == [s["kind"] for s in r["steps"]]
         for span, step in zip(t.steps, r["steps"], strict=True):

@@ -672,7 +672,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
     cfg.train.total_steps = max(cfg.steps, 1)
     cfg.train.seed = cfg.seed
     cfg.train.lr = rl.pi_lr_sparse
-    from arco.warmup import check_warmup_finished
+    from arco.warmup_state import check_warmup_finished
 
     check_warmup_finished(cfg)  # its phases/mu.done, made with this run's RL settings
     if uses_mu:  # the warmup's K and rubric settings from its arco.json, before any load

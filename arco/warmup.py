@@ -39,7 +39,8 @@ read: its phase runs again.
 The adapters and the head are created after the warmup seeds torch, Python and numpy with
 ``seed`` (a process's own seed differs from run to run), so two warmups of one config create the
 same weights. ``arco train`` starts only from a finished warmup whose RL settings are its own
-(``check_warmup_finished``: ``phases/mu.done`` present, its ``rl_settings`` equal).
+(``arco.warmup_state.check_warmup_finished``: ``phases/mu.done`` present, its ``rl_settings``
+equal).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ from arco.teacher import (
     teacher_rollouts,
     warmup_estimate,
 )
+from arco.warmup_state import warmup_rl_settings
 from common.api_budget import ApiBudget, estimate_text, on_rank_zero, usage_text
 from common.config import config_to_dict
 from common.data import QAExample
@@ -103,7 +105,7 @@ from common.train.checkpoint import _rng_state, _set_rng_state
 from common.train.distributed import current_rank
 from common.train.plain_state import exists as _plain_exists
 from common.train.plain_state import load_plain, save_plain
-from common.train.run_folder import config_diff, open_run_folder
+from common.train.run_folder import open_run_folder
 
 
 def _lr_factor(step: int, total: int, warmup: int) -> float:
@@ -722,64 +724,6 @@ NOT_WARMUP_RESULT = frozenset(
     {"api_cache_dir", "max_api_calls", "max_api_usd", "player_usd_per_mtok"}
     | {"annotator_usd_per_mtok"}
 )
-
-
-# what RL reads of the warmup beside the rubric (``arco.trainer.check_rubric_matches``): the
-# backbone and LoRA its adapters belong to, and the environment and prompt format π and μ learned
-WARMUP_FOR_RL = {
-    "assets": ("model",),
-    "lora": None,  # every key
-    "env": None,
-    "agent": ("instruction", "state_budget"),  # env's protocol replaces agent.protocol
-}
-
-
-def warmup_rl_settings(cfg: ArcoConfig) -> dict:
-    """The settings an RL run must share with the warmup it starts from (``WARMUP_FOR_RL``);
-    the warmup's own (``warmup.*``, its seed, its questions) may differ."""
-    full = config_to_dict(cfg)
-    out = {}
-    for section, keys in WARMUP_FOR_RL.items():
-        values = full.get(section, {})
-        out[section] = dict(values) if keys is None else {k: values.get(k) for k in keys}
-    return json.loads(json.dumps(out, default=str))
-
-
-def check_warmup_finished(cfg: ArcoConfig) -> None:
-    """Before RL loads anything: ``warmup_dir`` holds a finished warmup (its ``phases/mu.done``)
-    made with this run's RL settings (``warmup_rl_settings``); else a ``ValueError`` in one
-    line naming the folder and what differs."""
-    out = Path(cfg.warmup_dir)
-    marker = out / "phases" / "mu.done"
-    try:
-        record = json.loads(marker.read_text(encoding="utf-8"))
-        saved = record.get("rl_settings")
-    except (OSError, ValueError, AttributeError):
-        raise ValueError(
-            f"warmup_dir {out} holds no finished warmup (no {marker}: a warmup killed, or rerun "
-            "under other settings and stopped, before μ's phase ended, or one written before "
-            "the marker; its adapters may be an older warmup's): run `arco warmup` with this "
-            "config to finish it (its finished phases are skipped)"
-        ) from None
-    if not isinstance(saved, dict):
-        raise ValueError(
-            f"warmup_dir {out}: {marker} records no RL settings (a warmup written before "
-            "them): run `arco warmup` again with the settings it was made with (its phases are "
-            "done: it only records them)"
-        )
-    changes = config_diff(saved, warmup_rl_settings(cfg))
-    if changes:
-
-        def show(v: Any) -> str:
-            text = json.dumps(v, default=repr)
-            return text if len(text) <= 60 else text[:57] + "..."
-
-        what = ", ".join(f"{k}: {show(old)} -> {show(new)}" for k, old, new in changes)
-        raise ValueError(
-            f"warmup_dir {out} was made with other settings than this run's ({marker}; "
-            f"warmup -> run): {what}; run `arco warmup` with this run's settings, or set "
-            "warmup_dir to a warmup made with them"
-        )
 
 
 def warmup_settings(cfg: ArcoConfig) -> str:

@@ -43,7 +43,8 @@ def arco_start(world: Path, tmp: Path, monkeypatch, *more: str):
         *more,
     ]
     cfg = load_config(ArcoConfig, ROOT / "arco" / "configs" / "tiny.yaml", over)
-    from arco.warmup import WarmupPhases, warmup_rl_settings, warmup_settings
+    from arco.warmup import WarmupPhases, warmup_settings
+    from arco.warmup_state import warmup_rl_settings
 
     WarmupPhases(warm, warmup_settings(cfg), warmup_rl_settings(cfg)).finish("mu")  # finished
     arco.trainer.train_arco(cfg)

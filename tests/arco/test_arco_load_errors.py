@@ -37,7 +37,8 @@ def train_args(world: Path, tmp: Path, *more: str) -> list[str]:
 def mark_finished(world: Path, tmp: Path) -> None:
     """The finished warmup's marker (``phases/mu.done``, this config's RL settings)."""
     from arco.config import ArcoConfig
-    from arco.warmup import WarmupPhases, warmup_rl_settings, warmup_settings
+    from arco.warmup import WarmupPhases, warmup_settings
+    from arco.warmup_state import warmup_rl_settings
     from common.config import load_config
 
     cfg = load_config(ArcoConfig, CONFIG, train_args(world, tmp)[3:])

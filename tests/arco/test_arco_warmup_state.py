@@ -86,7 +86,8 @@ def no_model_loads(monkeypatch):
 def finished_warmup(world: Path, out: Path, *settings: str) -> Path:
     """A warmup folder whose three phases finished under ``settings``: arco.json, the phases'
     results and markers (what ``run_warmup`` leaves, weights aside)."""
-    from arco.warmup import WarmupPhases, warmup_rl_settings, warmup_settings
+    from arco.warmup import WarmupPhases, warmup_settings
+    from arco.warmup_state import warmup_rl_settings
 
     cfg = config(world, out, *settings)
     folder = Path(cfg.warmup_dir)
@@ -130,7 +131,7 @@ def test_train_refuses_a_warmup_made_with_other_rl_settings_naming_them(
     assert "warmup.questions" not in err and "seed" not in err
 
     import arco.trainer
-    from arco.warmup import check_warmup_finished
+    from arco.warmup_state import check_warmup_finished
 
     cfg = config(tiny_world, tmp_path, "lora.r=8")  # the warmup's RL settings: it passes
     check_warmup_finished(cfg)
@@ -140,7 +141,8 @@ def test_train_refuses_a_warmup_made_with_other_rl_settings_naming_them(
 def test_a_rerun_of_a_finished_warmup_records_its_rl_settings(tiny_world, tmp_path, capsys):
     """A warmup finished before the markers held RL settings: a rerun with its settings loads
     nothing (every phase done) and writes them, and RL starts from it."""
-    from arco.warmup import check_warmup_finished, run_warmup
+    from arco.warmup import run_warmup
+    from arco.warmup_state import check_warmup_finished
 
     warm = finished_warmup(tiny_world, tmp_path)
     marker = warm / "phases" / "mu.done"

@@ -35,7 +35,7 @@ import torch
 
 from common.launcher import RunStopped
 from common.train import gpu_memory
-from common.train.distributed import all_reduce_values
+from common.train.distributed import any_rank
 from common.train.gpu_memory import GIB, note_device_use, release_cached
 
 SKIPPED = "guard/skipped_update"
@@ -76,13 +76,6 @@ def is_finite(value: Any) -> bool:
 def nonfinite(name: str, value: Any) -> str | None:
     """``name`` when ``value`` holds a NaN or an inf, else None."""
     return None if is_finite(value) else name
-
-
-def any_rank(flags: Sequence[bool]) -> list[bool]:
-    """Each flag true on any rank (an all-reduce of their max; the flags unchanged in one
-    process): a decision every rank then takes alike. A collective: every rank calls it with
-    the same number of flags."""
-    return [v > 0 for v in all_reduce_values([float(bool(f)) for f in flags], "max")]
 
 
 def agreed_nonfinite(values: Mapping[str, Any]) -> list[str]:

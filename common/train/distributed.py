@@ -6,7 +6,7 @@ import atexit
 import os
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -165,6 +165,13 @@ def all_reduce_values(values: list[float], op: str = "sum", dtype=torch.float64)
     if not is_multi_rank():
         return [float(v) for v in values]
     return reduce_in_group(values, op, dtype)
+
+
+def any_rank(flags: Sequence[bool]) -> list[bool]:
+    """Each flag true on any rank (an all-reduce of their max; the flags unchanged in one
+    process): a decision every rank then takes alike. A collective: every rank calls it with
+    the same number of flags."""
+    return [v > 0 for v in all_reduce_values([float(bool(f)) for f in flags], "max")]
 
 
 def reduce_in_group(values: list[float], op: str = "sum", dtype=torch.float64) -> list[float]:

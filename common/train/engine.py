@@ -418,7 +418,7 @@ class _DeepSpeedBackend:
 
     def _nonfinite_stage0(self, skip: bool) -> bool:
         """ZeRO stage 0: ``skip``, or a non-finite gradient, on any rank."""
-        from common.guards import any_rank
+        from common.train.distributed import any_rank
 
         bad = skip or any(
             p.grad is not None and not bool(torch.isfinite(p.grad).all()) for p in self.params
@@ -705,7 +705,7 @@ class TrainEngine:
     def _agree_on_skip(self, bad_loss: bool, skipped: bool) -> dict[str, Any]:
         """The boundary's skip, checked to be every rank's (DeepSpeed decides it from the global
         norm, so it is), with its cause: a non-finite loss on any rank, else the norm."""
-        from common.guards import any_rank
+        from common.train.distributed import any_rank
 
         any_bad_loss, any_skipped = any_rank([bad_loss, skipped])
         if any_skipped != skipped:

@@ -59,7 +59,15 @@ def run_eval(
         results[name] = {
             "questions": len(examples),
             **evaluate(
-                engine, tokenizer, retriever, examples, agent_cfg, rank, world, results_path=rows
+                engine,
+                tokenizer,
+                retriever,
+                examples,
+                agent_cfg,
+                rank,
+                world,
+                results_path=rows,
+                desc=f"arco eval {name}",  # stderr: questions done, a second (rank 0)
             ),
         }
     lines = [

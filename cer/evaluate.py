@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from common.rl_loop import build_engine, gather_in_order
 from common.rollout.engine import GenerationEngine, SamplingConfig
 from common.train import find_latest_checkpoint
 from common.train.distributed import init_distributed
+from common.train.logging import generation_progress
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +87,16 @@ def evaluate_problems(
     prompts: Sequence[list[int]],
     params: SamplingConfig,
     rules: Rules = DEFAULT_RULES,
+    desc: str | None = None,
 ) -> tuple[dict[str, float], list[dict]]:
     """``params.n`` samples per problem: accuracy (rule / letter; mean over all samples, i.e.
     avg@n), pass@n, exact-match accuracy and the share of samples with a boxed answer; and one
     row per problem (its gold, answers, verdicts and exact matches). Short-answer QA rows also
     get token F1 and containment (the normalised gold inside the normalised answer), which judge
-    free-form answers that exact match misses."""
-    groups = sample_groups(engine, tokenizer, examples, prompts, params, group_prefix="eval:")
+    free-form answers that exact match misses. ``desc``: a bar of the samples done on stderr
+    while they are drawn (``generation_progress``; rank 0); None: none."""
+    with generation_progress(engine, desc) if desc else nullcontext():
+        groups = sample_groups(engine, tokenizer, examples, prompts, params, group_prefix="eval:")
     rows = []
     for g in groups:
         answers = [s.answer for s in g.splits]
@@ -134,12 +139,15 @@ def evaluate_sharded(
     rules: Rules,
     rank: int,
     world: int,
+    desc: str | None = None,
 ) -> tuple[dict[str, float], list[dict]]:
     """``evaluate_problems`` on this rank's problems (``[rank::world]``; a collective when
     ``world`` > 1: every rank calls it), with every rank's rows gathered back into the order of
-    ``examples`` and the metrics of them all."""
+    ``examples`` and the metrics of them all. ``desc``: rank 0's bar of its samples."""
     mine = slice(rank, None, world)
-    _, rows = evaluate_problems(engine, tokenizer, examples[mine], prompts[mine], params, rules)
+    _, rows = evaluate_problems(
+        engine, tokenizer, examples[mine], prompts[mine], params, rules, desc
+    )
     rows = gather_in_order(rows, world)
     return row_metrics(rows, params.n), rows
 
@@ -204,8 +212,9 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         sampled = SamplingConfig(
             n=k, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, max_tokens=e.max_tokens
         )
+        label = f"cer eval {name}"  # the bars on stderr: samples done, a second (rank 0)
         metrics, rows = evaluate_sharded(
-            engine, tokenizer, examples, prompts, sampled, rules, rank, world
+            engine, tokenizer, examples, prompts, sampled, rules, rank, world, f"{label} k={k}"
         )
         result = {f"avg@{k}": metrics["accuracy"], f"pass@{k}": metrics[f"pass@{k}"]}
         result[f"exact_avg@{k}"] = metrics["exact_accuracy"]
@@ -223,7 +232,7 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         if e.greedy:
             greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=e.max_tokens)
             g_metrics, g_rows = evaluate_sharded(
-                engine, tokenizer, examples, prompts, greedy, rules, rank, world
+                engine, tokenizer, examples, prompts, greedy, rules, rank, world, f"{label} greedy"
             )
             result["greedy"] = g_metrics["accuracy"]
             result["greedy_exact"] = g_metrics["exact_accuracy"]

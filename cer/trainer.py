@@ -189,7 +189,7 @@ def train_cer(cfg: CERConfig) -> dict:
         shard = slice(train.rank, None, train.world_size)
         greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=cfg.max_response_tokens)
         m, rows = evaluate_problems(
-            engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy, rules_of(cfg)
+            engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy, rules_of(cfg), "dev eval"
         )
         m = all_ranks_mean(m, len(dev_set[shard]))
         m["correct"] = m["accuracy"]  # the per-problem field's name: experiments.compare's curves

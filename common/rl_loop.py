@@ -30,7 +30,7 @@ from common.rollout import AgentConfig, HFEngine, Trajectory, run_agent
 from common.rollout.batch import TokenBatch, collate
 from common.run_config import EngineConfig, LossConfig, RunLoopConfig  # noqa: F401
 from common.token_counts import SUMMED_PREFIXES
-from common.train import TrainEngine, read_metrics
+from common.train import TrainEngine, progress, read_metrics
 from common.train.distributed import all_reduce_values, is_multi_rank
 
 
@@ -365,21 +365,48 @@ def evaluate(
     world: int = 1,
     adapter: str | None = None,
     results_path: Path | None = None,
+    desc: str | None = "eval",
 ) -> dict[str, float]:
     """Greedy single-sample EM/F1 and behaviour metrics on this rank's shard, averaged over ranks
     (``adapter``: the engine's LoRA adapter that plays the policy). With ``results_path`` the
     main rank writes one row per question (``question_rows``), every rank's shard gathered, in
-    the order of ``examples``: what ``experiments.compare`` pairs across runs."""
+    the order of ``examples``: what ``experiments.compare`` pairs across runs. ``desc``: the
+    progress bar's name (rank 0's shard; ``agent_rollouts``); None: no bar."""
     shard = examples[rank::world]
     greedy = AgentConfig(**{**vars(agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0})
-    trajs = run_agent(
-        engine, tokenizer, retriever, shard, 1, greedy, group_prefix="eval:", adapter=adapter
+    trajs = agent_rollouts(
+        engine, tokenizer, retriever, shard, 1, greedy, desc, group_prefix="eval:", adapter=adapter
     )
     if results_path is not None:
         rows = gather_in_order(question_rows(trajs), world)
         if rank == 0:
             write_jsonl_atomic(results_path, rows)
     return all_ranks_mean(rollout_metrics(trajs), len(shard))
+
+
+def agent_rollouts(
+    engine,
+    tokenizer,
+    retriever,
+    examples: list[QAExample],
+    n: int,
+    agent: AgentConfig,
+    desc: str | None,
+    **kwargs,
+) -> list[Trajectory]:
+    """``run_agent`` (``kwargs``: its own) with a bar of the questions done on stderr
+    (``common.train.progress``: count, total, questions a second; rank 0), advanced as each
+    question's ``n`` rollouts finish. ``desc`` None: no bar. The rollouts are ``run_agent``'s."""
+    if desc is None:
+        return run_agent(engine, tokenizer, retriever, examples, n, agent, **kwargs)
+    with progress(None, desc, total=len(examples), unit="question") as bar:
+
+        def done(group: list[Trajectory]) -> None:
+            bar.update(1)
+
+        return run_agent(
+            engine, tokenizer, retriever, examples, n, agent, on_group_done=done, **kwargs
+        )
 
 
 def question_rows(trajs: list[Trajectory]) -> list[dict]:

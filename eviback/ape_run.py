@@ -40,6 +40,7 @@ from common.api_budget import (
 from common.data import QAExample
 from common.llm_client import LLMClient
 from common.train.distributed import refuse_ranks
+from common.train.logging import progress
 from eviback.ape import (
     BenchmarkRow,
     CandidateResult,
@@ -90,8 +91,7 @@ def rollout_benchmark(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.rl_loop import build_engine
-    from common.rollout import run_agent
+    from common.rl_loop import agent_rollouts, build_engine
 
     a = cfg.assets
     examples = ape_questions(cfg)
@@ -100,9 +100,10 @@ def rollout_benchmark(
     if cfg.engine.backend == "hf":
         model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     engine = build_engine(cfg.engine, a.model, model, tokenizer, cfg.seed)
-    trajs = run_agent(
-        engine, tokenizer, build_retriever(a), examples, cfg.ape.rollouts, cfg.agent, "ape:"
-    )
+    retriever, n = build_retriever(a), cfg.ape.rollouts
+    trajs = agent_rollouts(
+        engine, tokenizer, retriever, examples, n, cfg.agent, "APE rollouts", group_prefix="ape:"
+    )  # a bar of the questions rolled out on stderr
     oracle = EvidenceOracle(cfg.teacher.top_m)
     llm = None if labeller is None else llm_labeller(labeller, cfg.teacher.top_m, cap)
     return label_rollouts(trajs, {ex.id: ex for ex in examples}, oracle.label, llm)
@@ -442,15 +443,24 @@ def run_ape(cfg: EviBackConfig) -> dict:
     what = "API estimate" if controller is None else "API estimate of the judging, candidates known"
     print(estimate_text(PREFIX, known, cap, what), flush=True)
     w, reps = cfg.ape.objective_weights, cfg.ape.repeats
-    single = [evaluate_policy(teacher, TeacherPolicy(p.id), dev, reps, w, "dev") for p in prompts_a]
+    # each pass a bar on stderr (count, rate, time left): a candidate is ``reps`` runs of the
+    # teacher over the dev rows
+    single = [
+        evaluate_policy(teacher, TeacherPolicy(p.id), dev, reps, w, "dev")
+        for p in progress(prompts_a, "APE stage-A prompts", unit="prompt")
+    ]
     top_a = sorted(single, key=lambda r: -r.summary()["objective_mean"])[: cfg.ape.gated_from_top]
+    pairs = gated_policies([r.policy.stage_a for r in top_a], [p.id for p in prompts_b])
     gated = [
         evaluate_policy(teacher, policy, dev, reps, w, "dev")
-        for policy in gated_policies([r.policy.stage_a for r in top_a], [p.id for p in prompts_b])
+        for policy in progress(pairs, "APE gated pairs", unit="pair")
     ]
     selection = select_best(single + gated)
     chosen = [r for r in (selection.single, selection.gated) if r is not None]
-    held_runs = [policy_runs(teacher, r.policy, holdout, 1, "holdout") for r in chosen]
+    held_runs = [
+        policy_runs(teacher, r.policy, holdout, 1, "holdout")
+        for r in progress(chosen, "APE holdout", unit="policy")
+    ]
     held = [
         candidate_result(r.policy, holdout, *runs, w)
         for r, runs in zip(chosen, held_runs, strict=True)

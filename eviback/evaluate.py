@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.metrics import exact_match, f1_score
-from common.rollout import AgentConfig, Trajectory, run_agent
+from common.rollout import AgentConfig, Trajectory
 from eviback.assets import build_retriever, question_chars, select_questions, source_of
 from eviback.config import EviBackConfig
 from eviback.reward import rollout_facts
@@ -216,7 +216,7 @@ def run_eval(cfg: EviBackConfig) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.rl_loop import build_engine
+    from common.rl_loop import agent_rollouts, build_engine
     from common.train import find_latest_checkpoint
     from common.train.distributed import init_distributed
 
@@ -238,7 +238,10 @@ def run_eval(cfg: EviBackConfig) -> dict:
         **{**vars(cfg.agent), "temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_turns": turns}
     )
     retriever = build_retriever(cfg.assets)
-    trajs = run_agent(engine, tokenizer, retriever, examples[rank::world], 1, greedy, "eval:")
+    mine = examples[rank::world]  # rank 0's bar counts its share (stderr: count and rate)
+    trajs = agent_rollouts(
+        engine, tokenizer, retriever, mine, 1, greedy, "eviback eval", group_prefix="eval:"
+    )
     results = gather_shards([question_result(t, cfg.em_well_formed) for t in trajs], world)
     if rank != 0:
         return {"model": model_path, "rank": rank, "questions": len(trajs)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,21 @@ def test_lora_adapters_and_merged_push(engine, lora_engine, model_and_ids):
     # merged weights of one adapter pushed as full weights into a plain engine
     engine.push_weights(iter_named_weights(peft, merge_lora=True, adapter="policy"))
     assert max_gap(engine.score([ids[:split]], [ids[split:]])[0], target) < 1e-4
+
+
+def test_generation_progress_counts_the_samples_vllm_finishes(engine, capsys):
+    """vLLM's bar, through ``generation_progress``: a finished request adds its n samples; the
+    bar's total is the call's samples (issue 54: `cer eval` on vLLM shows its progress)."""
+    from common.train.logging import generation_progress
+
+    params = SamplingConfig(n=2, temperature=1.0, max_tokens=4)
+    with generation_progress(engine, "vllm samples"):
+        outs = engine.generate([[5, 6, 7], [8, 9]], params)
+    assert [len(o) for o in outs] == [2, 2]
+    assert re.search(r"vllm samples: 100%.*4/4", capsys.readouterr().err)
+    assert engine.progress is None
+    engine.generate([[5, 6, 7]], params)  # no bar outside it
+    assert "vllm samples" not in capsys.readouterr().err
 
 
 def test_only_the_expected_reload_warnings_are_hidden():

@@ -55,6 +55,9 @@ class HFEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        # a bar factory, total samples -> bar (``common.train.logging.generation_progress``):
+        # generate advances it after each batch; None: no bar
+        self.progress = None
         # share_prompt: a prompt sampled n times is prefilled once (``_prefilled_cache``)
         self.share_prompt = share_prompt
         # keep_kv: each Completion carries its batch's cache and logits (``GeneratedKV``), so
@@ -120,6 +123,7 @@ class HFEngine:
         # all stopped must keep forwarding until every rank's have (transformers takes this from
         # a DeepSpeed config that load_for_training no longer holds; without it the others hang)
         synced = is_partitioned(self.model) and is_multi_rank()
+        bar = self.progress(len(flat)) if self.progress is not None else None
         for start in range(0, len(flat), self.batch_size):
             batch = flat[start : start + self.batch_size]
             ids, mask = self._left_pad(batch)
@@ -170,6 +174,10 @@ class HFEngine:
                         kv=None if layers is None else GeneratedKV(layers, b, mask[b], logits),
                     )
                 )
+            if bar is not None:
+                bar.update(len(batch))
+        if bar is not None:
+            bar.close()
         self.model.train(was_training)
         return [comps[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 

@@ -238,6 +238,9 @@ class VLLMEngine:
         self.enable_sleep_mode = enable_sleep_mode
         self.enable_lora = enable_lora
         self.asleep = False
+        # a bar factory, total samples -> bar (``common.train.logging.generation_progress``);
+        # None: vLLM's own bar stays off
+        self.progress = None
 
     # -- generation -------------------------------------------------------------------------
     def _sampling_params(self, p: SamplingConfig, logprobs: bool = True, seed: int | None = None):
@@ -265,10 +268,19 @@ class VLLMEngine:
         """``params.n`` completions per prompt, with the sampled tokens' logprobs."""
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
         seeds = request_seeds(params, len(prompts))
+        bar = self.progress
+
+        def vllm_bar(iterable=None, **_):
+            """vLLM calls its tqdm on the prompts it renders (passed through: no bar) and for
+            the run, which adds a finished request's n samples: our bar's total is the call's
+            samples (vLLM's own total counts requests, or with n > 1 split them, by version;
+            ``common.train.logging.generation_progress``)."""
+            return iterable if iterable is not None else bar(len(prompts) * params.n)
+
         outs = self.llm.generate(
             inputs,
             [self._sampling_params(params, seed=s) for s in seeds],
-            use_tqdm=False,
+            use_tqdm=vllm_bar if bar is not None else False,
             lora_request=self._lora_request(adapter),
         )
         result = []

@@ -18,7 +18,8 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any, TypeVar
@@ -229,18 +230,40 @@ def write_env_json(run_dir: str | Path) -> Path | None:
 NON_TTY_PROGRESS_INTERVAL_S = 30.0
 
 
-def progress(iterable: Iterable[T], desc: str, total: int | None = None) -> tqdm:
-    """A tqdm bar over `iterable`, shown on rank 0 only. When stderr is not a terminal (a log
-    file, CI) the bar is written at most every 30 s instead of on every update."""
+def progress(
+    iterable: Iterable[T] | None, desc: str, total: int | None = None, unit: str = "it"
+) -> tqdm:
+    """A tqdm bar over `iterable` (None: a counter, advanced by ``bar.update(k)``; close it, or
+    use it as a context manager), on stderr, shown on rank 0 only: the count, the total, the
+    rate in ``unit``s a second and the time left. When stderr is not a terminal (a log file,
+    CI) the bar is written at most every 30 s instead of on every update (its first and last
+    states always)."""
     interactive = sys.stderr.isatty()
     return tqdm(
         iterable,
         desc=desc,
         total=total,
+        unit=unit,
         disable=current_rank() != 0,
         mininterval=0.1 if interactive else NON_TTY_PROGRESS_INTERVAL_S,
         maxinterval=10.0 if interactive else 10 * NON_TTY_PROGRESS_INTERVAL_S,
     )
+
+
+@contextmanager
+def generation_progress(engine: Any, desc: str) -> Iterator[None]:
+    """While active, ``engine``'s ``generate`` calls show a bar of the samples done
+    (``progress``, unit "sample"): an engine with a ``progress`` attribute (``HFEngine``: after
+    each of its batches; ``VLLMEngine``: as vLLM finishes each request, with its token rates)
+    calls it with the call's sample count for a bar. Rank 0 only; other engines show none."""
+    if current_rank() != 0 or not hasattr(engine, "progress"):
+        yield
+        return
+    engine.progress = lambda total: progress(None, desc, total=total, unit="sample")
+    try:
+        yield
+    finally:
+        engine.progress = None
 
 
 def _scalar(key: str, value: Any) -> Any:

@@ -138,6 +138,27 @@ def test_ape_selects_writes_policy_and_report(teacher_url, tmp_path):
     assert len(seen) > 0
 
 
+def test_ape_shows_its_progress_on_stderr_and_its_lines_on_stdout(teacher_url, tmp_path, capsys):
+    """Issue 54: a bar for each pass (stage-A prompts, gated pairs, the holdout runs), with its
+    count and rate, on stderr; the estimate and usage lines stay on stdout."""
+    url, _ = teacher_url
+    out, cfg = ape_setup(url, tmp_path, "ape.gated_from_top=1", "ape.repeats=1")
+    from eviback.ape_run import run_ape
+
+    result = run_ape(cfg)
+    captured = capsys.readouterr()
+    assert "[eviback ape]" in captured.out and "[eviback ape]" not in captured.err
+    gated = 1 * 2 * 2 * 2  # top stage-A prompt x 2 stage-B prompts x 2 gates x canonicalise
+    chosen = sum(r is not None for r in (result["selection"].single, result["selection"].gated))
+    passes = [
+        ("APE stage-A prompts", 4, "prompt"),
+        ("APE gated pairs", gated, "pair"),
+        ("APE holdout", chosen, "policy"),
+    ]
+    for desc, n, unit in passes:
+        assert re.search(rf"{desc}: 100%.*{n}/{n} \[.*({unit}/s|s/{unit})", captured.err), desc
+
+
 def test_controller_parse_rules():
     from eviback.ape_run import parse_controller_reply
 

@@ -269,6 +269,21 @@ def test_an_allowed_change_is_recorded_and_config_yaml_keeps_what_ran_first(tmp_
         open_run_folder(tmp_path, cfg_for(tmp_path))
 
 
+def test_a_setting_a_newer_version_added_does_not_refuse_the_resume(tmp_path, capsys):
+    """A folder written before a key existed (e.g. a new guard's limit) resumes under the key's
+    value; the addition is recorded, and a change of an existing key is still refused."""
+    open_run_folder(tmp_path, cfg_for(tmp_path)).close()
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    lr = saved["train"].pop("lr")  # as a folder of a version before train.lr existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
+    open_run_folder(tmp_path, cfg_for(tmp_path)).close()
+    assert "settings this version added" in capsys.readouterr().out
+    [row] = read_jsonl(tmp_path / "config_changes.jsonl")
+    assert row["changes"] == [{"key": "train.lr", "saved": "<absent>", "new": lr}]
+    with pytest.raises(RunFolderError, match="  steps: 2 -> 3"):
+        open_run_folder(tmp_path, cfg_for(tmp_path, "steps=3"))
+
+
 def test_config_diff_ignores_where_and_how_to_start():
     a = {"run_dir": "a", "resume": True, "allow_config_change": False, "x": {"y": [1, 2]}}
     b = {"run_dir": "b", "resume": False, "allow_config_change": True, "x": {"y": (1, 2)}}

@@ -368,7 +368,10 @@ def check_settings(
     if not changes:
         return
     lines = "\n".join(f"  {key}: {_show(old)} -> {_show(new)}" for key, old, new in changes)
-    if not allow_change:
+    # a setting the folder's config lacks was added by a newer version of the code: the run
+    # goes on under it (recorded below) without allow_config_change
+    added_only = all(old is _ABSENT for _, old, _ in changes)
+    if not allow_change and not added_only:
         raise RunFolderError(
             f"run_dir {run_dir} holds a run with other settings ({saved_file}"
             f"{' and ' + CHANGES_FILE if changes_file.exists() else ''}); saved -> new:\n{lines}\n"
@@ -380,14 +383,16 @@ def check_settings(
     record = {
         "time": _now(),
         "from_step": start_step,
-        "changes": [{"key": k, "saved": old, "new": new} for k, old, new in changes],
+        "changes": [
+            {"key": k, "saved": _jsonable(old), "new": _jsonable(new)} for k, old, new in changes
+        ],
         "config": config,
     }
     with changes_file.open("a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
+    what = "settings this version added" if added_only else "settings changed"
     print(
-        f"[run] {run_dir}: settings changed from step {start_step} on (recorded in "
-        f"{changes_file}):\n{lines}",
+        f"[run] {run_dir}: {what} from step {start_step} on (recorded in {changes_file}):\n{lines}",
         flush=True,
     )
 
@@ -412,6 +417,11 @@ class _Absent:
 
 
 _ABSENT = _Absent()
+
+
+def _jsonable(value: Any) -> Any:
+    """A setting's value as config_changes.jsonl writes it: ``"<absent>"`` for a missing key."""
+    return repr(value) if value is _ABSENT else value
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -184,7 +184,8 @@ class RunLoopConfig:
         default=False,
         metadata={
             "help": "continue or rerun run_dir under other settings (recorded in "
-            "config_changes.jsonl)"
+            "config_changes.jsonl; a changed lr, weight decay, betas or eps is applied to the "
+            "restored optimizer) or with edited data files (recorded in data_files.json)"
         },
     )
     seed: int = field(default=0, metadata={"help": "data order and sampling seed", "ge": 0})

@@ -47,7 +47,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from common.rewards import Group, RewardContext, Rewards, import_object
+from common.rewards import Group, RewardContext, Rewards, convention, import_object
 
 if TYPE_CHECKING:  # torch loads where a reward runs, not when a config names one
     from torch import Tensor
@@ -432,24 +432,6 @@ def from_verl(
     return VerlReward(compute_score, data_source=data_source, **kwargs)
 
 
-def convention(fn: Any) -> str | None:
-    """``verl`` for a function with a ``solution_str`` parameter (verl's ``compute_score``s and
-    Search-R1's), ``trl`` for one with ``completions`` (TRL's reward functions), else None (this
-    project's ``(groups, ctx)``, or no signature to read). Classes are not inspected: a class
-    named as ``reward.fn`` is built with ``reward.fn_args``."""
-    if inspect.isclass(fn) or not callable(fn):
-        return None
-    try:
-        names = set(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
-    if "solution_str" in names:
-        return "verl"
-    if "completions" in names:
-        return "trl"
-    return None
-
-
 def adapter_for(fn: Any, args: Mapping[str, Any] | None = None) -> TRLReward | VerlReward | None:
     """``fn`` (a function named directly as ``reward.fn``) in its adapter when it is written in
     TRL's or verl's form (``convention``), ``args`` (``reward.fn_args``) the adapter's keyword
@@ -458,12 +440,9 @@ def adapter_for(fn: Any, args: Mapping[str, Any] | None = None) -> TRLReward | V
     style = convention(fn)
     if style is None:
         return None
-    cls = TRLReward if style == "trl" else VerlReward
+    cls = {"trl": TRLReward, "verl": VerlReward}[style]
     inspect.signature(cls).bind(fn, **dict(args or {}))  # TypeError: an argument it does not take
     return cls(fn, **dict(args or {}))
-
-
-KIND_OF = {TRLReward: "a TRL reward function", VerlReward: "a verl compute_score"}
 
 
 def describe_group(g: Group, index: int) -> str:

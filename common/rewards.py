@@ -247,7 +247,7 @@ def load_part(
     ``args``, is not callable, or does not take them.
 
     A reward function written for TRL (a ``completions`` parameter) or verl (``solution_str``)
-    is wrapped in its adapter (``common.reward_adapters.adapter_for``; ``args`` are the
+    is wrapped in its adapter (``ADAPTERS``, ``common.reward_adapters``; ``args`` are the
     adapter's), and a reward with a ``check_on_example()`` (the adapters) is called on one
     example now, before any model loads: what fails there is the error, naming ``key``."""
     path = builtins.get(spec, spec)
@@ -263,20 +263,20 @@ def load_part(
             f"{key}={spec!r} does not import: {type(e).__name__}: {e}".splitlines()[0]
         ) from None
     args = dict(args or {})
-    adapted = None
-    if kind == "reward" and not inspect.isclass(obj):  # a TRL or verl function, unchanged
-        from common.reward_adapters import KIND_OF, adapter_for
-
+    style = convention(obj) if kind == "reward" else None
+    named = repr(spec)
+    if style is not None:  # a TRL or verl function, unchanged, in its adapter (args: the adapter's)
+        named = f"{spec!r} ({ADAPTERS[style][1]})"
+        module, _, attr = ADAPTERS[style][0].partition(":")
+        adapter = import_object(module, attr)
         try:
-            adapted = adapter_for(obj, args)
+            inspect.signature(adapter).bind(obj, **args)
+            obj = adapter(obj, **args)
         except (TypeError, ValueError) as e:
             raise ValueError(
-                f"{key}={spec!r} (a TRL or verl function, in its adapter) does not take the "
-                f"arguments {sorted(args)}: {e}"
+                f"{key}={named} does not take the arguments {sorted(args)}: {e}"
             ) from None
-        if adapted is not None:
-            spec_kind = f"{spec!r} ({KIND_OF[type(adapted)]})"
-            obj, args = adapted, {}
+        args = {}
     if inspect.isclass(obj):
         try:
             inspect.signature(obj).bind(**args)
@@ -312,9 +312,34 @@ def load_part(
         try:
             check()
         except ValueError as e:
-            named = spec_kind if adapted is not None else repr(spec)
             raise ValueError(f"{key}={named}: {e}") from None
     return obj
+
+
+# A reward function written for TRL or verl, named directly as ``reward.fn``: its adapter (by
+# import path, as every part; ``common.reward_adapters``) and what it is called in errors.
+ADAPTERS = {
+    "trl": ("common.reward_adapters:TRLReward", "a TRL reward function"),
+    "verl": ("common.reward_adapters:VerlReward", "a verl compute_score"),
+}
+
+
+def convention(fn: Any) -> str | None:
+    """``verl`` for a function with a ``solution_str`` parameter (verl's ``compute_score``s and
+    Search-R1's), ``trl`` for one with ``completions`` (TRL's reward functions), else None (this
+    project's ``(groups, ctx)``, or no signature to read). Classes are not inspected: a class
+    named as ``reward.fn`` is built with ``reward.fn_args``."""
+    if inspect.isclass(fn) or not callable(fn):
+        return None
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    if "solution_str" in names:
+        return "verl"
+    if "completions" in names:
+        return "trl"
+    return None
 
 
 @dataclass

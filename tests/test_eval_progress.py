@@ -1,4 +1,4 @@
-"""Long work shows progress (issue 54): evaluation and E2E-APE write a bar to stderr (rank 0, the
+"""Long work shows progress: evaluation and E2E-APE write a bar to stderr (rank 0, the
 project's ``progress``: counts and a rate; in a log file its first and last state), and their
 results (return values, stdout, files) are what they were."""
 

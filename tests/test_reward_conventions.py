@@ -1,5 +1,5 @@
 """Reward functions as verl's and TRL's users write them, unchanged, as this project's outcome
-rewards (issue 54): given directly as ``reward.fn`` or through ``common.reward_adapters``, checked
+rewards: given directly as ``reward.fn`` or through ``common.reward_adapters``, checked
 when the config is built by a call on one example, "not applicable" counted and warned about.
 
 The functions below are this file's own copies in the public shapes of verl's
@@ -21,7 +21,7 @@ import pytest
 
 from common.config import ConfigError, load_config
 from common.grpo_config import GRPOConfig
-from common.reward_adapters import TRLReward, VerlReward, from_trl, from_verl
+from common.reward_adapters import TRLReward, VerlReward, adapter_for, from_trl, from_verl
 from common.rewards import Group, RewardContext
 from common.rollout.trajectory import Trajectory
 from common.tinyworld.tokenizer import build_tokenizer
@@ -278,6 +278,13 @@ def trl_needs_a_column(completions, difficulty, **kwargs):
 def test_a_function_that_fails_on_one_example_stops_the_config(fn, match):
     with pytest.raises(ConfigError, match=match):
         load_config(GRPOConfig, None, [f"reward.fn={HERE}:{fn}"])
+
+
+def test_adapter_for_wraps_only_trl_and_verl_shapes():
+    assert isinstance(adapter_for(gsm8k_compute_score), VerlReward)
+    assert isinstance(adapter_for(strict_columns, {"format": "standard"}), TRLReward)
+    assert adapter_for(lambda groups, ctx: None) is None
+    assert adapter_for(TRLReward) is None  # a class is built from reward.fn_args instead
 
 
 def test_adapter_arguments_are_checked_for_a_direct_function():

@@ -1,4 +1,4 @@
-"""Tracking across a resume (issue 54): TensorBoard holds each step once (the resumed start
+"""Tracking across a resume: TensorBoard holds each step once (the resumed start
 purges what the earlier one logged from its first step on), and W&B resumes the same run (its
 id kept in the run folder, ``resume="allow"``). wandb is not installed here: its run-id logic and
 its ``init`` arguments are tested as pure functions; TensorBoard for real."""

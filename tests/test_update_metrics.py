@@ -1,4 +1,4 @@
-"""What TRL and verl users look for in a step's metrics (issue 54), from ``policy_update`` (GRPO,
+"""What TRL and verl users look for in a step's metrics, from ``policy_update`` (GRPO,
 EviBack, CER) on a tiny model: ``entropy`` (mean over the sampled tokens the update forwarded,
 from its own forward), ``lr`` (the rate of the optimizer step), ``clip_frac``, and
 ``response_length/mean`` and ``/max``; ``response_length/max`` is the maximum over ranks."""

@@ -132,7 +132,7 @@ def test_lora_adapters_and_merged_push(engine, lora_engine, model_and_ids):
 
 def test_generation_progress_counts_the_samples_vllm_finishes(engine, capsys):
     """vLLM's bar, through ``generation_progress``: a finished request adds its n samples; the
-    bar's total is the call's samples (issue 54: `cer eval` on vLLM shows its progress)."""
+    bar's total is the call's samples (`cer eval` on vLLM shows its progress)."""
     from common.train.logging import generation_progress
 
     params = SamplingConfig(n=2, temperature=1.0, max_tokens=4)

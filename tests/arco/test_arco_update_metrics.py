@@ -1,4 +1,4 @@
-"""ARCO's update logs what TRL and verl users look for (issue 54), on two hand-built episodes:
+"""ARCO's update logs what TRL and verl users look for, on two hand-built episodes:
 ``entropy`` (π's, over the sampled tokens, from the update's own logits), ``lr`` (π's group) and
 ``lr/<group>``, ``clip_frac`` (0: ARCO's π loss has no ratio to clip) and the response lengths."""
 

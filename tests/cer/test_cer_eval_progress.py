@@ -1,4 +1,4 @@
-"""`cer eval` shows its sampling's progress (issue 54): the engine's ``generate`` reports the
+"""`cer eval` shows its sampling's progress: the engine's ``generate`` reports the
 samples done to a bar on stderr (HF engine: after each of its batches), and the rows and metrics
 are those of a call without the bar (greedy)."""
 

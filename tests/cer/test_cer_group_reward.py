@@ -104,7 +104,7 @@ def test_the_multiple_choice_prompt_is_the_release_s_letter_in_the_box(char_toke
     """The release (recipe/cer/src/data_preparation.py, qwen_multi_choice_prompt) appends "Please
     only provide the letter of the answer in the box." to the step-by-step line, on one line
     after the question; under ``choice_verifier: strict`` (the release's check) only the boxed
-    letter itself scores, which is what that prompt asks for (issue 54)."""
+    letter itself scores, which is what that prompt asks for."""
     g = make_group(char_tokenizer, "Pick", "H", ["\\boxed{H}", "H", "\\boxed{H.}"], mc=True)
     assert user_message(g.example) == (
         "Pick\nPlease reason step by step, and put your final answer within \\boxed{}. "

@@ -337,7 +337,7 @@ def test_verifree_with_its_likelihood_term_runs_end_to_end(tiny_root):
 
 def test_samples_per_step_0_trains_and_writes_no_group(tiny_root):
     """``samples_per_step=0`` (allowed: ge 0) writes an empty samples record; it crashed in
-    ``torch.cat`` of no group's rewards (issue 54)."""
+    ``torch.cat`` of no group's rewards."""
     run_dir = tiny_root / "run_no_samples"
     cfg = tiny_config(
         tiny_root,

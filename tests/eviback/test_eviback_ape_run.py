@@ -139,7 +139,7 @@ def test_ape_selects_writes_policy_and_report(teacher_url, tmp_path):
 
 
 def test_ape_shows_its_progress_on_stderr_and_its_lines_on_stdout(teacher_url, tmp_path, capsys):
-    """Issue 54: a bar for each pass (stage-A prompts, gated pairs, the holdout runs), with its
+    """A bar for each pass (stage-A prompts, gated pairs, the holdout runs), with its
     count and rate, on stderr; the estimate and usage lines stay on stdout."""
     url, _ = teacher_url
     out, cfg = ape_setup(url, tmp_path, "ape.gated_from_top=1", "ape.repeats=1")

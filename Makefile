@@ -33,7 +33,7 @@ EVIBACK_CONFIG := eviback/configs/qwen3_$(SCALE).yaml
 ARCO_CONFIG := arco/configs/$(subst -,_,$(SCALE))_$(ARCO_DATA).yaml
 endif
 
-# GPUS=N: the train-* and eval-* targets run under the DeepSpeed launcher on N GPUs of this node;
+# GPUS=N: the train-* and eval-* targets and warmup-arco run under the DeepSpeed launcher on N GPUs of this node;
 # HOSTFILE=F: on the nodes F lists ("host slots=N" a line; .deepspeed_env forwards the environment;
 # docs/scale_out.md "Two nodes"). Neither: one process. DS_ARGS: more launcher options.
 GPUS ?=
@@ -47,7 +47,7 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 
 .PHONY: install test test-fast lint format world warmup train-grpo demo bench bench-trl \
 	cer-tiny-assets train-cer train-cer-baseline eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
-	warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
+	ape-eviback wait-services warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
 	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
 	rehearse-all gpu-check gpu-check-bare wheelhouse serve-retrieval serve-teacher data data-index smol warmup-smol arco-smol-warmup
@@ -115,9 +115,23 @@ train-cer-baseline:  ## CER's baseline in the same trainer: the rule verifier's 
 eval-cer:  ## CER's evaluation of the latest checkpoint of the run
 	$(NODES_ENV) $(LAUNCH) cer eval --config $(CER_CONFIG)
 
-train-eviback:  ## EviBack; SCALE=tiny|smol|0.6b|1.7b|4b (paper scales need GPUs)
+# EviBack's teacher prompts at a paper scale: the frozen E2E-APE policy `make ape-eviback` writes
+# (the config's run_dir/ape/policy.yaml) when it is there, else the hand-written gated two-stage
+# prompts, one line saying which. APE_POLICY=FILE: another policy; APE_POLICY=: the config's own.
+APE_POLICY ?= $(if $(filter tiny smol,$(SCALE)),,runs/eviback/qwen3_$(SCALE)/ape/policy.yaml)
+APE_FOUND = $(if $(APE_POLICY),$(wildcard $(APE_POLICY)))
+APE_ARG = $(if $(APE_FOUND),teacher.policy_file=$(APE_POLICY))
+APE_SAYS = $(if $(APE_POLICY),$(if $(APE_FOUND),[make] EviBack's teacher: the E2E-APE policy \
+	$(APE_POLICY),[make] no E2E-APE policy at $(APE_POLICY) (make ape-eviback SCALE=$(SCALE) \
+	writes it): EviBack's teacher runs the hand-written gated two-stage prompts))
+
+ape-eviback:  ## E2E-APE, the paper's teacher prompt search (one process; the retrieval server and teacher answering): the policy train-eviback then uses
+	$(PY) -m eviback ape --config $(EVIBACK_CONFIG) $(SEED_ARG)
+
+train-eviback:  ## EviBack; SCALE=tiny|smol|0.6b|1.7b|4b (paper scales need GPUs; the APE policy when make ape-eviback wrote it)
 	$(if $(AGENT_WARMUP),$(MAKE) $(AGENT_WARMUP))
-	$(NODES_ENV) $(LAUNCH) eviback train --config $(EVIBACK_CONFIG) $(SEED_ARG)
+	$(if $(APE_SAYS),@echo "$(APE_SAYS)")
+	$(NODES_ENV) $(LAUNCH) eviback train --config $(EVIBACK_CONFIG) $(APE_ARG) $(SEED_ARG)
 
 train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (teacher off)
 	$(if $(AGENT_WARMUP),$(MAKE) $(AGENT_WARMUP))
@@ -127,10 +141,14 @@ train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (tea
 eval-eviback:  ## EviBack's evaluation of the latest checkpoint of the run
 	$(NODES_ENV) $(LAUNCH) eviback eval --config $(EVIBACK_CONFIG)
 
-warmup-arco:  ## ARCO's warmup (tiny, smol: the data's supporting documents annotate; paper scales: an LLM teacher, API cost)
+# WARMUP_FILE=F: ARCO's warmup from the release's warmup data instead of paying an LLM teacher
+# (warmup.teacher=file; HotpotQA with Qwen3-4B only: README.md, "One paper run", links the file)
+WARMUP_FILE ?=
+ARCO_WARMUP_FILE := $(if $(WARMUP_FILE),warmup.teacher=file warmup.release_file=$(WARMUP_FILE))
+warmup-arco:  ## ARCO's warmup (tiny, smol: the data's supporting documents annotate; paper scales: an LLM teacher, API cost, or WARMUP_FILE=); GPUS=, HOSTFILE= as train-arco
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
 	$(if $(filter smol,$(SCALE)),$(MAKE) warmup-smol)
-	$(PY) -m arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(SEED_ARG)
+	$(NODES_ENV) $(LAUNCH) arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(ARCO_WARMUP_FILE) $(SEED_ARG)
 
 $(ARCO_WARM)/arco.json: $(WARM)/config.json
 	$(PY) -m arco warmup --config arco/configs/tiny.yaml
@@ -151,8 +169,13 @@ eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy
 # METHOD=cer|eviback|arco with SCALE and DATA as for its train-* target; HUB=DIR: a local stand-in
 METHOD ?=
 DATA_CONFIG = $(if $(filter cer,$(METHOD)),$(CER_CONFIG),$(if $(filter eviback,$(METHOD)),$(EVIBACK_CONFIG),$(if $(filter arco,$(METHOD)),$(ARCO_CONFIG),$(error METHOD=cer|eviback|arco is needed))))
-data:  ## fetch what a paper config's assets name (METHOD=cer|eviback|arco SCALE= DATA=): files, models; experiments/prepare_data.py
-	$(PY) -m experiments.prepare_data --config $(DATA_CONFIG) $(if $(HUB),--hub $(HUB))
+# DRY_RUN=1: make data and make data-index print their plan (files, sources, sizes, free disk)
+# and fetch nothing
+DRY_RUN ?=
+DATA_DRY_RUN = $(if $(filter-out 0 1,$(DRY_RUN)),$(error DRY_RUN=1 prints the plan only; \
+	DRY_RUN=0 or unset fetches; not '$(DRY_RUN)'))$(if $(filter 1,$(DRY_RUN)), --dry-run)
+data:  ## fetch what a paper config's assets name (METHOD=cer|eviback|arco SCALE= DATA=): files, models; DRY_RUN=1: the plan only; experiments/prepare_data.py
+	$(PY) -m experiments.prepare_data --config $(DATA_CONFIG)$(if $(HUB), --hub $(HUB))$(DATA_DRY_RUN)
 
 # Search-R1's downloaded index folder (e5_Flat.index + wiki-18.jsonl) or an index folder of ours
 INDEX ?= data/search_r1
@@ -162,13 +185,16 @@ smol:  ## SCALE=smol's assets, offline, once: SmolLM2-135M-Instruct (517 MiB in 
 	$(PY) -m common.smol.model --out $(SMOL_DIR)
 	$(PY) -m common.smol.data --out runs/smol/data
 
-data-index:  ## Search-R1's E5 index of Wikipedia-2018 (about 65 GB) into INDEX, as its download script leaves it
-	$(PY) -m experiments.prepare_data --search-r1-index $(INDEX) $(if $(HUB),--hub $(HUB))
+data-index:  ## Search-R1's E5 index of Wikipedia-2018 (about 65 GB) and its e5-base-v2 encoder into INDEX; parts its download script left there are joined in place; DRY_RUN=1
+	$(PY) -m experiments.prepare_data --search-r1-index $(INDEX)$(if $(HUB), --hub $(HUB))$(DATA_DRY_RUN)
 
 HOST ?= 127.0.0.1
 PORT ?= 8000
-serve-retrieval:  ## the retrieval server on INDEX (Search-R1's E5 index as downloaded), HOST:PORT; docs/retrieval.md
-	$(PY) -m common.retrieval serve --index $(INDEX) --host $(HOST) --port $(PORT)
+# FAISS_GPU=on: the flat index on the GPUs CUDA_VISIBLE_DEVICES leaves, else stop (default auto:
+# there when a GPU build of faiss sees them; the start line says where and why); off: the CPU
+FAISS_GPU ?=
+serve-retrieval:  ## the retrieval server on INDEX (Search-R1's E5 index as downloaded), HOST:PORT, its index on the visible GPUs (FAISS_GPU=on|off); docs/retrieval.md
+	$(PY) -m common.retrieval serve --index $(INDEX) --host $(HOST) --port $(PORT)$(if $(FAISS_GPU), --faiss-gpu $(FAISS_GPU))
 
 # the teacher as an OpenAI-compatible vLLM server on TEACHER_GPUS (tensor parallel over them),
 # its reasoning split from the answer (GLM-4.7-Flash thinks; the client also cuts a </think>)
@@ -189,6 +215,13 @@ serve-teacher:  ## the teacher (TEACHER_MODEL, default GLM-4.7-Flash) on TEACHER
 		--port $(TEACHER_PORT) --tensor-parallel-size $(words $(subst $(comma), ,$(TEACHER_GPUS))) \
 		$(TEACHER_ARGS)
 endif
+
+# Wait until the services a config names answer: the retrieval server (assets.retrieval_url) and
+# the teacher (assets.teacher_endpoint serving assets.teacher_model), a line every 30 s, at most
+# WAIT_S seconds (a teacher of 30B weights takes minutes to load); exit 3 past it
+WAIT_S ?= 1800
+wait-services:  ## wait for a config's retrieval server and teacher to answer (METHOD= SCALE=; at most WAIT_S=1800 s, progress every 30 s)
+	$(PY) -m experiments.wait_services --config $(DATA_CONFIG) --wait-s $(WAIT_S)
 
 RUNS ?= runs
 RANKS ?= 1

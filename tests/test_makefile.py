@@ -130,6 +130,8 @@ LAUNCHED = [
     ("eval-eviback", "SCALE=1.7b", "eviback eval --config eviback/configs/qwen3_1.7b.yaml"),
     ("train-arco", "SCALE=qwen3-4b", "arco train --config arco/configs/qwen3_4b_hotpotqa.yaml"),
     ("eval-arco", "SCALE=qwen3-4b", "arco eval --config arco/configs/qwen3_4b_hotpotqa.yaml"),
+    # ARCO's warmup trains pi and mu as its RL does: on GPUS= / HOSTFILE= too
+    ("warmup-arco", "SCALE=qwen3-4b", "arco warmup --config arco/configs/qwen3_4b_hotpotqa.yaml"),
 ]
 
 
@@ -255,3 +257,73 @@ def test_rehearse_refuses_the_scales_that_run_here_in_one_line(scale, says):
     (line,) = run.stderr.strip().splitlines()
     assert says in line, line
     assert ("make train-cer SCALE=smol" in line) == (scale == "smol"), line
+
+
+def test_make_data_and_data_index_print_their_plan_with_dry_run_1():
+    (plan,) = dry_run("data", "METHOD=eviback", "SCALE=1.7b", "DRY_RUN=1")
+    assert plan == (
+        ".venv/bin/python -m experiments.prepare_data --config eviback/configs/qwen3_1.7b.yaml "
+        "--dry-run"
+    )
+    (fetch,) = dry_run("data", "METHOD=eviback", "SCALE=1.7b", "DRY_RUN=0")
+    assert fetch == plan.removesuffix(" --dry-run")
+    (index,) = dry_run("data-index", "INDEX=data/sr1", "DRY_RUN=1")
+    assert (
+        index == ".venv/bin/python -m experiments.prepare_data --search-r1-index data/sr1 --dry-run"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL")}
+    bad = subprocess.run(["make", "-n", "data", "METHOD=cer", "SCALE=4b", "DRY_RUN=yes"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2
+    assert "DRY_RUN=1 prints the plan only; DRY_RUN=0 or unset fetches; not 'yes'" in bad.stderr
+
+
+def test_ape_eviback_runs_e2e_ape_on_the_config_in_one_process():
+    (ape,) = dry_run("ape-eviback", "SCALE=1.7b", "GPUS=8")  # one process, whatever GPUS says
+    assert (
+        ape.rstrip() == ".venv/bin/python -m eviback ape --config eviback/configs/qwen3_1.7b.yaml"
+    )
+
+
+def test_train_eviback_trains_with_the_ape_policy_when_there_and_says_which(tmp_path):
+    """At a paper scale: the policy `make ape-eviback` writes (the config's run_dir/ape/) when
+    it is there, passed as teacher.policy_file; else one line saying the hand-written prompts
+    train, and the config as it is."""
+    default = ROOT / "runs/eviback/qwen3_4b/ape/policy.yaml"
+    if default.exists():
+        pytest.skip(f"{default} exists here")
+    said, train = dry_run("train-eviback", "SCALE=4b")
+    assert said == (
+        'echo "[make] no E2E-APE policy at runs/eviback/qwen3_4b/ape/policy.yaml (make '
+        "ape-eviback SCALE=4b writes it): EviBack's teacher runs the hand-written gated two-stage "
+        'prompts"'
+    )
+    assert "teacher.policy_file" not in train
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("stage_a: a\n")
+    said, train = dry_run("train-eviback", "SCALE=4b", f"APE_POLICY={policy}", "SEED=1")
+    assert said == f'echo "[make] EviBack\'s teacher: the E2E-APE policy {policy}"'
+    assert train.split()[-2:] == [f"teacher.policy_file={policy}", "seed=1"]
+    # the tiny and smol configs' teachers are the oracle: no policy, nothing said
+    lines = dry_run("-o", "warmup", "-o", "runs/warmup/tiny/model/config.json", "train-eviback")
+    assert not any("E2E-APE" in x or "policy_file" in x for x in lines)
+
+
+def test_warmup_arco_takes_the_release_s_warmup_file():
+    (line,) = dry_run("warmup-arco", "SCALE=qwen3-4b", "WARMUP_FILE=data/hotpotqa/warmup.jsonl")
+    assert line.split()[-2:] == [
+        "warmup.teacher=file", "warmup.release_file=data/hotpotqa/warmup.jsonl"
+    ]  # fmt: skip
+
+
+def test_wait_services_waits_for_the_config_s_services_up_to_wait_s():
+    (line,) = dry_run("wait-services", "METHOD=eviback", "SCALE=1.7b", "WAIT_S=600")
+    assert line == (
+        ".venv/bin/python -m experiments.wait_services --config eviback/configs/qwen3_1.7b.yaml "
+        "--wait-s 600"
+    )
+
+
+def test_serve_retrieval_passes_faiss_gpu_when_given():
+    (line,) = dry_run("serve-retrieval", "FAISS_GPU=on")
+    assert line.endswith("--port 8000 --faiss-gpu on")

@@ -317,16 +317,190 @@ def test_make_data_index_joins_and_unzips_search_r1s_download_into_a_folder_serv
     (hub / "PeterJinGo/wiki-18-e5-index/part_ab").write_bytes(index[1000:])
     (hub / "PeterJinGo/wiki-18-corpus").mkdir(parents=True)
     (hub / "PeterJinGo/wiki-18-corpus/wiki-18.jsonl.gz").write_bytes(gzip.compress(corpus))
+    shutil.copytree(encoder_dir, hub / "intfloat/e5-base-v2")  # serve's query encoder
     made = tmp_path / "search_r1"
     assert prepare_search_r1_index(made, FolderHub(hub)) == 0
     assert (made / "e5_Flat.index").read_bytes() == index
     assert (made / "wiki-18.jsonl").read_bytes() == corpus
     assert sorted(p.name for p in made.iterdir()) == ["e5_Flat.index", "wiki-18.jsonl"]
+    assert (
+        f"[data] encoder intfloat/e5-base-v2: {hub}/intfloat/e5-base-v2" in capsys.readouterr().out
+    )
     queries = ["Horatio Hale", "American football coach"]
     opened = open_search_r1(*search_r1_files(made), encoder_dir, gpu=False)
     original = open_search_r1(*search_r1_files(search_r1_folder), encoder_dir, gpu=False)
     assert opened.search(queries, 5) == original.search(queries, 5)
-    shutil.rmtree(hub)
-    capsys.readouterr()
+    shutil.rmtree(hub / "PeterJinGo")
     assert prepare_search_r1_index(made, FolderHub(hub)) == 0
     assert "2 file(s) there, 0 to make" in capsys.readouterr().out
+
+
+def test_make_data_index_joins_and_unzips_the_download_where_search_r1s_script_left_it(
+    search_r1_folder, encoder_dir, tmp_path, capsys
+):
+    """Search-R1's download.py run into the folder leaves part_aa, part_ab and wiki-18.jsonl.gz
+    there: `make data-index` joins and unzips them in place, fetching nothing (the stand-in hub
+    holds only the encoder), and removes them once the files are whole."""
+    import gzip
+    import shutil
+
+    from experiments.prepare_data import FolderHub, prepare_search_r1_index
+
+    index = (search_r1_folder / "e5_Flat.index").read_bytes()
+    corpus = (search_r1_folder / "wiki-18.jsonl").read_bytes()
+    landed = tmp_path / "search_r1"
+    landed.mkdir()
+    (landed / "part_aa").write_bytes(index[:777])
+    (landed / "part_ab").write_bytes(index[777:])
+    (landed / "wiki-18.jsonl.gz").write_bytes(gzip.compress(corpus))
+    hub = tmp_path / "hub"
+    shutil.copytree(encoder_dir, hub / "intfloat/e5-base-v2")
+    assert prepare_search_r1_index(landed, FolderHub(hub), dry_run=True) == 0
+    plan = capsys.readouterr().out
+    assert f"e5_Flat.index  <- {landed}/part_aa (there, " in plan
+    assert "0.0 MiB to fetch" in plan
+    assert prepare_search_r1_index(landed, FolderHub(hub)) == 0
+    assert (landed / "e5_Flat.index").read_bytes() == index
+    assert (landed / "wiki-18.jsonl").read_bytes() == corpus
+    assert sorted(p.name for p in landed.iterdir()) == ["e5_Flat.index", "wiki-18.jsonl"]
+    out = capsys.readouterr().out
+    assert f"[data] wrote {landed}/e5_Flat.index; removed part_aa, part_ab" in out
+    assert f"[data] wrote {landed}/wiki-18.jsonl; removed wiki-18.jsonl.gz" in out
+
+
+def cpu_build_reason() -> str:
+    """Why ``place_index`` keeps an index on the CPU with this machine's faiss-cpu."""
+    why = f"faiss {faiss.__version__} is a CPU build"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus:
+        why += f", though torch sees {gpus} GPU(s): `pip uninstall -y faiss-cpu && pip install "
+        why += "faiss-cuda==1.14.1.post4`"
+    return why
+
+
+cpu_faiss = pytest.mark.skipif(
+    hasattr(faiss, "StandardGpuResources"), reason="a GPU build of faiss: the CPU reasons differ"
+)
+
+
+@cpu_faiss
+def test_where_an_index_searches_is_said_with_the_reason_for_the_cpu(flat, encoder_dir, tmp_path):
+    """``place_index``: auto keeps the index on the CPU of a CPU build and says so (the server
+    printed nothing before); on refuses in one line; off is the CPU by choice. A saved folder
+    opened with the server's setting carries the same words."""
+    from common.retrieval.dense import IndexPlacementError, place_index
+
+    index = faiss.IndexFlatIP(4)
+    assert place_index(index, "auto") == (index, f"the CPU ({cpu_build_reason()})")
+    assert place_index(index, "off") == (index, "the CPU (--faiss-gpu off)")
+    with pytest.raises(IndexPlacementError) as refused:
+        place_index(index, "on")
+    assert str(refused.value) == (
+        f"--faiss-gpu on, but the index cannot go to a GPU: {cpu_build_reason()}"
+    )
+    with pytest.raises(ValueError, match=r"faiss_gpu must be one of \('auto', 'on', 'off'\)"):
+        place_index(index, "gpu")
+    flat.save(tmp_path / "idx")
+    opened = DenseRetriever.load(tmp_path / "idx", encoder_path=encoder_dir, faiss_gpu="auto")
+    assert opened.index_where == f"the CPU ({cpu_build_reason()})"
+    assert DenseRetriever.load(tmp_path / "idx", encoder_path=encoder_dir).index_where == (
+        "the CPU (--faiss-gpu off)"
+    )
+
+
+def test_an_encoder_that_cannot_load_is_one_line_saying_what_to_do(tmp_path):
+    from common.retrieval.dense import EncoderMissingError
+
+    missing = tmp_path / "e5"
+    with pytest.raises(EncoderMissingError) as error:
+        Encoder(str(missing))
+    assert "\n" not in str(error.value)
+    assert str(error.value).startswith(f"the encoder {missing} could not be loaded (")
+    assert str(error.value).endswith("); no such folder: give the encoder's folder or its hub id")
+    missing.mkdir()
+    with pytest.raises(EncoderMissingError, match=r"; give a folder holding an encoder's config"):
+        Encoder(str(missing))
+
+
+@pytest.mark.slow
+@cpu_faiss
+def test_serve_says_where_the_index_searches_and_refuses_on_without_a_gpu(
+    flat, encoder_dir, tmp_path, free_port
+):
+    import subprocess
+    import sys
+
+    from test_retrieval_server import wait_healthy
+
+    root = Path(__file__).resolve().parents[1]
+    folder = tmp_path / "idx"
+    flat.save(folder)
+    cli = [sys.executable, "-m", "common.retrieval", "serve", "--index", str(folder)]
+    refused = subprocess.run([*cli, "--faiss-gpu", "on", "--port", str(free_port())], cwd=root,
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        f"error: --faiss-gpu on, but the index cannot go to a GPU: {cpu_build_reason()}"
+    ]
+    port = free_port()
+    proc = subprocess.Popen([*cli, "--port", str(port)], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", proc)
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    (line,) = [x for x in out.splitlines() if x.startswith("serving")]
+    assert line.startswith(
+        f"serving 100 docs on http://127.0.0.1:{port}/retrieve; index on the CPU "
+        f"({cpu_build_reason()}), query encoder on cpu (ready in "
+    )
+
+
+def test_search_r1s_download_as_it_lands_is_refused_with_the_two_commands(tmp_path, capsys):
+    """Search-R1's download.py leaves the index in parts and the corpus gzipped: serve names
+    `make data-index` and the two commands that make the folder it opens, in one line."""
+    from common.retrieval.__main__ import main
+
+    landed = tmp_path / "search_r1"
+    landed.mkdir()
+    for name in ("part_aa", "part_ab", "wiki-18.jsonl.gz"):
+        (landed / name).write_bytes(b"x")
+    assert main(["serve", "--index", str(landed), "--port", "0"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {landed}: holds Search-R1's download as it lands (part_aa, part_ab, "
+        "wiki-18.jsonl.gz), not yet the index and corpus serve opens: `make data-index "
+        f"INDEX={landed}` joins and unzips them in place (and fetches what is missing), or by "
+        f"hand: `cat {landed}/part_* > {landed}/e5_Flat.index` and `gzip -d "
+        f"{landed}/wiki-18.jsonl.gz`\n"
+    )
+    (landed / "part_aa").unlink()
+    (landed / "part_ab").rename(landed / "e5_Flat.index")  # joined, the corpus still zipped
+    assert main(["serve", "--index", str(landed), "--port", "0"]) == 2
+    assert capsys.readouterr().err.endswith(f"by hand: `gzip -d {landed}/wiki-18.jsonl.gz`\n")
+
+
+@pytest.mark.slow
+def test_serve_without_the_e5_encoder_offline_is_one_line(search_r1_folder, tmp_path):
+    """No e5-base-v2 in the Hugging Face cache and the hub out of reach: one error line, exit 2
+    (before: a 31-frame traceback from transformers)."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    env.pop("HF_HUB_CACHE", None)
+    run = subprocess.run(
+        [sys.executable, "-m", "common.retrieval", "serve", "--index", str(search_r1_folder),
+         "--port", "0", "--faiss-gpu", "off"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 2
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("error: the encoder intfloat/e5-base-v2 could not be loaded (")
+    assert line.endswith(
+        "); fetch it where the hub is reachable: `hf download intfloat/e5-base-v2` (into the "
+        "Hugging Face cache this machine reads; `make data-index` does it for e5-base-v2), or "
+        "give a local folder (--dense-encoder DIR)"
+    )

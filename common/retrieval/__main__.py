@@ -5,8 +5,9 @@
 
 `serve --index` opens a saved index folder (`retriever.json`), or Search-R1's index as it is
 downloaded (a folder with `e5_Flat.index` and `wiki-18.jsonl`, or `--index e5_Flat.index
---corpus wiki-18.jsonl`; queries encoded by `--dense-encoder`, e5-base-v2 by default; FAISS on
-the GPUs where faiss-gpu sees some). Otherwise it builds BM25 from `--corpus` (and saves it
+--corpus wiki-18.jsonl`; queries encoded by `--dense-encoder`, e5-base-v2 by default; a flat
+index on every GPU a GPU build of faiss sees, `--faiss-gpu`). The start line says where the
+index searches, and why on the CPU when it does. Otherwise it builds BM25 from `--corpus` (and saves it
 into `--index` when given, so the next start is fast); a non-empty `--index` folder that holds
 neither kind of index is an error, not a place to build into.
 """
@@ -21,7 +22,12 @@ from pathlib import Path
 from common.retrieval.base import CorpusError, CorpusRetriever
 from common.retrieval.doc_store import CONFIG_FILE
 from common.retrieval.index_folder import build_index, is_index_folder, load_index
-from common.retrieval.search_r1_index import E5, open_search_r1, search_r1_files
+from common.retrieval.search_r1_index import (
+    E5,
+    open_search_r1,
+    search_r1_download,
+    search_r1_files,
+)
 from common.retrieval.server import ServerLimits, bind, serve
 
 
@@ -89,7 +95,19 @@ def _parser() -> argparse.ArgumentParser:
         help=f"query encoder of a Search-R1 index: folder or hub id (default {E5})",
     )
     srv.add_argument(
-        "--no-faiss-gpu", action="store_true", help="keep a Search-R1 index's FAISS on the CPU"
+        "--faiss-gpu",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="where a flat dense index searches: auto (every GPU a GPU build of faiss sees, fp16, "
+        "sharded; else the CPU, and the start line says why), on (the GPUs, else an error), "
+        "off (the CPU)",
+    )
+    srv.add_argument(
+        "--no-faiss-gpu",
+        dest="faiss_gpu",
+        action="store_const",
+        const="off",
+        help="--faiss-gpu off",
     )
     srv.add_argument(
         "--bm25-backend",
@@ -101,15 +119,24 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _open_for_serving(args: argparse.Namespace) -> CorpusRetriever:
-    gpu = not args.no_faiss_gpu
+    gpu = args.faiss_gpu
+    if gpu == "on":  # before anything loads
+        from common.retrieval.dense import IndexPlacementError, faiss_gpu_problem
+
+        if why := faiss_gpu_problem():
+            raise IndexPlacementError(f"--faiss-gpu on, but the index cannot go to a GPU: {why}")
     if args.index and Path(args.index).is_file():  # Search-R1's flags: the .index file and corpus
         if not args.corpus:
             raise FileNotFoundError(f"{args.index}: an index file needs --corpus (its jsonl)")
         return open_search_r1(args.index, args.corpus, args.dense_encoder, gpu=gpu)
     if args.index and is_index_folder(args.index):
-        return load_index(args.index, mmap=not args.no_mmap, backend=args.bm25_backend)
+        return load_index(
+            args.index, mmap=not args.no_mmap, backend=args.bm25_backend, faiss_gpu=gpu
+        )
     if args.index and (files := search_r1_files(args.index)):
         return open_search_r1(*files, args.dense_encoder, gpu=gpu)
+    if args.index and (todo := search_r1_download(args.index)):
+        raise FileNotFoundError(todo)
     if args.index and Path(args.index).is_dir() and any(Path(args.index).iterdir()):
         raise FileNotFoundError(
             f"{args.index}: holds neither a saved index ({CONFIG_FILE}) nor Search-R1's (one "
@@ -151,13 +178,17 @@ def main(argv: list[str] | None = None) -> int:
             sock = bind(args.host, args.port)
         except OSError as e:
             raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
-        retriever = _open_for_serving(args)
+        try:
+            retriever = _open_for_serving(args)
+        except BaseException:
+            sock.close()
+            raise
         # The first search compiles bm25s's numba kernels; do it before taking requests, with
         # words the index holds (a query of unknown words never reaches the kernels).
         retriever.search([warmup_query(retriever)], 1)
         print(
-            f"serving {len(retriever):,} docs on http://{args.host}:{args.port}/retrieve "
-            f"(ready in {time.perf_counter() - start:.1f}s)",
+            f"serving {len(retriever):,} docs on http://{args.host}:{args.port}/retrieve; "
+            f"{placement(retriever)} (ready in {time.perf_counter() - start:.1f}s)",
             flush=True,
         )
     except (CorpusError, FileNotFoundError, ImportError, ValueError) as e:
@@ -165,6 +196,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     serve(retriever, len(retriever), args.host, args.port, limits, sock)
     return 0
+
+
+def placement(retriever: CorpusRetriever) -> str:
+    """Where the retriever searches: a dense index's device (``DenseRetriever.index_where``)
+    and its query encoder's; BM25's, the CPU."""
+    where = getattr(retriever, "index_where", None)
+    if where is None:
+        return "BM25 index on the CPU"
+    return f"index on {where}, query encoder on {retriever.encoder.device}"
 
 
 def warmup_query(retriever: CorpusRetriever) -> str:

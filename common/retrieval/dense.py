@@ -9,12 +9,17 @@ Queries get the prefix "query: " and passages "passage: " (E5's recipe; configur
 passage is encoded as its Search-R1 `contents` (title line + text). Index types: "flat"
 (exact, IndexFlatIP, 4*dim bytes a passage), "pq" (IndexPQ, m bytes a passage with 8-bit
 codes) and "ivfpq" (IndexIVFPQ: m bytes + an 8-byte id a passage, searches only `nprobe`
-of its `nlist` lists). faiss is the optional extra `dense`.
+of its `nlist` lists). faiss is the optional extra `dense` (faiss-cpu); `make install` on a GPU
+machine puts a GPU build in its place (faiss-cuda, docs/retrieval.md).
+
+Where the index searches: `place_index` copies a flat index to every GPU faiss sees (fp16,
+sharded, as Search-R1's `--faiss_gpu`) and says where it went, or why it stayed on the CPU.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,15 +35,93 @@ INDEX_FILE = "index.faiss"
 INDEX_TYPES = ("flat", "pq", "ivfpq")
 
 
+FAISS_GPU_MODES = ("auto", "on", "off")
+# the GPU build scripts/install.sh puts in faiss-cpu's place (CUDA 13, as torch 2.13.0's wheels)
+GPU_FAISS = "faiss-cuda==1.14.1.post4"
+GPU_FAISS_INSTALL = f"pip uninstall -y faiss-cpu && pip install {GPU_FAISS}"
+
+
 def import_faiss() -> Any:
     """The faiss module, or an ImportError that says how to install it."""
     try:
         import faiss
     except ImportError:
         raise ImportError(
-            "dense retrieval needs faiss: `pip install -e .[dense]` (faiss-cpu)"
+            "dense retrieval needs faiss: `pip install -e .[dense]` (faiss-cpu), or on a GPU "
+            f"machine `pip install {GPU_FAISS}`"
         ) from None
     return faiss
+
+
+class IndexPlacementError(ValueError):
+    """``faiss_gpu="on"`` and the index cannot go to a GPU; the message says why."""
+
+
+def faiss_gpu_problem() -> str:
+    """Why faiss cannot put an index on a GPU here ("" when it can): a CPU build (and, when
+    torch sees GPUs, the command that brings the GPU build), or no GPU visible."""
+    faiss = import_faiss()
+    if not hasattr(faiss, "StandardGpuResources"):
+        why = f"faiss {faiss.__version__} is a CPU build"
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus:
+            why += f", though torch sees {gpus} GPU(s): `{GPU_FAISS_INSTALL}`"
+        return why
+    if faiss.get_num_gpus() == 0:
+        devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+        return f"faiss sees no GPU (CUDA_VISIBLE_DEVICES {'unset' if devices is None else repr(devices)})"
+    return ""
+
+
+def place_index(index: Any, faiss_gpu: str = "auto", *, fp16: bool = True) -> tuple[Any, str]:
+    """``(index, where)``: a flat index copied to every GPU faiss sees (``fp16``: stored in
+    float16, half the memory: 21M x 768 is 32 GB; several GPUs: sharded, each holds a slice),
+    or the index unchanged; ``where`` says which, and why the CPU when it is the CPU.
+
+    ``faiss_gpu``: ``auto`` (the GPUs when there are some), ``on`` (the GPUs, else an
+    ``IndexPlacementError`` saying why not), ``off`` (the CPU). The GPUs are those
+    ``CUDA_VISIBLE_DEVICES`` leaves visible. Only flat indexes go (the paper's E5 index is
+    one): PQ has no GPU form, and an IVF index's ``nprobe`` would need setting on each shard.
+    """
+    if faiss_gpu not in FAISS_GPU_MODES:
+        raise ValueError(f"faiss_gpu must be one of {FAISS_GPU_MODES}, got {faiss_gpu!r}")
+    if faiss_gpu == "off":
+        return index, "the CPU (--faiss-gpu off)"
+    faiss = import_faiss()
+    why = faiss_gpu_problem()
+    if not why and not isinstance(index, faiss.IndexFlat):
+        why = f"a {type(index).__name__} stays on the CPU (only flat indexes go to GPUs)"
+    if why:
+        if faiss_gpu == "on":
+            raise IndexPlacementError(f"--faiss-gpu on, but the index cannot go to a GPU: {why}")
+        return index, f"the CPU ({why})"
+    n = faiss.get_num_gpus()
+    devices = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = "unset" if devices is None else repr(devices)
+    options = faiss.GpuMultipleClonerOptions()
+    options.useFloat16 = fp16
+    options.shard = True
+    moved = faiss.index_cpu_to_all_gpus(index, co=options)
+    how = ("fp16" if fp16 else "fp32") + (", sharded" if n > 1 else "")
+    return moved, f"{n} GPU{'s' if n > 1 else ''} ({how}; CUDA_VISIBLE_DEVICES {visible})"
+
+
+class EncoderMissingError(FileNotFoundError):
+    """The encoder could not be loaded: one line saying what to get and how."""
+
+    def __init__(self, path: str, error: Exception):
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if Path(path).is_dir():
+            how = "give a folder holding an encoder's config, weights and tokenizer"
+        elif path.startswith(("/", ".", "~")) or path.count("/") > 1:
+            how = "no such folder: give the encoder's folder or its hub id"
+        else:
+            how = (
+                f"fetch it where the hub is reachable: `hf download {path}` (into the Hugging "
+                "Face cache this machine reads; `make data-index` does it for e5-base-v2), or "
+                "give a local folder (--dense-encoder DIR)"
+            )
+        super().__init__(f"the encoder {path} could not be loaded ({reason}); {how}")
 
 
 class Encoder:
@@ -62,10 +145,13 @@ class Encoder:
         self.max_length = max_length
         self.batch_size = batch_size
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         # fp16 on GPU as Search-R1 serves e5; fp32 on CPU, where fp16 matmuls are slow.
         dtype = torch.float16 if self.device.startswith("cuda") else torch.float32
-        self.model = AutoModel.from_pretrained(self.path, dtype=dtype).to(self.device).eval()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+            self.model = AutoModel.from_pretrained(self.path, dtype=dtype).to(self.device).eval()
+        except (OSError, ValueError) as e:  # not cached and no hub to ask, or no model folder
+            raise EncoderMissingError(self.path, e) from None
         self.dim: int = self.model.config.hidden_size
 
     @torch.inference_mode()
@@ -132,13 +218,21 @@ def make_index(
 class DenseRetriever:
     """Encoder + FAISS index + passage store; implements the `Retriever` protocol."""
 
-    def __init__(self, encoder: Encoder, index: Any, docs: DocStore, nprobe: int = 64):
+    def __init__(
+        self,
+        encoder: Encoder,
+        index: Any,
+        docs: DocStore,
+        nprobe: int = 64,
+        index_where: str = "the CPU",
+    ):
         if index.ntotal != len(docs):
             raise ValueError(f"index has {index.ntotal} vectors, store {len(docs)} docs")
         self.encoder = encoder
         self.index = index
         self.docs = docs
         self.nprobe = nprobe
+        self.index_where = index_where  # where the index searches (`place_index`'s words)
         if hasattr(index, "nprobe"):
             index.nprobe = min(nprobe, index.nlist)
 
@@ -201,10 +295,12 @@ class DenseRetriever:
         mmap: bool = True,
         encoder_path: str | Path | None = None,
         device: str | None = None,
+        faiss_gpu: str = "off",
     ) -> DenseRetriever:
         """Open a saved index; `mmap=True` maps the vectors and texts instead of reading them.
 
-        The encoder comes from the path saved in the folder unless `encoder_path` is given.
+        The encoder comes from the path saved in the folder unless `encoder_path` is given;
+        `faiss_gpu`: where the index searches (`place_index`; the server passes its flag).
         """
         faiss = import_faiss()
         folder = Path(folder)
@@ -223,7 +319,9 @@ class DenseRetriever:
             raise ValueError(
                 f"{folder / INDEX_FILE}: vectors have dim {index.d}, encoder {encoder.dim}"
             )
-        return cls(encoder, index, DocStore.load(folder, mmap=mmap), nprobe=config["nprobe"])
+        index, where = place_index(index, faiss_gpu)
+        docs = DocStore.load(folder, mmap=mmap)
+        return cls(encoder, index, docs, nprobe=config["nprobe"], index_where=where)
 
     def search(self, queries: list[str], k: int) -> list[list[Doc]]:
         """Top-k docs per query by cosine similarity, best first; k is clamped to the corpus."""

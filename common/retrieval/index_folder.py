@@ -12,10 +12,13 @@ def is_index_folder(folder: str | Path) -> bool:
     return (Path(folder) / CONFIG_FILE).is_file()
 
 
-def load_index(folder: str | Path, mmap: bool = True, backend: str = "auto") -> CorpusRetriever:
+def load_index(
+    folder: str | Path, mmap: bool = True, backend: str = "auto", faiss_gpu: str = "off"
+) -> CorpusRetriever:
     """The retriever saved in `folder` (BM25 or dense), memory-mapped by default.
 
-    `backend` is bm25s's for a BM25 folder ("auto", "numba" or "numpy").
+    `backend` is bm25s's for a BM25 folder ("auto", "numba" or "numpy"); `faiss_gpu` where a
+    dense folder's index searches (`dense.place_index`: "auto", "on" or "off").
     """
     kind = read_config(folder).get("kind")
     if kind == "bm25":
@@ -25,7 +28,7 @@ def load_index(folder: str | Path, mmap: bool = True, backend: str = "auto") -> 
     if kind == "dense":
         from common.retrieval.dense import DenseRetriever
 
-        return DenseRetriever.load(folder, mmap=mmap)
+        return DenseRetriever.load(folder, mmap=mmap, faiss_gpu=faiss_gpu)
     raise ValueError(f"{Path(folder) / CONFIG_FILE}: unknown kind {kind!r}; expected bm25 or dense")
 
 

@@ -9,8 +9,8 @@ the tokens, L2-normalised, 256 tokens), as `dense.Encoder` does. A folder holdin
 The corpus is read through a memory map: its row offsets are found once (a pass over the
 file's bytes, with progress) and cached beside it as `<corpus>.offsets.npy` when the folder is
 writable (checked against the file's size when reused). The index's vectors are memory-mapped
-(faiss's IO_FLAG_MMAP_IFC); with faiss-gpu and a GPU the index is copied to every GPU in fp16,
-sharded, as Search-R1's `--faiss_gpu` does (never run here: no GPU).
+(faiss's IO_FLAG_MMAP_IFC); with a GPU build of faiss and a GPU the index is copied to every GPU
+in fp16, sharded, as Search-R1's `--faiss_gpu` does (`dense.place_index`; never run here: no GPU).
 """
 
 from __future__ import annotations
@@ -41,6 +41,28 @@ def search_r1_files(folder: str | Path) -> tuple[Path, Path] | None:
     if len(indexes) == 1 and len(corpora) == 1:
         return indexes[0], corpora[0]
     return None
+
+
+def search_r1_download(folder: str | Path) -> str | None:
+    """What to run when ``folder`` holds Search-R1's download as it lands (``download.py``
+    leaves the index in parts, ``part_aa`` ``part_ab``, and the corpus gzipped,
+    ``wiki-18.jsonl.gz``) rather than the two files ``serve`` reads; else None."""
+    folder = Path(folder)
+    if not folder.is_dir() or search_r1_files(folder):
+        return None
+    parts = sorted(p.name for p in folder.glob("part_*") if p.is_file())
+    zipped = sorted(p.name for p in folder.glob("*.jsonl.gz") if p.is_file())
+    if not (parts or zipped):
+        return None
+    steps = []
+    if parts:
+        steps.append(f"`cat {folder}/part_* > {folder}/e5_Flat.index`")
+    steps += [f"`gzip -d {folder / name}`" for name in zipped]
+    return (
+        f"{folder}: holds Search-R1's download as it lands ({', '.join(parts + zipped)}), not "
+        f"yet the index and corpus serve opens: `make data-index INDEX={folder}` joins and "
+        f"unzips them in place (and fetches what is missing), or by hand: {' and '.join(steps)}"
+    )
 
 
 def line_offsets(path: str | Path, progress: bool = True) -> np.ndarray:
@@ -87,32 +109,19 @@ def corpus_offsets(corpus: Path) -> np.ndarray:
     return offsets
 
 
-def to_gpus(index):  # noqa: ANN001, ANN201 (a faiss index)
-    """The index on every GPU (fp16, sharded) when faiss has GPU support and sees a GPU; else
-    the index unchanged."""
-    from common.retrieval.dense import import_faiss
-
-    faiss = import_faiss()
-    if not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
-        return index
-    options = faiss.GpuMultipleClonerOptions()
-    options.useFloat16 = True
-    options.shard = True
-    return faiss.index_cpu_to_all_gpus(index, co=options)
-
-
 def open_search_r1(
     index_file: str | Path,
     corpus: str | Path,
     encoder: str | Path = E5,
     *,
-    gpu: bool = True,
+    gpu: bool | str = True,
     device: str | None = None,
 ) -> DenseRetriever:
     """A ``DenseRetriever`` over Search-R1's index file and corpus, queries encoded by
-    ``encoder`` (a folder or hub id; e5-base-v2's recipe). ``gpu``: FAISS on the GPUs where
-    faiss-gpu finds some."""
-    from common.retrieval.dense import DenseRetriever, Encoder, import_faiss
+    ``encoder`` (a folder or hub id; e5-base-v2's recipe). ``gpu``: where FAISS searches,
+    ``dense.place_index``'s ``auto`` / ``on`` / ``off`` (True: auto, False: off); the
+    retriever's ``index_where`` says where it went."""
+    from common.retrieval.dense import DenseRetriever, Encoder, import_faiss, place_index
 
     faiss = import_faiss()
     index_file, corpus = Path(index_file), Path(corpus)
@@ -129,4 +138,6 @@ def open_search_r1(
             f"{index_file} holds {index.ntotal:,} vectors and {corpus} {len(docs):,} rows: "
             "not the index of this corpus"
         )
-    return DenseRetriever(enc, to_gpus(index) if gpu else index, docs)
+    mode = ("auto" if gpu else "off") if isinstance(gpu, bool) else gpu
+    index, where = place_index(index, mode)
+    return DenseRetriever(enc, index, docs, index_where=where)

@@ -285,11 +285,13 @@ def logprobs_from_hidden(
 
     if with_entropy not in (False, True, "detached"):
         raise ValueError(f"with_entropy must be a bool or 'detached', got {with_entropy!r}")
-    entropy_of = _entropy_detached if with_entropy == "detached" else _entropy
 
     def chunk(h: Tensor, y: Tensor, w: Tensor, b: Tensor | None) -> tuple[Tensor, ...]:
         logits = F.linear(h, w, b) / temperature  # [n, V]
-        return (_logp(logits, y), entropy_of(logits)) if with_entropy else (_logp(logits, y),)
+        if with_entropy == "detached":  # one float32 copy for both: the plan's logit bytes
+            z = logits.float()  # [n, V]
+            return _logp(z, y), _entropy_detached(z)
+        return (_logp(logits, y), _entropy(logits)) if with_entropy else (_logp(logits, y),)
 
     flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
     outs = _chunked(chunk, chunk_size, (flat_hidden, flat_labels), (lm_head_weight, lm_head_bias))

@@ -54,9 +54,16 @@ def trajectories(n: int, seed: int = 0) -> list[Trajectory]:
     return out
 
 
-def old_forward_logprobs(forward, input_ids, attention_mask, chunk_size=4096, temperature=1.0):
-    """The unchunked path: the model's whole logits, log-softmax in chunks."""
+def old_forward_logprobs(
+    forward, input_ids, attention_mask, chunk_size=4096, temperature=1.0, entropy=None
+):
+    """The unchunked path: the model's whole logits, log-softmax in chunks (and the entropy of
+    every position from the whole fp32 log-softmax)."""
     logits = forward(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    if entropy is not None:
+        with torch.no_grad():
+            logp = torch.log_softmax(logits[:, :-1].float() / temperature, -1)
+            entropy.append(-(logp.exp() * logp).sum(-1))
     return logprobs_from_logits(logits[:, :-1] / temperature, input_ids[:, 1:], chunk_size)
 
 
@@ -109,7 +116,7 @@ def test_policy_update_equals_the_whole_logits_path(tied, kl_coef, monkeypatch):
         == set(old_stats)
         == {"loss", "clip_frac", "grad_norm", "tokens/update", "tokens/update_padded"}
         | {"tokens/reference", "tokens/update_forwarded", "logprob_gap", "train_mode"}
-        | {"update_rows"}
+        | {"update_rows", "entropy", "lr", "response_length/mean", "response_length/max"}
         | ({"kl"} if kl_coef else set())
     )
     if kl_coef:

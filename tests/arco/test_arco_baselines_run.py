@@ -95,6 +95,30 @@ def test_outcome_only_is_all_grpo_steps_without_mu(tiny_world, prm_warmed, tmp_p
         assert torch.equal(t, _adapter(ckpt, "rubric")[key]), key
 
 
+def quarter(completions, **kwargs):
+    """A TRL-style reward function: 0.25 for every completion."""
+    return [0.25] * len(completions)
+
+
+@pytest.mark.slow
+def test_arco_s_outcome_reward_is_reward_fn(tiny_world, prm_warmed, tmp_path):
+    """``reward.fn`` is R(τ): here a TRL function, given directly; the steps log its reward, its
+    metrics and what TRL and verl users look for."""
+    from arco.trainer import train_arco
+
+    over = overrides(tiny_world, prm_warmed, backend="hf")
+    over += [f"run_dir={tmp_path / 'run'}", "method=outcome_only", f"reward.fn={__name__}:quarter"]
+    out = train_arco(load_config(ArcoConfig, CONFIG, over))
+    rows = _rows(Path(out["run_dir"]))
+    assert [r["reward"] for r in rows] == [0.25, 0.25]
+    assert all(r["trl/quarter/none_share"] == 0.0 for r in rows)
+    for r in rows:
+        assert r["lr"] == r["lr/policy"] > 0 and r["clip_frac"] == 0.0
+        assert 0 < r["response_length/mean"] <= r["response_length/max"]
+    sample = json.loads((Path(out["run_dir"]) / "samples" / "step_00001.json").read_text())
+    assert all(s["reward"] == 0.25 for s in sample)
+
+
 @pytest.mark.slow
 def test_a_variant_warmup_takes_pi_from_another_and_trains_its_own_mu(tiny_world, prm_warmed):
     """w/o Adaptive's warmup on the PRM warmup's π: π bit for bit, μ for fixed criteria."""

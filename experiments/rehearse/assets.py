@@ -181,8 +181,8 @@ EVIBACK_DATA = ("train", "dev", "eval", "corpus")
 EVIBACK_OTHER = (
     "model", "train_quotas", "eval_quotas", "selection", "train_selection_seed",
     "eval_selection_seed", "release_names", "retrieval_url", "retrieval_max_wait_s",
-    "teacher_endpoint", "teacher_model", "controller_endpoint", "controller_model", "api_key_env",
-    "train_where", "dev_where", "sources",
+    "teacher_endpoint", "teacher_model", "teacher_tokenizer", "controller_endpoint",
+    "controller_model", "api_key_env", "train_where", "dev_where", "sources",
 )  # fmt: skip
 
 

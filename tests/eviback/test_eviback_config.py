@@ -69,7 +69,7 @@ def test_missing_assets_are_named_with_how_to_get_them(tiny_world, tmp_path, cap
     cases = {
         "assets.model=runs/nowhere/model": "python -m eviback warmup",
         f"assets.train={{nq: {tmp_path / 'nq.jsonl'}}}": "assets.train.nq",
-        f"assets.corpus={tmp_path / 'none'}": "wiki-18-e5-index",
+        f"assets.corpus={tmp_path / 'none'}": "make data-index",
         "teacher.backend=llm": "assets.teacher_endpoint",
         f"teacher.policy_file={tmp_path / 'p.yaml'}": "python -m eviback ape",
     }

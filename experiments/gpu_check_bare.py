@@ -281,25 +281,12 @@ def saved_bytes(model: torch.nn.Module) -> Iterator[list[int]]:
 # --------------------------------------------------------------------------- models
 
 
-def hf_config(arch: ModelArch, layers: int | None = None, vocab: int | None = None, **extra):
-    """A transformers config of ``arch`` (``layers``, ``vocab``: fewer, for a smaller copy)."""
-    import transformers
+def hf_config(arch: ModelArch, layers: int | None = None, vocab: int | None = None):
+    """A transformers config of ``arch`` (``layers``, ``vocab``: fewer, for a smaller copy),
+    as the memory plan builds the layers it measures."""
+    from common.train.memory_plan import torch_config
 
-    return transformers.AutoConfig.for_model(
-        arch.model_type,
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.intermediate_size,
-        num_attention_heads=arch.num_heads,
-        num_key_value_heads=arch.num_kv_heads,
-        head_dim=arch.head_dim,
-        num_hidden_layers=layers or arch.num_layers,
-        vocab_size=vocab or arch.vocab_size,
-        tie_word_embeddings=arch.tied_embeddings,
-        attention_bias=arch.attention_bias,
-        max_position_embeddings=40960,
-        attn_implementation="sdpa",
-        **extra,
-    )
+    return torch_config(arch, layers or arch.num_layers, vocab or arch.vocab_size)
 
 
 def random_model(config: Any, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:

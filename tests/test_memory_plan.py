@@ -384,7 +384,7 @@ def test_update_terms_activations_match_a_whole_models_saved_bytes(padded):
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    config = mp._torch_config(SMALL, SMALL.num_layers, SMALL.vocab_size)
+    config = mp.torch_config(SMALL, SMALL.num_layers, SMALL.vocab_size)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).train()
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     total: dict[int, int] = {}  # bytes by storage: each saved storage once

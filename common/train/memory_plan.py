@@ -396,7 +396,9 @@ def logits_bytes(rows: int, vocab: int) -> float:
     return float(rows * vocab * LOGIT_ENTRY_BYTES)
 
 
-def _torch_config(arch: ModelArch, layers: int, vocab: int):
+def torch_config(arch: ModelArch, layers: int, vocab: int):
+    """A transformers config of ``arch`` at ``layers`` layers and a ``vocab``-token vocabulary,
+    SDPA attention (what the plan measures and the bare GPU check trains)."""
     import transformers
 
     try:
@@ -426,7 +428,7 @@ def _measuring_model(arch: ModelArch, lora: LoraShape | None, dtype: Any) -> Any
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(_torch_config(arch, 2, 256), dtype=dtype)
+    model = AutoModelForCausalLM.from_config(torch_config(arch, 2, 256), dtype=dtype)
     if lora is not None:
         from common.train.lora import build_lora_model
 

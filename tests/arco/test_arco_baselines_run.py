@@ -108,9 +108,10 @@ def test_arco_s_outcome_reward_is_reward_fn(tiny_world, prm_warmed, tmp_path):
 
     over = overrides(tiny_world, prm_warmed, backend="hf")
     over += [f"run_dir={tmp_path / 'run'}", "method=outcome_only", f"reward.fn={__name__}:quarter"]
+    over += ["rl.dense_steps=0"]  # one step
     out = train_arco(load_config(ArcoConfig, CONFIG, over))
     rows = _rows(Path(out["run_dir"]))
-    assert [r["reward"] for r in rows] == [0.25, 0.25]
+    assert [r["reward"] for r in rows] == [0.25]
     assert all(r["trl/quarter/none_share"] == 0.0 for r in rows)
     for r in rows:
         assert r["lr"] == r["lr/policy"] > 0 and r["clip_frac"] == 0.0

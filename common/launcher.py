@@ -116,6 +116,14 @@ def _free_gib(path: Path) -> float | None:
     return None
 
 
+def close_progress_bars() -> None:
+    """End the progress bars a stop interrupted (their last state and a newline), so the stop's
+    line is a line of its own on stderr, not the tail of a bar's."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ())):
+        bar.close()
+
+
 def run_command(main: Callable[[], int]) -> NoReturn:
     """A package's console script and ``python -m``: ``main()``, then ``exit_process`` with its
     code (a launcher's rank leaves without C++'s static teardown, common.train.distributed).
@@ -127,6 +135,7 @@ def run_command(main: Callable[[], int]) -> NoReturn:
         code = main()
     except RunStopped as e:
         if os.environ.get("RANK", "0") == "0":
+            close_progress_bars()
             print(f"stopped: {e}", file=sys.stderr, flush=True)
         code = STOPPED_EXIT_CODE
     except (OSError, ValueError) as e:
@@ -135,6 +144,7 @@ def run_command(main: Callable[[], int]) -> NoReturn:
             raise
         world = os.environ.get("WORLD_SIZE", "1")
         rank = f"rank {os.environ.get('RANK', '0')}: " if world not in ("", "1") else ""
+        close_progress_bars()
         print(f"{rank}error: {line}", file=sys.stderr, flush=True)
         code = ERROR_EXIT_CODE
     if "torch" not in sys.modules:  # --help, a config error: no process group to leave

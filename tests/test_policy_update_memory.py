@@ -126,8 +126,13 @@ def test_policy_update_equals_the_whole_logits_path(tied, kl_coef, monkeypatch):
     assert set(new_grads) == set(old_grads) and ("lm_head.weight" in old_grads) != tied
     for name, grad in old_grads.items():
         torch.testing.assert_close(new_grads[name], grad, atol=1e-6, rtol=0, msg=name)
-        # Adam's first step is lr·g/(|g| + ε): rounding in a near-zero gradient entry moves it
-        torch.testing.assert_close(new_weights[name], old_weights[name], atol=1e-5, rtol=0)
+        # Adam's first step is lr·g/(|g| + ε), about lr·sign(g): where |g| > 1e-4 the paths'
+        # gradients (equal to 1e-6) give one step; where g is near 0 its rounding may move the
+        # entry anywhere within ±lr (1e-2), and did (1.1e-5 under one pinned thread)
+        clear = grad.abs() > 1e-4
+        diff = (new_weights[name] - old_weights[name]).abs()
+        assert not clear.any() or float(diff[clear].max()) <= 1e-5, name
+        assert float(diff.max()) <= 2e-2, name
 
 
 def test_forward_logprobs_with_temperature_and_a_bare_model_equals_the_whole_logits():

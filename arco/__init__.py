@@ -1,1 +1,1 @@
-"""ARCO: a rubric model sharing the policy's backbone, co-evolving with it (specs/arco.md)."""
+"""ARCO: a rubric model sharing the policy's backbone, co-evolving with it (arco/README.md)."""

@@ -1,5 +1,6 @@
 """ARCO's run config: assets, environment, the shared backbone's adapters, the rubric, warmup and
-co-evolution RL (specs/arco.md). Every number of a paper setting lives in ``arco/configs/*.yaml``.
+co-evolution RL (docs/arco_internals.md, "Config keys and the run folder"). Every number of a
+paper setting lives in ``arco/configs/*.yaml``.
 
 Every external input (base model, QA files, corpus or retrieval server, teacher endpoints) sits in
 ``assets``; ``check_assets`` fails on a missing one before any model loads, saying how to get it.

@@ -1,4 +1,5 @@
-"""Rubric diagnostics (specs/arco.md, "Numbers and diagnostics"), ``python -m arco diagnose``:
+"""Rubric diagnostics, ``python -m arco diagnose`` (docs/arco_internals.md, "Warmups, fixed
+criteria, μ outside the trainer, diagnose"):
 
 - **Action identification**: for a step whose question has other rollouts, the candidates are
   the distinct actions taken at the same step by the question's rollouts; μ's criteria for the

@@ -1,4 +1,4 @@
-"""ARCO's two environments (specs/arco.md, "Environments"): a retriever and the agent's settings.
+"""ARCO's two environments (arco/README.md, "The method"): a retriever and the agent's settings.
 
 ``distractor`` (the release's HotpotQA setting): ``Search[query]`` ranks only the question's own
 context paragraphs (``metadata["paragraphs"]``, 10 in HotpotQA) with BM25 fitted on them (the

@@ -1,5 +1,5 @@
 """ARCO's model: one frozen base, LoRA adapters for the policy π and the rubric model μ, their
-frozen references, and μ's scoring head (specs/arco.md, "The model μ").
+frozen references, and μ's scoring head (arco/README.md, "The method").
 
     base (frozen, one copy) ─┬─ adapter "policy"      π      (trained)
                              ├─ adapter "rubric"      μ      (trained) ──> mean-pooled last hidden

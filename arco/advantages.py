@@ -1,8 +1,8 @@
 """ARCO's advantages: dense (rubric step rewards, position-bucket baseline) and sparse (group).
 
-Dense phase (arco/README.md, "The method"): step rewards s_t from the rubric model, reward-to-go G_t, a baseline
-b_t = the batch mean of G over the step's position bucket, and A_t = c * (G_t - b_t). Sparse
-phase: A = R - mean of R over the question's group, no std division.
+Dense phase (arco/README.md, "The method"): step rewards s_t from the rubric model, reward-to-go
+G_t, a baseline b_t = the batch mean of G over the step's position bucket, and
+A_t = c * (G_t - b_t). Sparse phase: A = R - mean of R over the question's group, no std division.
 
 Both as parts (``common.rewards.AdvantageEstimator``) for any trainer: ``DenseAdvantages`` (the
 step scores and the trainer's ``common.rewards.step_layout`` in ``rewards.extras``; per-token

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from experiments.rehearse.precision import cpu_bf16, read_cpuinfo
 from experiments.rehearse.stages import (
     Stage,
     StageFailed,
@@ -186,8 +187,8 @@ def _common(s: Setup) -> dict[str, Any]:
     if s.device == "cpu" and engine.get("sleep_during_update"):
         values["engine.sleep_during_update"] = False
     bf16 = s.raw.get("train", {}).get("bf16", "auto")
-    if s.device == "cpu" and bf16 == "auto":
-        values["train.bf16"] = True  # "auto" is bf16 on every GPU the papers used
+    if s.device == "cpu" and bf16 is not False:  # bf16 where the CPU computes it (precision.py)
+        values["train.bf16"] = cpu_bf16(bf16, read_cpuinfo())[0]
     return values
 
 
@@ -664,10 +665,9 @@ def _prepared(
             "engine.sleep_during_update=false: vLLM refuses sleep mode on a CPU ('Sleep mode is "
             "not supported on current platform'); not exercised"
         )
-    if device == "cpu" and raw.get("train", {}).get("bf16", "auto") == "auto":
-        notes.append(
-            "train.bf16=true: 'auto' resolves to bf16 on the papers' GPUs (and on CPU to fp32)"
-        )
+    if device == "cpu":
+        bf16_note = cpu_bf16(raw.get("train", {}).get("bf16", "auto"), read_cpuinfo())[1]
+        notes += [bf16_note] if bf16_note else []
     report.not_exercised = list(NOT_EXERCISED_CPU) if device == "cpu" else []
     needs_retrieval = fam == "eviback" or raw.get("env", {}).get("setting") not in (
         None,

@@ -125,8 +125,11 @@ APE_SAYS = $(if $(APE_POLICY),$(if $(APE_FOUND),[make] EviBack's teacher: the E2
 	$(APE_POLICY),[make] no E2E-APE policy at $(APE_POLICY) (make ape-eviback SCALE=$(SCALE) \
 	writes it): EviBack's teacher runs the hand-written gated two-stage prompts))
 
+# ARGS="key=value ...": more dotted overrides for the config's command (ape-eviback, warmup-arco,
+# wait-services), e.g. the same assets.retrieval_url=... a run elsewhere than the config's needs
+ARGS ?=
 ape-eviback:  ## E2E-APE, the paper's teacher prompt search (one process; the retrieval server and teacher answering): the policy train-eviback then uses
-	$(PY) -m eviback ape --config $(EVIBACK_CONFIG) $(SEED_ARG)
+	$(PY) -m eviback ape --config $(EVIBACK_CONFIG) $(SEED_ARG) $(ARGS)
 
 train-eviback:  ## EviBack; SCALE=tiny|smol|0.6b|1.7b|4b (paper scales need GPUs; the APE policy when make ape-eviback wrote it)
 	$(if $(AGENT_WARMUP),$(MAKE) $(AGENT_WARMUP))
@@ -148,7 +151,7 @@ ARCO_WARMUP_FILE := $(if $(WARMUP_FILE),warmup.teacher=file warmup.release_file=
 warmup-arco:  ## ARCO's warmup (tiny, smol: the data's supporting documents annotate; paper scales: an LLM teacher, API cost, or WARMUP_FILE=); GPUS=, HOSTFILE= as train-arco
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
 	$(if $(filter smol,$(SCALE)),$(MAKE) warmup-smol)
-	$(NODES_ENV) $(LAUNCH) arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(ARCO_WARMUP_FILE) $(SEED_ARG)
+	$(NODES_ENV) $(LAUNCH) arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(ARCO_WARMUP_FILE) $(SEED_ARG) $(ARGS)
 
 $(ARCO_WARM)/arco.json: $(WARM)/config.json
 	$(PY) -m arco warmup --config arco/configs/tiny.yaml
@@ -193,8 +196,10 @@ PORT ?= 8000
 # FAISS_GPU=on: the flat index on the GPUs CUDA_VISIBLE_DEVICES leaves, else stop (default auto:
 # there when a GPU build of faiss sees them; the start line says where and why); off: the CPU
 FAISS_GPU ?=
-serve-retrieval:  ## the retrieval server on INDEX (Search-R1's E5 index as downloaded), HOST:PORT, its index on the visible GPUs (FAISS_GPU=on|off); docs/retrieval.md
-	$(PY) -m common.retrieval serve --index $(INDEX) --host $(HOST) --port $(PORT)$(if $(FAISS_GPU), --faiss-gpu $(FAISS_GPU))
+# ENCODER=DIR: the query encoder from a folder (default: e5-base-v2 from the Hugging Face cache)
+ENCODER ?=
+serve-retrieval:  ## the retrieval server on INDEX (Search-R1's E5 index as downloaded), HOST:PORT, its index on the visible GPUs (FAISS_GPU=on|off), ENCODER=DIR; docs/retrieval.md
+	$(PY) -m common.retrieval serve --index $(INDEX) --host $(HOST) --port $(PORT)$(if $(FAISS_GPU), --faiss-gpu $(FAISS_GPU))$(if $(ENCODER), --dense-encoder $(ENCODER))
 
 # the teacher as an OpenAI-compatible vLLM server on TEACHER_GPUS (tensor parallel over them),
 # its reasoning split from the answer (GLM-4.7-Flash thinks; the client also cuts a </think>)
@@ -221,7 +226,7 @@ endif
 # WAIT_S seconds (a teacher of 30B weights takes minutes to load); exit 3 past it
 WAIT_S ?= 1800
 wait-services:  ## wait for a config's retrieval server and teacher to answer (METHOD= SCALE=; at most WAIT_S=1800 s, progress every 30 s)
-	$(PY) -m experiments.wait_services --config $(DATA_CONFIG) --wait-s $(WAIT_S)
+	$(PY) -m experiments.wait_services --config $(DATA_CONFIG) --wait-s $(WAIT_S) $(ARGS)
 
 RUNS ?= runs
 RANKS ?= 1

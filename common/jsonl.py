@@ -8,7 +8,9 @@ one rule for a write the process was killed in:
                        a JSON object with the expected key: a ``ValueError`` naming file:line
 
 ``trim_jsonl`` rewrites such a log (atomically) keeping the rows a resumed run keeps, each kept
-line byte for byte as it was written. No heavy imports: the scripts that read run folders use it.
+line byte for byte as it was written. ``replace_atomic`` is the project's one atomic file write
+(a temporary file beside the target, synced, renamed over it): ``write_atomic`` (bytes or text)
+and ``write_jsonl_atomic`` (rows as JSON lines) are its two forms. No heavy imports: the scripts that read run folders use it.
 
 ``utf8_text`` is how every text file a user gives is decoded (QA files, corpora, these logs): a
 UTF-8 byte order mark at the start is dropped (Windows editors write one), and a byte that is
@@ -20,8 +22,9 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,15 +110,33 @@ def trim_jsonl(
 
 
 def write_atomic(path: Path, data: bytes | str) -> None:
-    """``data`` into a temporary file beside ``path``, flushed, then renamed over it. An
-    ``OSError`` (a full disk's write names no file) names ``path``."""
+    """``data`` (a ``str``: as UTF-8) into ``path`` atomically (``replace_atomic``): a reader
+    sees the old file or the new one, never half of one."""
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    replace_atomic(path, lambda tmp: tmp.write_bytes(raw))
+
+
+def write_jsonl_atomic(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """``rows`` as JSON lines (UTF-8, not ASCII-escaped, each newline-terminated) into ``path``
+    atomically (``write_atomic``)."""
+    write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
+def replace_atomic(path: Path, write: Callable[[Path], object]) -> None:
+    """The one atomic write of a file: ``write(tmp)`` fills a temporary file beside ``path``
+    (named for this process and thread, so concurrent writers never share one), which is synced
+    to disk and renamed over ``path``; on any failure the temporary file is removed and ``path``
+    is as it was. An ``OSError`` that names no file (a full disk's write) names ``path``."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        with tmp.open("wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException as err:
         tmp.unlink(missing_ok=True)

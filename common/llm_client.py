@@ -42,7 +42,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -54,6 +53,7 @@ from typing import Any
 import httpx
 
 from common.api_budget import ApiBudget, TokenCounter, usd
+from common.jsonl import write_atomic
 from common.launcher import RunStopped
 from common.redact import redact
 
@@ -598,17 +598,11 @@ class LLMClient:
         path = self._cache_path(key)
         if path is None:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
         skip = ("error", "cached", "rejected", "wrong_model")  # never true of a cached answer
         entry = {k: v for k, v in asdict(result).items() if k not in skip}
-        # Written next to the target and renamed, so a reader never sees half a file.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{key}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(entry, f)
-            os.replace(tmp, path)
+        try:  # atomic: a reader never sees half a file
+            write_atomic(path, json.dumps(entry))
         except OSError as e:
-            Path(tmp).unlink(missing_ok=True)
             log.warning("cannot write cache entry %s: %s", path, e)
 
 

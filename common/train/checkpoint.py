@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.jsonl import write_atomic
 from common.train.distributed import barrier, broadcast_object
 from common.train.engine import TrainEngine
 from common.train.export import export_hf_state_dict
@@ -124,7 +125,7 @@ def save_checkpoint(
         raise error from err
     if engine.is_main:
         _commit(tmp, final)
-        _replace_text(root / "latest", final.name)
+        write_atomic(root / "latest", final.name + "\n")
         _prune(root, keep_last, keep=final)
     barrier()
     _set_rng_state(rng)
@@ -362,12 +363,6 @@ def _commit(tmp: Path, final: Path) -> None:
         os.replace(final, aside)
     os.replace(tmp, final)
     shutil.rmtree(aside, ignore_errors=True)
-
-
-def _replace_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, path)
 
 
 def _complete_checkpoints(root: Path) -> list[Path]:

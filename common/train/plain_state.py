@@ -28,7 +28,6 @@ import dataclasses
 import errno
 import json
 import math
-import os
 import pickle
 from collections.abc import Iterable
 from pathlib import Path
@@ -36,6 +35,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from common.jsonl import replace_atomic, write_atomic
 
 TAGS = ("__tuple__", "__dict__", "__tensor__", "__ndarray__", "__float__", "__object__")
 
@@ -55,11 +56,11 @@ def save_plain(stem: str | Path, obj: Any, classes: Iterable[type] = ()) -> None
     tree = _encode(obj, tensors, seen, known, "")
     weights = stem.with_name(stem.name + ".safetensors")
     if tensors:
-        _replace(weights, lambda tmp: _save_tensors(save_file, tensors, tmp))
+        replace_atomic(weights, lambda tmp: _save_tensors(save_file, tensors, tmp))
     else:
         weights.unlink(missing_ok=True)
     text = json.dumps({"format": "plain-state/1", "tensors": len(tensors), "value": tree})
-    _replace(stem.with_name(stem.name + ".json"), lambda tmp: tmp.write_text(text))
+    write_atomic(stem.with_name(stem.name + ".json"), text)
 
 
 def load_plain(stem: str | Path, classes: Iterable[type] = ()) -> Any:
@@ -241,14 +242,3 @@ def _save_tensors(save_file, tensors: dict[str, torch.Tensor], file: Path) -> No
         text = str(err)
         full = "no space left" in text.lower() or "StorageFull" in text
         raise OSError(errno.ENOSPC if full else errno.EIO, f"writing {file}: {text}") from err
-
-
-def _replace(path: Path, write) -> None:
-    """``write(tmp)`` into a file beside ``path``, then renamed over it."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

@@ -11,12 +11,12 @@ benchmarks' F1). Two runs over the same questions compare by a paired bootstrap.
 from __future__ import annotations
 
 import json
-import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from common import bootstrap as common_bootstrap
 from common.metrics import exact_match, f1_score
 from common.rollout import AgentConfig, Trajectory
 from eviback.assets import build_retriever, question_chars, select_questions, source_of
@@ -110,7 +110,8 @@ def paired_bootstrap(
 ) -> dict[str, float]:
     """Δ = mean(b) − mean(a) of a per-question metric over the questions both runs have, and its
     percentile interval over ``resamples`` draws of the questions with replacement (the same
-    draw for both runs). ``p_le_0``: share of draws with Δ* ≤ 0."""
+    draw for both runs; ``common.bootstrap.paired_bootstrap``). ``p_le_0``: share of draws with
+    Δ* ≤ 0."""
     by_id = {r.id: r for r in a}
     shared = [r.id for r in b if r.id in by_id]
     if not shared:
@@ -121,21 +122,8 @@ def paired_bootstrap(
         )
     b_by_id = {r.id: r for r in b}
     diffs = [float(getattr(b_by_id[i], metric)) - float(getattr(by_id[i], metric)) for i in shared]
-    rng = random.Random(seed)
-    n = len(diffs)
-    draws = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(resamples))
-    tail = (1 - confidence) / 2
-    lo = draws[min(int(tail * resamples), resamples - 1)]
-    hi = draws[min(int((1 - tail) * resamples), resamples - 1)]
-    return {
-        "metric": metric,
-        "n": n,
-        "delta": statistics.fmean(diffs),
-        "ci_low": lo,
-        "ci_high": hi,
-        "confidence": confidence,
-        "p_le_0": sum(d <= 0 for d in draws) / resamples,
-    }
+    out = common_bootstrap.paired_bootstrap(diffs, resamples, confidence, seed)
+    return {"metric": metric, **{k: v for k, v in out.items() if k != "mde"}}
 
 
 def write_results(path: Path, results: Sequence[QuestionResult]) -> None:

@@ -30,10 +30,15 @@ comparison run seed by seed, over sessions, keeps its results with the code.
 the short answers exact match judges.
 Every trainer writes its dev evaluations per question (``common.rl_loop.evaluate``), so arms are
 compared on the same questions: for question q, Δ_q = mean over seeds of the arm's final value minus the baseline's
-(with ``start``: the arm's own final minus step-0 value, seed by seed), and the interval is the
-percentile bootstrap of mean(Δ) over questions. The minimal detectable difference printed beside
-it is 2.8 standard errors of that mean (a two-sided 5% test with 80% power); the spread over
-seeds is reported too, which the bootstrap over questions does not include. For every arm with two
+(with ``start``: the arm's own final minus step-0 value, seed by seed). Two percentile-bootstrap
+intervals of mean(Δ) stand beside each other (``common.bootstrap``): over questions with the
+seeds fixed, and over seeds and questions (each draw takes the seeds and the questions with
+replacement, the arm's seed s against the reference's seed s), which counts what other seeds
+could give. A verdict (above, below or across 0) uses the second with two seeds or more, the
+first with one; the report bolds only that interval, when it is clear of 0. Beside each interval
+its minimal detectable difference: 2.8 standard errors (a two-sided 5% test with 80% power; of
+the per-question Δ for the first, the draws' spread for the second); n is the number of dev
+questions. For every arm with two
 seeds or more the report adds its **seed noise**: from the arm's spread over seeds per question,
 what a comparison of two arms that differ only by seed (same seeds, same questions) could detect,
 and the questions it would need to detect one point; the bound to quote before running a slow
@@ -52,7 +57,6 @@ import argparse
 import json
 import math
 import os
-import random
 import shutil
 import statistics
 import subprocess
@@ -64,35 +68,11 @@ from typing import Any
 
 import yaml
 
+from common.bootstrap import MDE_Z, paired_bootstrap, two_level_bootstrap
 from common.config import path_name
 from common.launcher import write_failure
 
 DONE_MARKER = ".compare_done"
-# standard errors a difference must span to be detected by a two-sided 5% test with 80% power
-MDE_Z = 2.8
-
-
-def paired_bootstrap(
-    diffs: Sequence[float], resamples: int = 10_000, confidence: float = 0.95, seed: int = 0
-) -> dict[str, float]:
-    """mean(diffs) with its percentile bootstrap interval (questions drawn with replacement),
-    ``p_le_0`` (share of draws with mean ≤ 0) and ``mde``: 2.8 standard errors of the mean."""
-    if not diffs:
-        raise ValueError("paired_bootstrap: no paired differences")
-    n = len(diffs)
-    rng = random.Random(seed)
-    draws = sorted(statistics.fmean(rng.choices(diffs, k=n)) for _ in range(resamples))
-    tail = (1 - confidence) / 2
-    sd = statistics.stdev(diffs) if n > 1 else 0.0
-    return {
-        "n": n,
-        "delta": statistics.fmean(diffs),
-        "ci_low": draws[min(int(tail * resamples), resamples - 1)],
-        "ci_high": draws[min(int((1 - tail) * resamples), resamples - 1)],
-        "confidence": confidence,
-        "p_le_0": sum(d <= 0 for d in draws) / resamples,
-        "mde": MDE_Z * sd / math.sqrt(n),
-    }
 
 
 def read_results(path: Path) -> dict[str, dict[str, Any]]:
@@ -213,11 +193,13 @@ def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
         runs = {s["seed"]: s for s in a["runs"]}
         finals = [runs[s]["final_rows"] for s in seeds]
         if baseline == "start":
-            diffs = diffs_from_start(finals, [runs[s]["start_rows"] for s in seeds], metric)
+            refs = [runs[s]["start_rows"] for s in seeds]
+            diffs = diffs_from_start(finals, refs, metric)
         else:
             theirs = {s["seed"]: s for s in arms[baseline]["runs"]}
-            diffs = question_diffs(finals, [theirs[s]["final_rows"] for s in seeds], metric)
-        comparisons[name] = {**paired_bootstrap(diffs, resamples), "seeds": seeds}
+            refs = [theirs[s]["final_rows"] for s in seeds]
+            diffs = question_diffs(finals, refs, metric)
+        comparisons[name] = compare_arm(diffs, finals, refs, metric, resamples) | {"seeds": seeds}
     unfinished = [
         {"arm": n, "seed": s["seed"], "final_step": s["final_step"]}
         for n, a in arms.items()
@@ -329,6 +311,57 @@ def diffs_from_start(finals: Sequence[dict], starts: Sequence[dict], metric: str
     ]
 
 
+def seed_table(runs: Sequence[dict[str, dict]], ids: Sequence[str], metric: str) -> list[list]:
+    """``metric`` of each run (one ``{question id: row}`` per seed) over the questions ``ids``:
+    one row per seed."""
+    return [[float(r[q][metric]) for q in ids] for r in runs]
+
+
+def clear_of_zero(interval: dict[str, float]) -> int:
+    """+1 when the interval lies above 0, −1 below, 0 when it holds or touches 0."""
+    return 1 if interval["ci_low"] > 0 else -1 if interval["ci_high"] < 0 else 0
+
+
+def compare_arm(
+    diffs: Sequence[float],
+    finals: Sequence[dict[str, dict]],
+    refs: Sequence[dict[str, dict]],
+    metric: str,
+    resamples: int = 10_000,
+) -> dict[str, Any]:
+    """One arm against its reference over the same seeds (``finals[i]`` against ``refs[i]``):
+    the bootstrap over questions of the per-question ``diffs`` with the seeds fixed (top level:
+    ``n`` questions, ``delta``, ``ci_low``, ``ci_high``, ``mde``, ``p_le_0``), the two-level
+    bootstrap over seeds and questions (``seeds_and_questions``), and ``verdict``: which of the
+    two a verdict uses (``seeds_and_questions`` with two seeds or more, else ``questions``) and
+    its ``sign`` (``clear_of_zero``)."""
+    ids = list(finals[0])
+    fixed = paired_bootstrap(diffs, resamples)
+    both = two_level_bootstrap(
+        seed_table(finals, ids, metric), seed_table(refs, ids, metric), resamples
+    )
+    by = "seeds_and_questions" if len(finals) >= 2 else "questions"
+    sign = clear_of_zero(both if by == "seeds_and_questions" else fixed)
+    return {**fixed, "seeds_and_questions": both, "verdict": {"interval": by, "sign": sign}}
+
+
+def verdict_cells(c: dict[str, Any]) -> str:
+    """The markdown cells of a comparison: Δ's two intervals, each with its MDE, and the
+    verdict; only the interval the verdict uses is bolded, and only when it is clear of 0."""
+    v = c.get("verdict", {"interval": "questions", "sign": clear_of_zero(c)})
+    two = c.get("seeds_and_questions")
+
+    def ci(x: dict[str, float], used: bool) -> str:
+        text = f"[{x['ci_low']:+.3f}, {x['ci_high']:+.3f}]"
+        return f"**{text}**" if used and v["sign"] else text
+
+    fixed = f"{ci(c, v['interval'] == 'questions')} | {c['mde']:.3f}"
+    both = f"{ci(two, v['interval'] == 'seeds_and_questions')} | {two['mde']:.3f}" if two else " | "
+    word = {1: "**above 0**", -1: "**below 0**", 0: "across 0"}[v["sign"]]
+    by = "seeds + questions" if v["interval"] == "seeds_and_questions" else "questions"
+    return f"{fixed} | {both} | {word} ({by})"
+
+
 def _seeds(seeds: Sequence[int]) -> str:
     return ", ".join(f"s{s}" for s in seeds)
 
@@ -336,9 +369,15 @@ def _seeds(seeds: Sequence[int]) -> str:
 def markdown(summary: dict[str, Any]) -> str:
     m, base = summary["metric"], summary["baseline"]
     against = "its own step 0" if base == "start" else f"`{base}`"
+    ns = sorted({c["n"] for c in summary["comparisons"].values()})
+    n = f"n = {' / '.join(map(str, ns))} dev questions, " if ns else ""
     lines = [
-        f"Seeds {summary['seeds']}; dev {m} (greedy); Δ against {against}, per question, "
-        "pooled over seeds; 95% paired bootstrap over questions; MDE = 2.8 SE (80% power).",
+        f"Seeds {summary['seeds']}; dev {m} (greedy); {n}Δ against {against} per question, "
+        "pooled over seeds. Two 95% percentile-bootstrap intervals, each with its MDE (2.8 SE, "
+        "80% power): over questions with the seeds fixed, and over seeds and questions (both "
+        "drawn with replacement, arm seed s against reference seed s: seed noise included). "
+        "The verdict uses the seeds + questions interval with two seeds or more, else the "
+        "questions one; only that interval is bolded, when clear of 0.",
     ]
     missing = summary.get("missing", [])
     unfinished = summary.get("unfinished", [])
@@ -357,25 +396,22 @@ def markdown(summary: dict[str, Any]) -> str:
     lines += [
         "",
         f"| arm | step | {m} at step 0 | final {m} (mean ± sd over seeds) | per seed | valid answers"
-        " | Δ | 95% CI | MDE |",
-        "|---|---|---|---|---|---|---|---|---|",
+        " | Δ | 95% CI, questions (seeds fixed) | MDE | 95% CI, seeds + questions | MDE | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     all_seeds = list(summary["seeds"])
     for name, a in summary["arms"].items():
         if not a["seeds_present"]:
-            lines.append(f"| {name} | – | missing: no seed has results | | | | | | |")
+            lines.append(f"| {name} | – | missing: no seed has results | | | | | | | | | |")
             continue
         c = summary["comparisons"].get(name)
         if c:
             over = "" if c["seeds"] == all_seeds else f" ({_seeds(c['seeds'])})"
-            delta = (
-                f"{c['delta']:+.3f}{over} | [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | "
-                f"{c['mde']:.3f}"
-            )
+            delta = f"{c['delta']:+.3f}{over} | {verdict_cells(c)}"
         elif name in summary.get("not_compared", {}):
-            delta = f"– ({summary['not_compared'][name]}) | | "
+            delta = f"– ({summary['not_compared'][name]}) | | | | | "
         else:
-            delta = "(baseline) | | "
+            delta = "(baseline) | | | | | "
         per_seed = a["per_seed"]
         whole = a["seeds_present"] == all_seeds and not a["unfinished_seeds"]
         if whole and a["final_step"] is not None:

@@ -26,7 +26,7 @@ on its port, once, and stopped when eval-all ends (``RetrievalServers``).
 
 ``<out>/results.md`` and ``results.json``: one row per run and benchmark with the metrics the
 paper reports and their 95% percentile-bootstrap intervals over questions; paired-bootstrap
-intervals (``experiments.compare.paired_bootstrap``) of each run against its baseline where both were
+intervals (``common.bootstrap.paired_bootstrap``) of each run against its baseline where both were
 evaluated on the same questions of the same file; the papers' published numbers (each package's
 ``published.yaml``) in their own section; a run that could not be evaluated, with the reason.
 """
@@ -52,9 +52,9 @@ from typing import Any
 import numpy as np
 import yaml
 
+from common.bootstrap import paired_bootstrap, ratio_interval
 from common.config import path_name
 from common.launcher import write_failure
-from experiments.compare import paired_bootstrap
 from experiments.method_kinds import COLUMNS, KIND, PAIRED
 
 CACHE_VERSION = 1
@@ -782,22 +782,12 @@ def bootstrap_interval(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap interval of ``metric`` over questions drawn with replacement (the
-    same percentile rule as ``experiments.compare.paired_bootstrap``)."""
+    """Percentile bootstrap interval of ``metric`` over questions drawn with replacement
+    (``common.bootstrap.ratio_interval``: a ratio of sums, or a mean)."""
     num, den = DEFINITIONS[metric]
-    n = len(rows)
-    idx = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    top = np.array([float(r[num]) for r in rows])[idx].sum(1)
-    if den is None:
-        draws = top / n
-    else:
-        bottom = np.array([float(r[den]) for r in rows])[idx].sum(1)
-        draws = np.divide(top, bottom, out=np.zeros_like(top), where=bottom > 0)
-    draws.sort()
-    tail = (1 - confidence) / 2
-    lo = draws[min(int(tail * resamples), resamples - 1)]
-    hi = draws[min(int((1 - tail) * resamples), resamples - 1)]
-    return float(lo), float(hi)
+    top = [float(r[num]) for r in rows]
+    bottom = None if den is None else [float(r[den]) for r in rows]
+    return ratio_interval(top, bottom, resamples, confidence, seed)
 
 
 # CER's headline number: the mean over its six benchmarks of each one's avg@k (k = 16 on the four
@@ -871,7 +861,7 @@ def paired_comparisons(
     runs: Sequence[Run], records: dict[str, dict], resamples: int
 ) -> list[dict[str, Any]]:
     """Each run against its baseline per benchmark both evaluated on the same file's questions:
-    Δ = run − baseline per question, ``experiments.compare.paired_bootstrap`` over questions."""
+    Δ = run − baseline per question, ``common.bootstrap.paired_bootstrap`` over questions."""
     out = []
     evaluated = [r for r in runs if r.name in records]
     arms = [(r, arm) for r in evaluated for arm in baseline_arms(r)]

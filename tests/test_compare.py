@@ -551,3 +551,46 @@ def test_the_smol_arco_comparison_gives_both_arms_one_budget_of_about_one_pass()
     questions = rl.sparse_steps * rl.sparse_questions + rl.dense_steps * rl.dense_questions
     assert 0.85 * SIZES["train"] <= questions <= SIZES["train"]
     assert rl.dense_questions == outcome.rl.sparse_questions * outcome.rl.sparse_n
+
+
+def _write_run(run_dir: Path, finals: list[float]) -> None:
+    """A finished run whose dev EM is 0 everywhere at step 0 and ``finals`` at step 2."""
+    (run_dir / "dev_results").mkdir(parents=True)
+    for step, values in ((0, [0.0] * len(finals)), (2, finals)):
+        rows = [{"id": f"q{i}", "em": v} for i, v in enumerate(values)]
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        (run_dir / "dev_results" / f"step_{step:05d}.jsonl").write_text(text)
+    (run_dir / DONE_MARKER).write_text("1 s\n")
+
+
+def test_the_verdict_counts_seed_noise_and_only_its_interval_is_bold(tmp_path, capsys):
+    # 40 questions; at seed 0 the arm is right on all of them and the reference on none, at
+    # seeds 1 and 2 both are wrong everywhere. Pooled over seeds every question's Δ is 1/3, so
+    # the interval over questions (seeds fixed) is [1/3, 1/3]; drawing the seeds too, no seed 0
+    # is drawn with chance 8/27 (Δ* = 0) and three times with chance 1/27 (Δ* = 1): [0, 1]
+    for seed in (0, 1, 2):
+        _write_run(tmp_path / "cmp" / "arm" / f"s{seed}", [float(seed == 0)] * 40)
+        _write_run(tmp_path / "cmp" / "ref" / f"s{seed}", [0.0] * 40)
+    spec = {"out": str(tmp_path / "cmp"), "seeds": [0, 1, 2], "baseline": "ref",
+            "arms": [{"name": "ref", "command": ["x"]}, {"name": "arm", "command": ["x"]}]}  # fmt: skip
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    assert main(["--spec", str(spec_path), "--report-only"]) == 0
+    c = json.loads((tmp_path / "cmp" / "comparison.json").read_text())["comparisons"]["arm"]
+    assert c["n"] == 40 and c["delta"] == pytest.approx(1 / 3)
+    assert (c["ci_low"], c["ci_high"]) == pytest.approx((1 / 3, 1 / 3))
+    both = c["seeds_and_questions"]
+    assert (both["ci_low"], both["ci_high"]) == (0.0, 1.0) and both["seeds"] == 3
+    assert c["verdict"] == {"interval": "seeds_and_questions", "sign": 0}
+    text = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "n = 40 dev questions" in text and "**" not in text
+    assert "| +0.333 | [+0.333, +0.333] | 0.000 | [+0.000, +1.000] |" in text
+    assert "across 0 (seeds + questions)" in text
+
+    # one seed: the verdict uses the interval over questions, bold when clear of 0
+    assert main(["--spec", str(spec_path), "--report-only", "--seeds", "0"]) == 0
+    c = json.loads((tmp_path / "cmp" / "comparison.json").read_text())["comparisons"]["arm"]
+    assert c["verdict"] == {"interval": "questions", "sign": 1}
+    text = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "| +1.000 | **[+1.000, +1.000]** | 0.000 | [+1.000, +1.000] |" in text
+    assert "**above 0** (questions)" in text

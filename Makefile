@@ -49,7 +49,7 @@ NODES_ENV := $(if $(HOSTFILE),$(PY) -m common.multinode deepspeed-env &&)
 	cer-tiny-assets train-cer train-cer-baseline eval-cer train-eviback train-eviback-baseline eval-eviback eval-all \
 	ape-eviback wait-services warmup-arco train-arco eval-arco compare-grpo compare-grpo-cer compare-eviback compare-cer \
 	compare-arco compare-arco-smoke compare-arco-teacher-steps compare-eviback-allzero compare-eviback-allzero-smoke compare-eviback-cer compare-eviback-teacher compare-cer-selfverify \
-	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense rehearse \
+	cer-selfverify-assets arco-long-world compare-arco-long compare-arco-paths compare-grpo-dense results rehearse \
 	rehearse-all gpu-check gpu-check-bare wheelhouse serve-retrieval serve-teacher data data-index smol warmup-smol arco-smol-warmup
 
 install:  ## venv + torch (CPU or CUDA, detected) + the project editable with its extras
@@ -248,6 +248,11 @@ demo:  ## all of it on the tiny setup, from nothing, on CPU (about 14.5 min on 2
 	$(PY) -m arco train --config arco/configs/tiny.yaml $(ARCO_DEMO_RL)
 	$(PY) -m experiments.demo_report --out runs/demo "reference GRPO=runs/grpo/tiny" \
 		"EviBack=runs/eviback/tiny" "CER=runs/cer/tiny/cer" "ARCO=runs/arco/demo"
+
+# Every archived comparison (<package>/results/**/archive.yaml and the per-question results beside
+# it) reported again, and docs/results.md's generated tables rewritten from them: no training
+results:  ## every reported comparison recomputed from the per-question results kept in <package>/results/: their reports and docs/results.md's tables
+	$(PY) -m experiments.results
 
 # SCALE=smol: SmolLM2 over real HotpotQA, one pass over its 150 training questions a run (hours on
 # 2 cores: the specs' comments); the per-question results kept in <package>/results/smol

@@ -12,8 +12,11 @@ gradient checkpointing, LoRA, KL and loss settings, sampling.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -29,12 +32,20 @@ from experiments.rehearse.stages import (
     StageFailed,
     StageResult,
     free_port,
+    last_error_line,
     metric_sum,
     overrides,
     read_jsonl,
     run_stage,
 )
 from experiments.rehearse.tokens import markdown_rows, token_table
+from experiments.rehearse.walk import (
+    SKIPPED,
+    background,
+    make_argv,
+    make_vars,
+    runs_through_make,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER_CONFIGS: tuple[str, ...] = (
@@ -86,6 +97,10 @@ STANDIN_CONTROLLER = "standin-controller"  # E2E-APE's controller where the conf
 
 class RehearsalError(RuntimeError):
     """The rehearsal could not be set up (before any stage ran)."""
+
+
+class SetupFailed(RuntimeError):
+    """A README step before the stages failed (``Report.setup`` names it and why)."""
 
 
 def family(config: str | Path) -> str:
@@ -171,6 +186,7 @@ class Setup:
     endpoint_url: str
     stats: Callable[[], dict[str, Any]]
     notes: list[str] = field(default_factory=list)  # what was changed for the CPU, and why
+    make_vars: dict[str, str] | None = None  # METHOD, SCALE... that pick the config (None: none)
 
     @property
     def runs(self) -> Path:
@@ -216,6 +232,49 @@ def _require(counts: dict[str, Any], key: str, what: str) -> None:
         raise StageFailed(f"{what} never ran ({key} = {counts.get(key, 0)})")
 
 
+def _via_make(s: Setup, target: str, variant: bool = True, **extra: str) -> dict[str, str] | None:
+    """The make variables that run ``target`` on this config with the stage's overrides in
+    ``ARGS`` (plus ``extra``), or None where the target takes no ``ARGS`` (or no SCALE picks the
+    config): then the stage runs the command the target runs."""
+    if s.make_vars is None:
+        return None
+    values = {k: v for k, v in s.make_vars.items() if variant or k != "VARIANT"}
+    if not runs_through_make(target, tuple(sorted(values.items())), _relative(s.config)):
+        return None
+    return values | extra
+
+
+def _relative(config: Path) -> str:
+    path = Path(config)
+    if path.is_absolute() and path.is_relative_to(ROOT):
+        return str(path.relative_to(ROOT))
+    return str(path)
+
+
+def _policy_used(run: Path, policy: Path) -> dict[str, Any]:
+    """The run folder's record of the teacher's policy file: E2E-APE's, byte for byte."""
+    record = run / "teacher_policy.json"
+    if not record.is_file():
+        raise StageFailed(f"{record} was not written: training did not use the E2E-APE policy")
+    used = json.loads(record.read_text())
+    sha = hashlib.sha256(policy.read_bytes()).hexdigest()
+    if Path(used.get("file", "")).resolve() != policy.resolve() or used.get("sha256") != sha:
+        raise StageFailed(f"{record} names {used}, not the E2E-APE policy {policy} ({sha[:12]})")
+    return {"teacher_policy_file": used["file"]}
+
+
+def _from_warmup(run: Path, warmup: Path) -> dict[str, Any]:
+    """ARCO's run started from ``warmup``: its config.yaml names it, its arco.json is there."""
+    import yaml
+
+    settings = yaml.safe_load((run / "config.yaml").read_text())
+    if Path(settings.get("warmup_dir", "")).resolve() != warmup.resolve():
+        raise StageFailed(f"{run}/config.yaml's warmup_dir is {settings.get('warmup_dir')!r}")
+    if not (warmup / "arco.json").is_file() or not (run / "run.json").is_file():
+        raise StageFailed(f"{warmup}/arco.json or {run}/run.json is missing")
+    return {"warmup_dir": str(warmup)}
+
+
 # metrics reported as the mean step's (rewards, CER's scores, ARCO's dense-phase rows)
 RATES = (
     "reward", "cer/", "advantage", "mixed_", "phase_dense", "criteria_valid", "decomposition",
@@ -248,12 +307,19 @@ def _tokens(s: Setup, run_dir: Path, first: int = 1) -> dict[str, Any]:
     return {"tokens": token_table(rows, family(s.config), s.raw)}
 
 
-def _resume_stage(s: Setup, package: str, train: dict[str, Any], run: Path) -> Stage:
+def _resume_stage(
+    s: Setup, package: str, train: dict[str, Any], run: Path, via: Stage | None = None
+) -> Stage:
     """The train command once more with ``train``'s one step more (the config change allowed):
-    it must continue from the train stage's checkpoint and log step 3 alone."""
+    it must continue from the train stage's checkpoint and log step 3 alone. ``via``: the train
+    stage whose make target it runs too."""
     log = s.out / "logs" / "resume.log"
     args = _args(s, "train", train | EXTEND)
-    return Stage("resume", package, args, s.ranks, _resume_check(s, run, log, 3, first=3))
+    check = _resume_check(s, run, log, 3, first=3)
+    stage = Stage("resume", package, args, s.ranks, check, readme=False)
+    if via is not None:
+        stage.make, stage.make_vars = via.make, via.make_vars
+    return stage
 
 
 def _resume_check(
@@ -317,7 +383,12 @@ def eviback_plan(s: Setup) -> list[Stage]:
         "ape.repeats": 1,
         "ape.out": str(ape_dir),
     }
-    train = base | {"teacher.policy_file": str(ape_dir / "policy.yaml"), "steps": 2}
+    policy = ape_dir / "policy.yaml"
+    # through make, APE_POLICY= passes the policy (teacher.policy_file) as the README's run does
+    train_make = _via_make(s, "train-eviback", APE_POLICY=str(policy))
+    train = base | {"steps": 2}
+    if train_make is None:
+        train["teacher.policy_file"] = str(policy)
     marks: dict[str, Any] = {}
 
     def mark() -> None:
@@ -331,13 +402,21 @@ def eviback_plan(s: Setup) -> list[Stage]:
     def train_check() -> dict[str, Any]:
         counts = _train_counts(run, 2) | _endpoint_delta(s, marks.pop("before", {}))
         _require(counts, "teacher/calls", "the teacher backoff")
-        return counts | _tokens(s, run)
+        return counts | _policy_used(run, policy) | _tokens(s, run)
 
+    wait = _wait_stage(s, base)
+    ape_stage = Stage("ape", "eviback", _args(s, "ape", ape), 1, ape_check, before=mark)
+    ape_stage.make, ape_stage.make_vars = "ape-eviback", _via_make(s, "ape-eviback")
+    train_stage = Stage("train", "eviback", _args(s, "train", train), s.ranks, train_check,
+                        before=mark, make="train-eviback", make_vars=train_make)  # fmt: skip
+    evaluate = Stage("eval", "eviback", _args(s, "eval", base), s.ranks, _eval_check(run / "eval"))
+    evaluate.make, evaluate.make_vars = "eval-eviback", _via_make(s, "eval-eviback")
     return [
-        Stage("ape", "eviback", _args(s, "ape", ape), s.ranks, ape_check, before=mark),
-        Stage("train", "eviback", _args(s, "train", train), s.ranks, train_check, before=mark),
-        _resume_stage(s, "eviback", train | {"steps": 3}, run),
-        Stage("eval", "eviback", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
+        wait,
+        ape_stage,
+        train_stage,
+        _resume_stage(s, "eviback", train | {"steps": 3}, run, train_stage),
+        evaluate,
     ]
 
 
@@ -359,11 +438,11 @@ def cer_plan(s: Setup) -> list[Stage]:
         _require(counts, "nonzero_grad_steps", "an update with a non-zero gradient")
         return counts | _tokens(s, run)
 
-    return [
-        Stage("train", "cer", _args(s, "train", base | {"steps": 2}), s.ranks, train_check),
-        _resume_stage(s, "cer", base | {"steps": 3}, run),
-        Stage("eval", "cer", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
-    ]
+    train = Stage("train", "cer", _args(s, "train", base | {"steps": 2}), s.ranks, train_check)
+    train.make, train.make_vars = "train-cer", _via_make(s, "train-cer")
+    evaluate = Stage("eval", "cer", _args(s, "eval", base), s.ranks, _eval_check(run / "eval"))
+    evaluate.make, evaluate.make_vars = "eval-cer", _via_make(s, "eval-cer")
+    return [train, _resume_stage(s, "cer", base | {"steps": 3}, run, train), evaluate]
 
 
 def arco_plan(s: Setup) -> list[Stage]:
@@ -412,21 +491,52 @@ def arco_plan(s: Setup) -> list[Stage]:
         if s.raw.get("method") != "outcome_only":  # the baseline has no μ
             _require(counts, "phase_dense", "a dense step (μ's rubric rows scored)")
         _require(counts, "nonzero_grad_steps", "an update with a non-zero gradient")
-        return counts | _tokens(s, run)
+        return counts | _from_warmup(run, run / "warmup") | _tokens(s, run)
 
     base_warmup = []
     if s.variant and s.raw.get("warmup", {}).get("policy_from"):
         # the variant's warmup starts from the config's own π warmup, as a user runs them
         args = ["warmup", "--config", str(s.config), *overrides(warmup)]
-        base_warmup = [Stage("base-warmup", "arco", args, s.ranks, None)]
+        base_vars = _via_make(s, "warmup-arco", variant=False)
+        base_warmup = [Stage("base-warmup", "arco", args, s.ranks, None, make="warmup-arco",
+                             make_vars=base_vars, readme=False)]  # fmt: skip
+    warm = Stage("warmup", "arco", _args(s, "warmup", warmup), s.ranks, warmup_check, before=mark)
+    warm.make, warm.make_vars = "warmup-arco", _via_make(s, "warmup-arco")
+    trained = Stage("train", "arco", _args(s, "train", train), s.ranks, train_check)
+    trained.make, trained.make_vars = "train-arco", _via_make(s, "train-arco")
+    evaluate = Stage("eval", "arco", _args(s, "eval", base), s.ranks, _eval_check(run / "eval"))
+    evaluate.make, evaluate.make_vars = "eval-arco", _via_make(s, "eval-arco")
     return [
         *base_warmup,
-        Stage("warmup", "arco", _args(s, "warmup", warmup), s.ranks, warmup_check, before=mark),
-        Stage("train", "arco", _args(s, "train", train), s.ranks, train_check),
-        _resume_stage(s, "arco", train | {"rl.dense_steps": 2}, run),
-        Stage("eval", "arco", _args(s, "eval", base), s.ranks, _eval_check(run / "eval")),
-        Stage("diagnose", "arco", _args(s, "diagnose", base), 1, None),
+        warm,
+        trained,
+        _resume_stage(s, "arco", train | {"rl.dense_steps": 2}, run, trained),
+        evaluate,
+        Stage("diagnose", "arco", _args(s, "diagnose", base), 1, None, readme=False),
     ]
+
+
+WAIT_S = 300  # the rehearsal's bound for make wait-services (the stand-ins answer in seconds)
+ALWAYS = ("wait-services",)  # stages that run whatever --stage picks: the later ones need them
+
+
+def _wait_stage(s: Setup, values: dict[str, Any]) -> Stage:
+    """``make wait-services`` with the run's own overrides (its URLs), as the README waits for
+    the services started in the background; it must see each answer."""
+    args = ["--config", str(s.config), "--wait-s", str(WAIT_S), *overrides(values)]
+    log = s.out / "logs" / "wait-services.log"
+
+    def check() -> dict[str, Any]:
+        answered = [ln for ln in log.read_text().splitlines() if ln.startswith("[wait] ")]
+        if not any(" all " in ln and "answer" in ln for ln in answered):
+            raise StageFailed(f"make wait-services did not see every service answer: {answered}")
+        return {"answered": sum(ln.endswith(" s)") and "answers" in ln for ln in answered)}
+
+    make_vars = _via_make(s, "wait-services", WAIT_S=str(WAIT_S))
+    if make_vars is not None:
+        args = ["--config", str(s.config), *overrides(values)]
+    return Stage("wait-services", "experiments.wait_services", args, 1, check,
+                 timeout_s=WAIT_S + 60, make="wait-services", make_vars=make_vars)  # fmt: skip
 
 
 def _eval_check(folder: Path) -> Callable[[], dict[str, Any]]:
@@ -451,12 +561,22 @@ def _eval_all_stage(s: Setup) -> Stage:
         return {"runs_evaluated": len(runs)}
 
     args = [str(s.runs), "--out", str(out), "--no-plots", "--ranks", str(s.ranks)]
-    return Stage("eval-all", "experiments.evaluate_all", args, 1, check)
+    return Stage("eval-all", "experiments.evaluate_all", args, 1, check, readme=False)
 
 
 PLANS = {"eviback": eviback_plan, "cer": cer_plan, "arco": arco_plan}
+
+
+def readme_walk(s: Setup) -> list[str]:
+    """The README's make targets a whole rehearsal of ``s``'s config runs, in order: ``make
+    data``, EviBack's index and retrieval server, then its stages' own."""
+    fam = family(s.config)
+    before = ["data"] + (["data-index", "serve-retrieval"] if fam == "eviback" else [])
+    return before + [st.make for st in PLANS[fam](s) if st.readme and st.make]
+
+
 STAGES = {
-    "eviback": ("ape", "train", "resume", "eval", "eval-all"),
+    "eviback": ("wait-services", "ape", "train", "resume", "eval", "eval-all"),
     "cer": ("train", "resume", "eval", "eval-all"),
     "arco": ("base-warmup", "warmup", "train", "resume", "eval", "diagnose", "eval-all"),
 }
@@ -471,6 +591,8 @@ class Report:
     ranks: int
     device: str
     stages: list[StageResult] = field(default_factory=list)
+    # the README's steps before the stages: data, data-index, serve-retrieval, wait-services
+    setup: list[StageResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     not_exercised: list[str] = field(default_factory=list)
     endpoint: dict[str, Any] = field(default_factory=dict)
@@ -480,16 +602,23 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return bool(self.stages) and all(r.ok for r in self.stages)
+        return bool(self.stages) and all(r.ok for r in [*self.setup, *self.stages])
 
     @property
     def failed(self) -> list[str]:
-        return [r.name for r in self.stages if not r.ok]
+        return [r.name for r in [*self.setup, *self.stages] if not r.ok]
+
+    @property
+    def walk(self) -> list[str]:
+        """The README's make targets this rehearsal ran, in order."""
+        return [r.make for r in [*self.setup, *self.stages] if r.make]
 
     def as_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["stages"] = [r.as_dict() for r in self.stages]
+        d["setup"] = [r.as_dict() for r in self.setup]
         d["ok"] = self.ok
+        d["walk"] = self.walk
         return d
 
     def markdown(self) -> str:
@@ -502,15 +631,22 @@ class Report:
             f"{'PASSED' if self.ok else 'FAILED: ' + ', '.join(self.failed)}; device {self.device},"
             f" {self.ranks} rank(s), {self.seconds:.0f} s.",
             "",
-            "| stage | result | time (s) | peak memory (MiB) | counts |",
-            "|---|---|---:|---:|---|",
+            "| stage | make | result | time (s) | peak memory (MiB) | counts |",
+            "|---|---|---|---:|---:|---|",
         ]
-        for r in self.stages:
+        for r in [*self.setup, *self.stages]:
             counts = ", ".join(f"{k} {_short(v)}" for k, v in r.counts.items() if k != "tokens")
             result = "ok" if r.ok else f"FAILED: {r.error}"
+            make = f"`make {r.make}`" if r.make else "(rehearsal)"
+            if r.make and not r.command.startswith("make "):
+                make += ", its command"  # the target takes no ARGS= for the stand-ins yet
             lines.append(
-                f"| {r.name} | {result} | {r.seconds:.1f} | {r.peak_rss_mib:.0f} | {counts} |"
+                f"| {r.name} | {make} | {result} | {r.seconds:.1f} | {r.peak_rss_mib:.0f} "
+                f"| {counts} |"
             )
+        lines += ["", "## The README's One paper run, as walked", ""]
+        lines.append("Ran, in order: " + ", ".join(f"`make {t}`" for t in self.walk) + ".")
+        lines += [f"Not run: `make {t}`: {why}." for t, why in SKIPPED.items()]
         lines += ["", "## Tokens through the model, next to the cost model", ""]
         tables = [(r.name, r.counts["tokens"]) for r in self.stages if r.counts.get("tokens")]
         if tables:
@@ -584,32 +720,48 @@ def rehearse(
     report.memory_plan = memory_plan(config, variant)
     print(f"[rehearse] {name}: memory plan of the paper run on {PLAN_RANKS} GPUs:", flush=True)
     print(report.memory_plan, flush=True)
-    with _prepared(config, raw, variant, ranks, out, device, report) as setup:
-        plan = PLANS[fam](setup) + [_eval_all_stage(setup)]
-        if stages:
-            unknown = sorted(set(stages) - {st.name for st in plan})
-            if unknown:
-                raise RehearsalError(
-                    f"unknown stage(s) {unknown}; {fam} has {[s.name for s in plan]}"
-                )
-            plan = [st for st in plan if st.name in stages]
-        env = _stage_env(device)
-        for stage in plan:
-            stage.args += (extra or {}).get(stage.name, [])
-            if stage.before:
-                stage.before()
-            print(f"[rehearse] {name}: {stage.name} ...", flush=True)
-            result = run_stage(stage, out / "logs" / f"{stage.name}.log", ROOT, env)
-            report.stages.append(result)
-            state = "ok" if result.ok else f"FAILED ({result.error})"
-            print(f"[rehearse] {name}: {stage.name} {state} in {result.seconds:.0f} s", flush=True)
-            if not result.ok:
-                break  # later stages read what this one writes
-        report.endpoint = setup.stats()
-        report.notes = setup.notes
+    try:
+        with _prepared(config, raw, variant, ranks, out, device, report) as setup:
+            _run_plan(setup, fam, name, stages, extra, report, out, device)
+    except SetupFailed:  # the report names the step; its services are stopped
+        pass
     report.seconds = time.perf_counter() - t0
     write_report(report, out)
     return report
+
+
+def _run_plan(
+    setup: Setup,
+    fam: str,
+    name: str,
+    stages: list[str] | None,
+    extra: dict[str, list[str]] | None,
+    report: Report,
+    out: Path,
+    device: str,
+) -> None:
+    """Run the family's stages (``stages`` of them, and ``ALWAYS``) in order, to the first
+    failure; the endpoint's counts and the notes into ``report``."""
+    plan = PLANS[fam](setup) + [_eval_all_stage(setup)]
+    if stages:
+        unknown = sorted(set(stages) - {st.name for st in plan})
+        if unknown:
+            raise RehearsalError(f"unknown stage(s) {unknown}; {fam} has {[s.name for s in plan]}")
+        plan = [st for st in plan if st.name in stages or st.name in ALWAYS]
+    env = _stage_env(device)
+    for stage in plan:
+        stage.args += (extra or {}).get(stage.name, [])
+        if stage.before:
+            stage.before()
+        print(f"[rehearse] {name}: {stage.name} ...", flush=True)
+        result = run_stage(stage, out / "logs" / f"{stage.name}.log", ROOT, env)
+        report.stages.append(result)
+        state = "ok" if result.ok else f"FAILED ({result.error})"
+        print(f"[rehearse] {name}: {stage.name} {state} in {result.seconds:.0f} s", flush=True)
+        if not result.ok:
+            break  # later stages read what this one writes
+    report.endpoint = setup.stats()
+    report.notes = setup.notes
 
 
 def write_report(report: Report, out: Path) -> None:
@@ -658,8 +810,15 @@ def _prepared(
         "arco": standin_assets.arco_data,
     }[fam]
     standins = writer(raw, out, DATA_ROWS)  # files under out/data/
+    t0 = time.perf_counter()
     data, made = _through_make_data(config, raw, standins, model_dir, out)
     notes = [made] if made else []
+    if made:
+        report.setup.append(
+            StageResult("data", True, time.perf_counter() - t0, 0.0, str(out / "logs" / "data.log"),
+                        0, command="experiments.prepare_data.prepare (make data's code) on a "
+                        "stand-in hub into the rehearsal's folder", make="data")
+        )  # fmt: skip
     if device == "cpu" and raw.get("engine", {}).get("sleep_during_update"):
         notes.append(
             "engine.sleep_during_update=false: vLLM refuses sleep mode on a CPU ('Sleep mode is "
@@ -673,10 +832,16 @@ def _prepared(
         None,
         "distractor",
     )
+    try:
+        make = make_vars(_relative(config), variant)
+    except ValueError:
+        make = None  # a config no SCALE picks: its stages run the commands make would run
+    env = _stage_env(device)
     with contextlib.ExitStack() as stack:
         url = None
         if needs_retrieval:
-            url = stack.enter_context(_retrieval_server(out / "corpus", cache, fam == "eviback"))
+            server = _retrieval_server(out / "corpus", cache, fam == "eviback", report, env)
+            url = stack.enter_context(server)
         served = [*model_names(raw), STANDIN_CONTROLLER]  # what the clients' probes look for
         endpoint_url = stack.enter_context(serve_endpoint(**ENDPOINT_SHARES, seed=0, served=served))
         stats = _stats_reader(endpoint_url)
@@ -693,6 +858,7 @@ def _prepared(
             endpoint_url,
             stats,
             notes,
+            make,
         )
 
 
@@ -776,37 +942,98 @@ def build_model(
 
 
 @contextlib.contextmanager
-def _retrieval_server(folder: Path, cache: Path, dense: bool) -> Iterator[str]:
-    """``common.retrieval serve`` on loopback over the stand-in corpus (dense: the stand-in E5
-    encoder's FAISS index), as the paper configs' retrieval servers; stopped on exit."""
+def _retrieval_server(
+    folder: Path, cache: Path, dense: bool, report: Report, env: dict[str, str]
+) -> Iterator[str]:
+    """The retrieval server over the stand-in corpus, stopped on exit. Dense (EviBack's) as the
+    README runs it: the stand-in E5 index laid out as Search-R1's hub files, ``make data-index``
+    from them, then ``make serve-retrieval INDEX=... ENCODER=... &`` (``make wait-services``, a
+    stage, waits for it). BM25: ``common.retrieval serve`` on the corpus, waited for here."""
+    from common.retrieval.doc_store import read_config
     from experiments.rehearse import assets as standin_assets
 
     corpus = standin_assets.standin_corpus(folder)
     index = folder / ("index-dense" if dense else "index-bm25")
+    logs, port = folder.parent / "logs", free_port()
     py = sys.executable
-    if dense and not (index / "manifest.json").exists():
-        encoder = standin_assets.standin_e5_encoder(folder / "e5")
-        subprocess.run(
-            [py, "-m", "common.retrieval", "index", "--corpus", str(corpus), "--out", str(index),
-             "--dense-encoder", str(encoder)],
-            check=True, cwd=ROOT, capture_output=True, text=True,
-        )  # fmt: skip
-    port = free_port()
-    args = [py, "-m", "common.retrieval", "serve", "--port", str(port), "--index", str(index)]
-    if not dense:
-        args += ["--corpus", str(corpus)]
-    log = (folder / "server.log").open("w")
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        _wait_health(f"http://127.0.0.1:{port}/health", proc, folder / "server.log")
-        yield f"http://127.0.0.1:{port}/retrieve"
-    finally:
-        proc.terminate()
+    if dense:
+        if not (index / "manifest.json").exists():
+            encoder = standin_assets.standin_e5_encoder(folder / "e5")
+            subprocess.run(
+                [py, "-m", "common.retrieval", "index", "--corpus", str(corpus), "--out",
+                 str(index), "--dense-encoder", str(encoder)],
+                check=True, cwd=ROOT, capture_output=True, text=True,
+            )  # fmt: skip
+        hub = folder / "search_r1_hub"
+        encoder = search_r1_hub(corpus, index, Path(read_config(index)["encoder"]), hub)
+        search_r1 = folder / "search_r1"
+        shutil.rmtree(search_r1, ignore_errors=True)
+        args = ["--search-r1-index", str(search_r1), "--hub", str(hub)]
+        stage = Stage("data-index", "experiments.prepare_data", args,
+                      check=_index_check(search_r1, index, corpus), make="data-index",
+                      make_vars={"INDEX": str(search_r1), "HUB": str(hub)})  # fmt: skip
+        result = run_stage(stage, logs / "data-index.log", ROOT, env)
+        report.setup.append(result)
+        if not result.ok:
+            raise SetupFailed(f"make data-index: {result.error}")
+        values = {"INDEX": str(search_r1), "HOST": "127.0.0.1", "PORT": str(port)}
+        argv = make_argv("serve-retrieval", values | {"ENCODER": str(encoder)})
+    else:
+        argv = [py, "-m", "common.retrieval", "serve", "--port", str(port), "--index", str(index),
+                "--corpus", str(corpus)]  # fmt: skip
+    log = logs / "serve-retrieval.log"
+    result = StageResult("serve-retrieval", True, 0.0, 0.0, str(log), command=shlex.join(argv),
+                         make="serve-retrieval" if dense else "")  # fmt: skip
+    report.setup.append(result)
+    with background(argv, log, env) as proc:
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+            if not dense:  # no make wait-services in this method's README: waited for here
+                _wait_health(f"http://127.0.0.1:{port}/health", proc, log)
+            yield f"http://127.0.0.1:{port}/retrieve"
+        finally:
+            if proc.poll() is not None:  # it stopped before the rehearsal did
+                result.ok = False
+                result.error = f"exit status {proc.returncode}: {last_error_line(log)}"
+
+
+def search_r1_hub(corpus: Path, index: Path, encoder: Path, hub: Path) -> Path:
+    """Lay a stand-in dense index out in ``hub`` as the hub holds Search-R1's (``make
+    data-index``'s sources: the flat index in parts, the corpus gzipped, e5-base-v2's folder);
+    returns the encoder's folder there."""
+    from common.retrieval.dense import INDEX_FILE
+    from experiments.prepare_data import SEARCH_R1_ENCODER, SEARCH_R1_INDEX, FolderHub
+
+    folder = FolderHub(hub)
+    data = (index / INDEX_FILE).read_bytes()
+    parts = SEARCH_R1_INDEX["e5_Flat.index"]
+    size = -(-len(data) // len(parts))
+    for i, src in enumerate(parts):
+        place = folder.place(src)
+        place.parent.mkdir(parents=True, exist_ok=True)
+        place.write_bytes(data[i * size : (i + 1) * size])
+    (src,) = SEARCH_R1_INDEX["wiki-18.jsonl"]
+    place = folder.place(src)
+    place.parent.mkdir(parents=True, exist_ok=True)
+    place.write_bytes(gzip.compress(corpus.read_bytes(), mtime=0))
+    target = hub / SEARCH_R1_ENCODER
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(encoder, target)
+    return target
+
+
+def _index_check(search_r1: Path, index: Path, corpus: Path) -> Callable[[], dict[str, Any]]:
+    """``make data-index`` joined the parts into the stand-in's index and corpus, byte for byte."""
+    from common.retrieval.dense import INDEX_FILE
+
+    def check() -> dict[str, Any]:
+        made = search_r1 / "e5_Flat.index"
+        if not made.is_file() or made.read_bytes() != (index / INDEX_FILE).read_bytes():
+            raise StageFailed(f"{made} is not the stand-in index joined from its parts")
+        if (search_r1 / "wiki-18.jsonl").read_bytes() != corpus.read_bytes():
+            raise StageFailed(f"{search_r1}/wiki-18.jsonl is not the stand-in corpus")
+        return {"index_bytes": made.stat().st_size}
+
+    return check
 
 
 def _wait_health(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:

@@ -5,6 +5,7 @@ accounting of the process tree (``wait4``), and its outcome checked from what it
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -22,7 +23,9 @@ class Stage:
     """One command of the pipeline. ``module`` runs as ``python -m module *args``; with ``ranks``
     above 1 under the DeepSpeed launcher (``--module``), as a user scales it out. ``check`` reads
     what the stage wrote and returns its counts (e.g. teacher calls); it raises ``StageFailed``
-    when the stage exited 0 but did not do what it must."""
+    when the stage exited 0 but did not do what it must. ``make``: the make target the stage
+    stands for (the README's name); with ``make_vars`` it runs as ``make TARGET VARS ARGS=...``
+    (the overrides after ``--config``), else as the command that target runs."""
 
     name: str
     module: str
@@ -32,6 +35,9 @@ class Stage:
     timeout_s: float = 1800.0
     env: dict[str, str] = field(default_factory=dict)
     before: Callable[[], None] | None = None  # e.g. the endpoint's counts before the stage
+    make: str | None = None
+    make_vars: dict[str, str] | None = None
+    readme: bool = True  # a step of the README's "One paper run" (False: the rehearsal's own)
 
 
 class StageFailed(RuntimeError):
@@ -49,19 +55,36 @@ class StageResult:
     error: str = ""
     counts: dict[str, Any] = field(default_factory=dict)
     command: str = ""
+    make: str = ""  # the make target it stands for ("" for the rehearsal's own)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
 def command_line(stage: Stage, port: int | None = None) -> list[str]:
-    """The argv a user would type for ``stage`` (the launcher's when ``ranks`` > 1)."""
+    """The argv a user would type for ``stage``: its make target, or the command (the
+    launcher's when ``ranks`` > 1)."""
+    if stage.make and stage.make_vars is not None:
+        from experiments.rehearse.walk import make_argv
+
+        return make_argv(
+            stage.make, stage.make_vars, config_overrides(stage.args), stage.ranks, port
+        )
     if stage.ranks <= 1:
         return [sys.executable, "-m", stage.module, *stage.args]
     launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(stage.ranks)]
     if port is not None:
         launcher += ["--master_port", str(port)]
     return [*launcher, "--module", stage.module, *stage.args]
+
+
+def config_overrides(args: Sequence[str]) -> list[str]:
+    """The ``key=value`` overrides of a trainer's arguments (``SUB --config F [--variant V]
+    key=value ...``): what follows the options."""
+    rest, i = list(args), 1 if args and not args[0].startswith("-") else 0
+    while i < len(rest) and rest[i].startswith("--"):
+        i += 2
+    return rest[i:]
 
 
 def free_port() -> int:
@@ -76,10 +99,11 @@ def run_stage(stage: Stage, log: Path, cwd: Path, env: dict[str, str]) -> StageR
     """Run ``stage`` to completion (or its timeout: the process group is killed) and check it."""
     argv = command_line(stage, free_port() if stage.ranks > 1 else None)
     log.parent.mkdir(parents=True, exist_ok=True)
-    shown = " ".join(argv[1:] if argv[0] == sys.executable else argv)
+    prog = "python " if argv[0] == sys.executable else ""
+    shown = " ".join(argv[1:]) if prog else shlex.join(argv)
     t0 = time.perf_counter()
     with log.open("w") as out:
-        out.write(f"$ python {shown}\n")
+        out.write(f"$ {prog}{shown}\n")
         out.flush()
         proc = subprocess.Popen(
             argv,
@@ -94,8 +118,9 @@ def run_stage(stage: Stage, log: Path, cwd: Path, env: dict[str, str]) -> StageR
     peak = rusage.ru_maxrss / 1024 if rusage is not None else 0.0  # KiB on Linux
     code = os.waitstatus_to_exitcode(status) if status is not None else None
     result = StageResult(
-        stage.name, False, seconds, peak, str(log), returncode=code, command=f"python {shown}"
+        stage.name, False, seconds, peak, str(log), returncode=code, command=f"{prog}{shown}"
     )
+    result.make = (stage.make or "") if stage.readme else ""
     if timed_out:
         result.error = f"timed out after {stage.timeout_s:.0f} s"
     elif code != 0:

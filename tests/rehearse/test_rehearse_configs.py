@@ -3,7 +3,9 @@ their sizes cut further where a stage would dominate ``make test``: CER under tw
 (ZeRO-3, bf16), EviBack on Qwen3-0.6B (APE, training with the teacher), ARCO on Llama-3.2-3B
 (warmup with the LLM player and annotator, a sparse and a dense step, evaluation) and on
 Qwen3-4B-Instruct-2507 over 2Wiki (warmup, training). Each starts from ``make data`` on a
-stand-in hub (experiments/rehearse/runner.py ``_through_make_data``)."""
+stand-in hub (experiments/rehearse/runner.py ``_through_make_data``) and walks the README's "One
+paper run" in its order (EviBack: ``make data-index``, ``make serve-retrieval &``, ``make
+wait-services`` first). On a CPU without avx512_bf16 they train in fp32 (precision.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from experiments.rehearse.precision import has_bf16, read_cpuinfo
+from experiments.rehearse.walk import readme_sequences, walked
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def in_readme_order(walk: list[str], method: str) -> bool:
+    """``walk`` is the README's sequence for ``method`` with some steps left out, in its order."""
+    steps = iter(walked(readme_sequences((ROOT / "README.md").read_text())[method]))
+    return all(step in steps for step in walk)
 
 
 def rehearse(tmp_path: Path, *args: str, timeout: int = 1500) -> dict:
@@ -53,7 +64,10 @@ def test_cer_paper_config_on_two_ranks(tmp_path):
     assert tokens["reward"]["measured"] > 0 and tokens["reward"]["model"] > 0
     assert [e["steps"] for e in resume["tokens"]] == ["3"] * len(resume["tokens"])
     notes = " ".join(stages["_report"]["notes"])
-    assert "sleep_during_update=false" in notes and "bf16=true" in notes
+    precision = "bf16=true" if has_bf16(read_cpuinfo()) else "bf16 -> fp32: this CPU has no"
+    assert "sleep_during_update=false" in notes and precision in notes
+    assert stages["_report"]["walk"][0] == "data"
+    assert in_readme_order(stages["_report"]["walk"], "cer")
 
 
 @pytest.mark.slow
@@ -63,6 +77,21 @@ def test_eviback_paper_config_with_ape_and_the_teacher(tmp_path):
         "--stage", "train", "--set", "train:questions_per_step=1",
     )  # fmt: skip
     ape, train = stages["ape"]["counts"], stages["train"]["counts"]
+    report = stages["_report"]
+    # the README's steps: the index from its hub parts, the server by make, waited for by make
+    assert report["walk"] == [
+        "data", "data-index", "serve-retrieval", "wait-services", "ape-eviback", "train-eviback"
+    ]  # fmt: skip
+    assert in_readme_order(report["walk"], "eviback")
+    setup = {s["name"]: s for s in report["setup"]}
+    assert setup["serve-retrieval"]["ok"] and setup["serve-retrieval"]["command"].startswith(
+        "make --no-print-directory serve-retrieval"
+    )
+    assert stages["wait-services"]["command"].startswith("make --no-print-directory wait-services")
+    assert stages["ape"]["command"].startswith("make --no-print-directory ape-eviback")
+    # training judged with E2E-APE's policy: the run folder records that file
+    policy = Path(report["stages"][0]["log"]).parents[1] / "runs/eviback/ape/policy.yaml"
+    assert Path(train["teacher_policy_file"]).resolve() == policy.resolve()
     assert any(k.startswith("endpoint/ape_controller/") for k in ape)
     assert train["teacher/calls"] > 0 and train["nonzero_grad_steps"] >= 1
     tokens = {e["category"]: e for e in train["tokens"]}
@@ -79,6 +108,9 @@ def test_arco_paper_config_on_llama(tmp_path):
         "--stage", "warmup", "--stage", "train", "--stage", "eval",
     )  # fmt: skip
     warmup, train = stages["warmup"]["counts"], stages["train"]["counts"]
+    assert stages["_report"]["walk"] == ["data", "warmup-arco", "train-arco", "eval-arco"]
+    assert stages["warmup"]["command"].startswith("make --no-print-directory warmup-arco")
+    assert train["warmup_dir"].endswith("runs/arco/warmup")  # training started from it
     assert warmup.get("endpoint/arco_player/ok", 0) > 0
     assert warmup.get("endpoint/arco_annotator/ok", 0) > 0
     assert train["steps_logged"] == 2 and train["nonzero_grad_steps"] >= 1

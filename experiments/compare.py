@@ -607,23 +607,35 @@ def report_suffix(spec: dict[str, Any]) -> str:
     return f"_{spec['report_metric']}" if spec.get("report_metric") else ""
 
 
-def report(spec: dict[str, Any]) -> str:
-    summary = summarize(spec)
-    out_dir = Path(spec["out"])
+def write_report(summary: dict[str, Any], out_dir: Path, suffix: str = "") -> str:
+    """``comparison<suffix>.md`` and ``.json`` of a summary (the JSON without the per-question
+    rows) into ``out_dir``; returns the markdown."""
     text = markdown(summary)
-    suffix = report_suffix(spec)
     (out_dir / f"comparison{suffix}.md").write_text(text, encoding="utf-8")
-    plot(summary, out_dir / f"curves{suffix}.png")
-    for key in spec.get("extra_metrics", []):
-        if any(a["extras"].get(key) for a in summary["arms"].values()):
-            plot(summary, out_dir / f"curves_{key.replace('/', '_')}.png", key)
+    (out_dir / f"comparison{suffix}.json").write_text(summary_json(summary), encoding="utf-8")
+    return text
+
+
+def summary_json(summary: dict[str, Any]) -> str:
+    """comparison.json's text: the summary without the per-question rows."""
     slim = {
         **summary,
         "arms": {
             n: {k: v for k, v in a.items() if k != "runs"} for n, a in summary["arms"].items()
         },
     }
-    (out_dir / f"comparison{suffix}.json").write_text(json.dumps(slim, indent=1) + "\n")
+    return json.dumps(slim, indent=1) + "\n"
+
+
+def report(spec: dict[str, Any]) -> str:
+    summary = summarize(spec)
+    out_dir = Path(spec["out"])
+    suffix = report_suffix(spec)
+    text = write_report(summary, out_dir, suffix)
+    plot(summary, out_dir / f"curves{suffix}.png")
+    for key in spec.get("extra_metrics", []):
+        if any(a["extras"].get(key) for a in summary["arms"].values()):
+            plot(summary, out_dir / f"curves_{key.replace('/', '_')}.png", key)
     return text
 
 

@@ -45,6 +45,7 @@ from experiments.rehearse.walk import (
     make_argv,
     make_vars,
     runs_through_make,
+    without_make_env,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -780,7 +781,7 @@ def _cuda() -> bool:
 
 
 def _stage_env(device: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = without_make_env(dict(os.environ))  # make rehearse's variables stay out
     env.setdefault("OPENAI_API_KEY", "rehearsal")  # the stand-in endpoint ignores it
     env["HF_HUB_OFFLINE"] = "1"  # the stand-ins are local folders: nothing to download
     env["TOKENIZERS_PARALLELISM"] = "false"

@@ -71,6 +71,15 @@ def make_vars(config: str | Path, variant: str | None = None) -> dict[str, str]:
     return {"METHOD": method, **found} | ({"VARIANT": variant} if variant else {})
 
 
+MAKE_ENV = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+
+
+def without_make_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less what an outer make (``make rehearse VARIANT=...``) hands its children: its
+    variables would reach the rehearsal's own make commands."""
+    return {k: v for k, v in env.items() if k not in MAKE_ENV}
+
+
 def shell_args(overrides: Sequence[str]) -> str:
     """``ARGS=`` for overrides: quoted for the recipe's shell, ``$`` doubled for make."""
     return shlex.join(overrides).replace("$", "$$")
@@ -105,8 +114,9 @@ def runs_through_make(target: str, variables: tuple[tuple[str, str], ...], confi
     argv = make_argv(target, dict(variables), [probe])
     try:
         run = subprocess.run(
-            [argv[0], "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60
-        )
+            [argv[0], "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60,
+            env=without_make_env(dict(os.environ)),
+        )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return False
     return run.returncode == 0 and probe in run.stdout and f"--config {config}" in run.stdout

@@ -22,6 +22,7 @@ from experiments.rehearse.walk import (
     readme_sequences,
     runs_through_make,
     walked,
+    without_make_env,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -207,3 +208,14 @@ def test_a_background_service_that_exits_first_is_stopped_quietly(tmp_path):
     with background(["sh", "-c", "exit 3"], tmp_path / "s.log", dict(os.environ)) as proc:
         proc.wait(timeout=10)
     assert proc.returncode == 3 and not group_alive(proc.pid)
+
+
+def test_an_outer_makes_variables_do_not_reach_the_rehearsals_make_commands():
+    env = {"MAKEFLAGS": "-- VARIANT=prm", "MAKELEVEL": "1", "MFLAGS": "", "PATH": "/bin"}
+    assert without_make_env(env) == {"PATH": "/bin"}
+    outer = dict(os.environ, MAKEFLAGS="-- VARIANT=prm", MAKELEVEL="1")
+    argv = make_argv("warmup-arco", {"SCALE": "qwen3-4b", "DATA": "hotpotqa"})
+    for env_, variant in ((outer, True), (without_make_env(outer), False)):
+        run = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, env=env_, capture_output=True,
+                             text=True, check=True)  # fmt: skip
+        assert ("--variant prm" in run.stdout) is variant

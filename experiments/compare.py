@@ -24,7 +24,9 @@ test of its wiring): ``--out``, ``--seeds`` and ``--set key=value`` (appended to
 overrides, so they win); ``--arms A B`` runs and reports a subset (the baseline always).
 ``--archive DIR`` copies each run's per-question results, metrics.jsonl and config.yaml into
 ``DIR/<arm>/s<seed>`` (beside the seeds DIR holds from before) and reports over DIR: a
-comparison run seed by seed, over sessions, keeps its results with the code.
+comparison run seed by seed, over sessions, keeps its results with the code; a first archive
+also gets ``DIR/archive.yaml`` (the spec, metric, command and commit), from which ``make
+results`` (``experiments.results``) recomputes its reports and its tables in docs/results.md.
 ``--metric NAME`` reports another per-question field of the same runs (``comparison_NAME.md``,
 ``.json`` and ``curves_NAME.png`` beside the spec metric's report), e.g. containment and F1 of
 the short answers exact match judges.
@@ -665,6 +667,43 @@ def archive(spec: dict[str, Any], dest: Path) -> list[Path]:
     return copied
 
 
+def head_commit() -> str:
+    """The checkout's commit (short hash), or ``unknown`` outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def archive_manifest(dest: Path, spec_path: str, metric: str) -> Path | None:
+    """Write ``dest/archive.yaml`` (what ``make results`` reads: ``experiments.results``) when
+    the archive has none: the spec, its metric, the command, this checkout's commit, and a name
+    and title to edit. Returns the file written, None when one was there."""
+    path = dest / "archive.yaml"
+    if path.exists():
+        return None
+    name = "-".join(dest.resolve().parts[-2:])
+    manifest = {
+        "name": name,
+        "title": f"the comparison of {spec_path}",
+        "short": name,
+        "spec": spec_path,
+        "metrics": [metric],
+        "command": f"python -m experiments.compare --spec {spec_path}",
+        "commit": head_commit(),
+    }
+    header = (
+        "# An archived comparison: `make results` recomputes its reports and its "
+        "docs/results.md tables\n# from the per-question results here (experiments/results.py "
+        "says what each key means).\n"
+    )
+    path.write_text(header + yaml.safe_dump(manifest, sort_keys=False), encoding="utf-8")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m experiments.compare", description=__doc__.split("\n")[0]
@@ -715,6 +754,11 @@ def main(argv: list[str] | None = None) -> int:
             spec = {**spec, "out": args.archive}
             print(report(spec))
             print(f"[compare] archived {len(runs)} runs into {args.archive}")
+            if made := archive_manifest(Path(args.archive), args.spec, spec.get("metric", "em")):
+                print(
+                    f"[compare] wrote {made}: give it a name and title, and docs/results.md a "
+                    f"`<!-- results:begin NAME -->` section, then `make results`"
+                )
     except (ValueError, FileNotFoundError, RuntimeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

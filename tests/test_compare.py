@@ -480,6 +480,12 @@ def test_archive_keeps_the_results_a_report_needs_and_adds_later_seeds(tmp_path,
     arch = tmp_path / "kept"
     assert main(["--spec", str(spec_path), "--report-only", "--seeds", "0", "--archive",
                  str(arch)]) == 0  # fmt: skip
+    # a first archive gets the manifest `make results` reads (experiments.results), kept after
+    manifest = yaml.safe_load((arch / "archive.yaml").read_text())
+    assert manifest["spec"] == str(spec_path) and manifest["metrics"] == ["em"]
+    assert manifest["command"] == f"python -m experiments.compare --spec {spec_path}"
+    assert {"name", "title", "short", "commit"} <= set(manifest)
+    (arch / "archive.yaml").write_text("name: edited\n")
     shutil.rmtree(out / "plain" / "s0")
     shutil.rmtree(out / "bonus" / "s0")
     (out / "plain" / "s1" / "compare.log").write_text("a log the archive leaves behind\n")
@@ -496,6 +502,7 @@ def test_archive_keeps_the_results_a_report_needs_and_adds_later_seeds(tmp_path,
     got = json.loads((arch / "comparison.json").read_text())  # seeds 0-2: the first report's
     assert got["comparisons"] == want["comparisons"]
     assert got["arms"]["bonus"]["final_per_seed"] == want["arms"]["bonus"]["final_per_seed"]
+    assert (arch / "archive.yaml").read_text() == "name: edited\n"
     assert main(["--spec", str(spec_path), "--report-only", "--out", str(arch)]) == 0
     assert json.loads((arch / "comparison.json").read_text())["comparisons"] == want["comparisons"]
     # the comparison's own folder as the archive: one line, nothing copied onto itself

@@ -1,6 +1,6 @@
 """ARCO's losses on tensors: the rubric model's decomposition loss and class weights, the exact
 token KL (at the positions that count, in chunks), the policy's per-step loss and the rubric
-model's warmup SFT loss (specs/arco.md).
+model's warmup SFT loss (arco/README.md, "The method").
 
 Each returns per-row values (or a scalar where said); reductions over the batch are the
 trainer's.

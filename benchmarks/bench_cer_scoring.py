@@ -7,7 +7,7 @@ gives the median of the repeats and the largest difference between their logprob
 
     .venv/bin/python benchmarks/bench_cer_scoring.py [--repeats 5] [--threads 1] [--write-readme]
 
-``--write-readme`` puts the table into ``benchmarks/README.md`` under ``## CER scoring``
+``--write-readme`` puts the table into ``benchmarks/RESULTS.md`` under ``## CER scoring``
 (replacing that section only).
 """
 
@@ -26,7 +26,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from cer.rewards.scoring import ScoreFn, hf_prefix_scorer, naive_scorer, shared_trunks
 
-README = Path(__file__).parent / "README.md"
+README = Path(__file__).parent / "RESULTS.md"
 SECTION = "## CER scoring"
 SHARED = "prefix-shared (`hf_prefix_scorer`)"
 NAIVE = "every pair from scratch (`naive_scorer`)"
@@ -180,7 +180,7 @@ def main() -> None:
 
 
 def write_section(section: str) -> None:
-    """Replace the ``## CER scoring`` section of benchmarks/README.md (or append it)."""
+    """Replace the ``## CER scoring`` section of benchmarks/RESULTS.md (or append it)."""
     text = README.read_text(encoding="utf-8") if README.exists() else "# Benchmarks\n"
     start = text.find(SECTION + "\n")
     if start < 0:

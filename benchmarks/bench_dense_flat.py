@@ -18,7 +18,7 @@ single GPU at 5-10x the CPU, with near-linear speedup over several.
 
     python benchmarks/bench_dense_flat.py [--sizes 250000,1000000] [--batches 1,16,128] [--k 5]
 
-Prints a markdown table and writes it into benchmarks/README.md under "## Retrieval".
+Prints a markdown table and writes it into benchmarks/RESULTS.md under "## Retrieval".
 """
 
 from __future__ import annotations

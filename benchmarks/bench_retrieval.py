@@ -11,7 +11,7 @@ titles are all in the top k. Queries/s is timed on the questions repeated to at 
 
     python benchmarks/bench_retrieval.py [--data benchmarks/data/hotpotqa_dev_100.jsonl]
 
-Prints a markdown table and writes it into benchmarks/README.md under "## Retrieval".
+Prints a markdown table and writes it into benchmarks/RESULTS.md under "## Retrieval".
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from bench_result import Check, write_result  # noqa: E402
 
 from common.retrieval import BM25Retriever, Doc, HTTPRetriever, doc_contents  # noqa: E402
 
-README = ROOT / "benchmarks" / "README.md"
+README = ROOT / "benchmarks" / "RESULTS.md"
 RETRIEVAL_INTRO = """## Retrieval
 
 Written by `benchmarks/bench_retrieval.py` (speed and recall of BM25 used three ways) and

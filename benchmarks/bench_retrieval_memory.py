@@ -9,7 +9,7 @@ the growth of the file per added vector (flat 768-dim float32: 3,072 B; PQ m=64:
 
     python benchmarks/bench_retrieval_memory.py [--docs 200000] [--vectors 50000]
 
-Prints a markdown table and writes it into benchmarks/README.md under "## Retrieval".
+Prints a markdown table and writes it into benchmarks/RESULTS.md under "## Retrieval".
 """
 
 from __future__ import annotations

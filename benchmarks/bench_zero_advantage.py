@@ -8,7 +8,7 @@ The batch is a ``SCALE=smol`` search agent's step (``eviback/configs/smol.yaml``
 ``common/configs/grpo_smol.yaml``): B questions x G trajectories of a 75-token prompt and 300 to
 ``--response-tokens`` tokens after it, one micro-batch a group. Exact match rewards: ``--mixed``
 groups have right and wrong answers; the rest are all-zero, GRPO advantage 0 (85% of groups after
-the format warmup, benchmarks/README.md). The model has SmolLM2-135M-Instruct's shape in float32
+the format warmup, benchmarks/RESULTS.md). The model has SmolLM2-135M-Instruct's shape in float32
 (``bench_shared_prompt.SMOL_SHAPE``). Two engines from the same weights take turns,
 ``--repeats`` times each; their first updates' statistics are compared (the same step, up to
 float rounding). Prints each one's median time, the speed-up and the rows and tokens forwarded.

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "benchmarks" / "README.md"
+README = ROOT / "benchmarks" / "RESULTS.md"
 SECTION = "## Rollout and training"
 INTRO = (
     "Written by `benchmarks/bench_rollout.py` (vLLM vs HF engine on agent rollouts and on "

@@ -4,7 +4,7 @@ Each script runs in its own process with ``BENCH_DIR`` set, its output in ``<out
 it writes ``<out>/<name>.json`` (``bench_result.write_result``). A script that exits non-zero,
 runs past ``--timeout`` or writes no result is recorded as failed (with the last line of its
 output) and the others go on. ``--quick`` runs each with its shortest setting (minutes in all;
-the numbers are then noisy). No script writes ``benchmarks/README.md`` from here.
+the numbers are then noisy). No script writes ``benchmarks/RESULTS.md`` from here.
 
     .venv/bin/python benchmarks/run_bench.py [--quick] [--only NAME ...] [--out runs/bench]
 """

@@ -4,7 +4,7 @@ system: "You are a helpful assistant."; user: the question, then the instruction
 step and box the final answer (multiple-choice questions: the release's, the letter alone in the
 box, on the same line: ``recipe/cer/src/data_preparation.py``'s ``qwen_multi_choice_prompt``); a
 short-answer row (``metadata["short_answer"]``: reading comprehension) asks for a short phrase
-from the paragraphs and nothing else, as a small model can follow (``benchmarks/README.md``
+from the paragraphs and nothing else, as a small model can follow (``benchmarks/RESULTS.md``
 "SmolLM2 before training": SmolLM2-135M boxes 1% of its answers when asked to).
 """
 

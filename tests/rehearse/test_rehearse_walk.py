@@ -219,3 +219,31 @@ def test_an_outer_makes_variables_do_not_reach_the_rehearsals_make_commands():
         run = subprocess.run(["make", "-n", *argv[1:]], cwd=ROOT, env=env_, capture_output=True,
                              text=True, check=True)  # fmt: skip
         assert ("--variant prm" in run.stdout) is variant
+
+
+def test_the_report_lists_each_steps_make_target_and_what_was_not_run():
+    from experiments.rehearse.stages import StageResult
+
+    report = runner.Report("eviback/configs/qwen3_0.6b.yaml", None, 1, "cpu")
+    report.setup = [
+        StageResult("data", True, 1.0, 0.0, "d.log", 0, command="prepare", make="data"),
+        StageResult("serve-retrieval", True, 0.0, 0.0, "s.log", command="make x serve-retrieval",
+                    make="serve-retrieval"),
+    ]  # fmt: skip
+    report.stages = [
+        StageResult("train", True, 2.0, 10.0, "t.log", 0, command="python -m eviback train",
+                    make="train-eviback"),
+        StageResult("resume", False, 2.0, 10.0, "r.log", 1, "exit status 1: boom",
+                    command="python -m eviback train"),
+    ]  # fmt: skip
+    assert report.walk == ["data", "serve-retrieval", "train-eviback"]
+    assert report.failed == ["resume"] and not report.ok
+    text = report.markdown()
+    assert "| serve-retrieval | `make serve-retrieval` | ok |" in text
+    assert "| train | `make train-eviback`, its command | ok |" in text
+    assert "| resume | (rehearsal) | FAILED: exit status 1: boom |" in text
+    assert "Ran, in order: `make data`, `make serve-retrieval`, `make train-eviback`." in text
+    assert "Not run: `make gpu-check`: needs a GPU" in text
+    report.stages[1].ok = True
+    report.setup[1].ok = False  # a service that stopped before the rehearsal did
+    assert report.failed == ["serve-retrieval"] and not report.ok

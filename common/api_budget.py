@@ -15,6 +15,9 @@ over a launcher's ranks.
   with a higher cap pays only for the rest. A request is reserved at its worst case, its
   prompt's tokens bound (``TokenCounter.prompt``) plus ``max_tokens``, so no request that would
   pass ``max_usd`` is sent.
+- ``max_calls_field`` / ``max_usd_field`` / ``prices_field`` / ``check_priced``: the config
+  keys of a command's cap (``max_api_calls``, ``max_api_usd``, each client's ``*_usd_per_mtok``)
+  and the check that a dollar cap has prices, written once for every command that pays.
 - ``TokenCounter``: a request's tokens where the endpoint sends no ``usage`` (some servers and
   proxies do not), and the prompt's bound before it is sent: through the model's tokenizer where
   one is configured (its chat template, else each message's tokens plus ``MESSAGE_TOKENS`` and
@@ -32,9 +35,9 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from common.launcher import RunStopped
 
@@ -177,6 +180,56 @@ def usage_text(prefix: str, usage: dict[str, dict[str, float]]) -> str:
     return f"{prefix} API spent: " + "; ".join(parts)
 
 
+class ApiCapSettings(Protocol):
+    """A config section that caps a command's paid requests (``ApiBudget.for_section``)."""
+
+    max_api_calls: int
+    max_api_usd: float
+
+
+def max_calls_field(clients: str) -> Any:
+    """A config section's ``max_api_calls``: the cap on the paid requests of ``clients`` (in
+    words, e.g. "player and annotator")."""
+    return field(
+        default=0,
+        metadata={
+            "help": "stop (exit 3) before the request that would pass this many paid requests "
+            f"({clients} together, retries included, cached answers free); 0: no cap",
+            "ge": 0,
+        },
+    )
+
+
+def max_usd_field() -> Any:
+    """A config section's ``max_api_usd``: the cap on its paid requests' dollars (its prices:
+    ``prices_field``, checked by ``check_priced``)."""
+    return field(
+        default=0.0,
+        metadata={
+            "help": "stop (exit 3) before the request that could pass this many dollars "
+            "(needs the prices below); 0: no cap",
+            "ge": 0,
+        },
+    )
+
+
+def prices_field(whose: str) -> Any:
+    """A config section's ``<client>_usd_per_mtok``: ``whose`` (e.g. "the player's") USD per
+    million prompt and completion tokens, (0, 0) unset."""
+    return field(
+        default=(0.0, 0.0),
+        metadata={"help": f"{whose} USD per million (prompt, completion) tokens", "ge": 0},
+    )
+
+
+def check_priced(section: str, max_usd: float, prices: Mapping[str, Sequence[float]]) -> None:
+    """A dollar cap needs a price: a ``ValueError`` naming ``section``'s price keys when
+    ``max_usd`` is set and every price in ``prices`` (key -> (prompt, completion) USD) is 0."""
+    if max_usd and not any(any(p) for p in prices.values()):
+        keys = " and ".join(f"{section}.{key}" for key in prices)
+        raise ValueError(f"{section}.max_api_usd={max_usd:g} needs prices: set {keys}")
+
+
 class BudgetExceeded(RunStopped):
     """The next request would pass the command's API cap; nothing more is sent."""
 
@@ -206,12 +259,13 @@ class ApiBudget:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_section(cls, section: str, max_calls: int, max_usd: float, cache: Path) -> ApiBudget:
-        """The cap of a command whose config section ``section`` holds ``max_api_calls`` and
-        ``max_api_usd``, its answers cached under ``cache`` (said in the stop message)."""
+    def for_section(cls, section: str, settings: ApiCapSettings, cache: Path) -> ApiBudget:
+        """The cap of a command whose config section ``section`` (``settings``) holds
+        ``max_api_calls`` and ``max_api_usd`` (``max_calls_field``, ``max_usd_field``), its
+        answers cached under ``cache`` (said in the stop message)."""
         return cls(
-            max_calls,
-            max_usd,
+            settings.max_api_calls,
+            settings.max_api_usd,
             f"{section}.max_api_calls",
             f"{section}.max_api_usd",
             f"the answers so far are cached under {cache}: rerun with a higher cap to continue "

@@ -293,10 +293,14 @@ def ape_estimate(
                     asks.append(writer_request(stage, written_n))
         cached_a = cached_b = None
     else:
-        chars = {s: sum(request_chars(p, dev) for p in ps) for s, ps in (("A", prompts_a),
-                                                                        ("B", prompts_b))}  # fmt: skip
-        held = {s: max(request_chars(p, holdout) for p in ps) for s, ps in (("A", prompts_a),
-                                                                           ("B", prompts_b))}  # fmt: skip
+        chars = {
+            s: sum(request_chars(p, dev) for p in ps)
+            for s, ps in (("A", prompts_a), ("B", prompts_b))
+        }
+        held = {
+            s: max(request_chars(p, holdout) for p in ps)
+            for s, ps in (("A", prompts_a), ("B", prompts_b))
+        }
         count = {"A": len(prompts_a), "B": len(prompts_b)}
 
         def cached(prompts: Sequence[TeacherPrompt]) -> int:
@@ -312,10 +316,19 @@ def ape_estimate(
 
         cached_a, cached_b = cached(prompts_a), cached(prompts_b)
     ctl, a, b = ape_requests(
-        len(dev), len(holdout), count["A"], count["B"], reps, chars["A"], chars["B"],
-        held["A"], held["B"], teacher.max_tokens, len(asks),
+        len(dev),
+        len(holdout),
+        count["A"],
+        count["B"],
+        reps,
+        chars["A"],
+        chars["B"],
+        held["A"],
+        held["B"],
+        teacher.max_tokens,
+        len(asks),
         sum(messages_chars(m) for m, _ in asks),
-    )  # fmt: skip
+    )
     groups_out = [
         replace(a, cached=cached_a, prices=teacher.prices),
         replace(b, cached=cached_b, prices=teacher.prices),
@@ -324,22 +337,27 @@ def ape_estimate(
         ctl_cached = sum(controller.is_cached(m, tag) for m, tag in asks)
         groups_out.insert(
             0,
-            replace(ctl, max_tokens=controller.max_tokens, cached=ctl_cached,
-                    prices=controller.prices),
-        )  # fmt: skip
+            replace(
+                ctl, max_tokens=controller.max_tokens, cached=ctl_cached, prices=controller.prices
+            ),
+        )
     return groups_out
 
 
 def ape_budget(cfg: EviBackConfig, cache: Path) -> ApiBudget:
     """The command's API cap (``ape.max_api_calls``, ``ape.max_api_usd``; 0: none), shared by
     the labeller, the controller and the teacher."""
-    return ApiBudget.for_section("ape", cfg.ape.max_api_calls, cfg.ape.max_api_usd, cache)
+    return ApiBudget.for_section("ape", cfg.ape, cache)
 
 
 def evaluate_policy(
-    client: LLMClient, policy: TeacherPolicy, rows: Sequence[BenchmarkRow], repeats: int,
-    weights: tuple[float, float], tag: str,
-) -> CandidateResult:  # fmt: skip
+    client: LLMClient,
+    policy: TeacherPolicy,
+    rows: Sequence[BenchmarkRow],
+    repeats: int,
+    weights: tuple[float, float],
+    tag: str,
+) -> CandidateResult:
     """``repeats`` runs of the policy on ``rows`` (each run its own cache tag, so a repeat is a
     fresh request) -> metrics, agreement and cost."""
     return candidate_result(policy, rows, *policy_runs(client, policy, rows, repeats, tag), weights)
@@ -385,6 +403,15 @@ def run_ape(cfg: EviBackConfig) -> dict:
     a = cfg.assets
     budget = ape_budget(cfg, out / "cache")
     cap = budget.describe()
+
+    def client(
+        endpoint: str, model: str, prices: tuple[float, float], tokenizer: str = ""
+    ) -> LLMClient:
+        """A client of the command (the teacher's request settings, one cache, one budget)."""
+        return llm_client(
+            endpoint, model, cfg.teacher, out / "cache", a.api_key_env, budget, prices, tokenizer
+        )
+
     ctl_prices, usage = cfg.ape.controller_usd_per_mtok, {}
     if cfg.ape.unlabelled == "llm" and not (a.controller_endpoint and a.controller_model):
         raise ValueError(
@@ -398,10 +425,7 @@ def run_ape(cfg: EviBackConfig) -> dict:
         cfg.check_assets(("model", "train", "retrieval"))
         labeller = None
         if cfg.ape.unlabelled == "llm":
-            labeller = llm_client(
-                a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache",
-                a.api_key_env, budget, ctl_prices,
-            )  # fmt: skip
+            labeller = client(a.controller_endpoint, a.controller_model, ctl_prices)
             labeller.probe()  # before the policy model loads for the rollouts
         rows, counts = rollout_benchmark(cfg, labeller, cap)
         if labeller is not None:
@@ -410,17 +434,13 @@ def run_ape(cfg: EviBackConfig) -> dict:
         write_benchmark(bench, rows)  # last: its presence says the benchmark is complete
     split = split_by_step if cfg.ape.split == "step" else split_by_question
     dev, holdout = split(rows, cfg.ape.holdout_fraction, cfg.seed)
-    teacher = llm_client(
-        a.teacher_endpoint, a.teacher_model, cfg.teacher, out / "cache", a.api_key_env, budget,
-        cfg.ape.teacher_usd_per_mtok, a.teacher_tokenizer,
-    )  # fmt: skip
+    teacher = client(
+        a.teacher_endpoint, a.teacher_model, cfg.ape.teacher_usd_per_mtok, a.teacher_tokenizer
+    )
     teacher.probe()
     controller = None
     if a.controller_endpoint:
-        controller = llm_client(
-            a.controller_endpoint, a.controller_model, cfg.teacher, out / "cache",
-            a.api_key_env, budget, ctl_prices,
-        )  # fmt: skip
+        controller = client(a.controller_endpoint, a.controller_model, ctl_prices)
         controller.probe()
         estimate = ape_estimate(cfg, teacher, controller, dev, holdout)
         print(estimate_text(PREFIX, estimate, cap), flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import threading
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import httpx
@@ -15,8 +16,12 @@ from common.api_budget import (
     BudgetExceeded,
     RequestGroup,
     TokenCounter,
+    check_priced,
     estimate_text,
+    max_calls_field,
+    max_usd_field,
     on_rank_zero,
+    prices_field,
     tokens_from_chars,
     usage_text,
 )
@@ -24,6 +29,15 @@ from common.launcher import RunStopped
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "api_once_over_ranks.py"
+
+
+@dataclass
+class Cap:
+    """A config section with a command's cap, its keys made as the methods' configs make them."""
+
+    max_api_calls: int = max_calls_field("player and annotator")
+    max_api_usd: float = max_usd_field()
+    player_usd_per_mtok: tuple[float, float] = prices_field("the player's")
 
 
 def test_a_request_group_by_hand():
@@ -141,10 +155,11 @@ def test_two_ranks_pay_once_and_stop_together(tmp_path, launch_two_ranks):
 
 
 def test_a_sections_budget_names_its_keys_in_the_cap_line_and_the_stop(tmp_path):
-    budget = ApiBudget.for_section("ape", 3, 0.0, tmp_path / "cache")
+    budget = ApiBudget.for_section("ape", Cap(3, 0.0), tmp_path / "cache")
     assert budget.describe() == "ape.max_api_calls=3"
-    assert ApiBudget.for_section("warmup", 0, 2.5, tmp_path).describe() == "warmup.max_api_usd=2.5"
-    assert ApiBudget.for_section("warmup", 0, 0.0, tmp_path).describe() == (
+    usd = ApiBudget.for_section("warmup", Cap(0, 2.5), tmp_path)
+    assert usd.describe() == "warmup.max_api_usd=2.5"
+    assert ApiBudget.for_section("warmup", Cap(0, 0.0), tmp_path).describe() == (
         "none (warmup.max_api_calls, warmup.max_api_usd)"
     )
     for _ in range(3):
@@ -152,3 +167,30 @@ def test_a_sections_budget_names_its_keys_in_the_cap_line_and_the_stop(tmp_path)
     with pytest.raises(BudgetExceeded, match=r"ape\.max_api_calls") as stop:
         budget.reserve()
     assert f"cached under {tmp_path / 'cache'}" in str(stop.value)
+
+
+def test_the_cap_fields_default_to_no_cap_and_say_what_they_count():
+    cap = Cap()
+    assert (cap.max_api_calls, cap.max_api_usd, cap.player_usd_per_mtok) == (0, 0.0, (0.0, 0.0))
+    helps = {f.name: f.metadata["help"] for f in fields(Cap)}
+    assert helps["max_api_calls"] == (
+        "stop (exit 3) before the request that would pass this many paid requests (player and "
+        "annotator together, retries included, cached answers free); 0: no cap"
+    )
+    assert helps["max_api_usd"].endswith("(needs the prices below); 0: no cap")
+    assert helps["player_usd_per_mtok"] == (
+        "the player's USD per million (prompt, completion) tokens"
+    )
+    assert {f.metadata["ge"] for f in fields(Cap)} == {0}
+
+
+def test_a_dollar_cap_without_a_price_is_refused_naming_the_price_keys():
+    prices = {"teacher_usd_per_mtok": (0.0, 0.0), "controller_usd_per_mtok": (0.0, 0.0)}
+    with pytest.raises(ValueError) as err:
+        check_priced("ape", 2.5, prices)
+    assert str(err.value) == (
+        "ape.max_api_usd=2.5 needs prices: set ape.teacher_usd_per_mtok and "
+        "ape.controller_usd_per_mtok"
+    )
+    check_priced("ape", 0.0, prices)  # no dollar cap: no price needed
+    check_priced("ape", 2.5, {**prices, "controller_usd_per_mtok": (0.0, 0.6)})  # one price

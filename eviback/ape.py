@@ -26,7 +26,7 @@ import yaml
 
 from common.api_budget import RequestGroup
 from common.data import QAExample
-from common.jsonl import write_atomic
+from common.jsonl import write_jsonl_atomic
 from common.metrics import f1_score
 from common.retrieval.base import Doc
 from eviback.prompts import (
@@ -193,14 +193,14 @@ def label_rollouts(
 def write_benchmark(path: str | Path, rows: Sequence[BenchmarkRow]) -> None:
     """``rows`` as JSON lines, written beside ``path`` and renamed into place: a run killed while
     writing leaves no partial benchmark for the next one to reuse."""
-    lines = []
-    for row in rows:
-        d = asdict(row)
-        d["rounds"] = [
-            {"query": q, "docs": [doc._asdict() for doc in docs]} for q, docs in row.rounds
-        ]
-        lines.append(json.dumps(d, ensure_ascii=False) + "\n")
-    write_atomic(Path(path), "".join(lines))
+    write_jsonl_atomic(Path(path), [_benchmark_record(row) for row in rows])
+
+
+def _benchmark_record(row: BenchmarkRow) -> dict:
+    """A benchmark row as its JSON line's object (each round's documents as dicts)."""
+    d = asdict(row)
+    d["rounds"] = [{"query": q, "docs": [doc._asdict() for doc in docs]} for q, docs in row.rounds]
+    return d
 
 
 def read_benchmark(path: str | Path) -> list[BenchmarkRow]:
@@ -336,12 +336,13 @@ def diagnostics(rows: Sequence[BenchmarkRow], verdicts: Sequence[Verdict]) -> st
         for r, v in zip(rows, verdicts, strict=True)
         if r.label != "I" and shown(v) == "I"
     ]
-    return "\n".join(
-        ["Confusion (rows: gold label, columns: the teacher's final verdict)", "", *lines, "",
-         f"Gold coverage on gold-S rows: {m.gold_f1_coverage:.4f}", "", *(cover or ["- none"]), "",
-         f"Missed I ({len(missed)})", "", *(missed or ["- none"]), "",
-         f"False I ({len(false_i)})", "", *(false_i or ["- none"])]
-    ) + "\n"  # fmt: skip
+    sections = [
+        ("Confusion (rows: gold label, columns: the teacher's final verdict)", lines),
+        (f"Gold coverage on gold-S rows: {m.gold_f1_coverage:.4f}", cover or ["- none"]),
+        (f"Missed I ({len(missed)})", missed or ["- none"]),
+        (f"False I ({len(false_i)})", false_i or ["- none"]),
+    ]
+    return "\n\n".join(f"{head}\n\n" + "\n".join(body) for head, body in sections) + "\n"
 
 
 # --- 2. candidates ---------------------------------------------------------------------------

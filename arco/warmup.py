@@ -1,4 +1,6 @@
-"""ARCO's supervised warmup (specs/arco.md, "Supervised warmup"):
+"""ARCO's supervised warmup (the paper's "Supervised warmup"; docs/arco_internals.md, "Warmups,
+fixed criteria, μ outside the trainer, diagnose" and "Long runs: checkpoints and a resumable
+warmup"):
 
     1. teacher trajectories   (llm: a cheap LLM plays the policy; oracle: the tiny agent does;
                                file: the ARCO release's warmup data, ``arco.release_import``)
@@ -36,6 +38,13 @@ marker holds this config's hash (``[arco warmup] π phase done at <path>, skippe
 rest; other settings run every phase again. An older warmup's ``<phase>.pt`` (a pickle) is never
 read: its phase runs again.
 
+``run_warmup`` runs on the RL frame's pieces: the run folder (``open_run_folder``: the lock, and
+metrics.jsonl trimmed to the resume point, π's rows kept when π's phase is done), its
+``MetricsLogger`` from that step, ``progress`` bars over an SFT epoch's optimizer steps (on
+stderr) and the random streams as a checkpoint saves them (``rng_state``). Its steps:
+``warmup_questions``, ``probe_services``, ``build_parts``, ``collect_phase``, ``sft_sets``,
+``pi_phase``, ``mu_phase``.
+
 The adapters and the head are created after the warmup seeds torch, Python and numpy with
 ``seed`` (a process's own seed differs from run to run), so two warmups of one config create the
 same weights. ``arco train`` starts only from a finished warmup whose RL settings are its own
@@ -51,7 +60,7 @@ import math
 import random
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +68,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from arco.config import ArcoConfig
+from arco.config import ArcoConfig, ArcoWarmupConfig
 from arco.environment import build_environment
 from arco.losses import rubric_sft_loss, scatter_positions
 from arco.projection import decomposition_holds, project_scores
@@ -82,13 +91,13 @@ from arco.warmup_state import warmup_rl_settings
 from common.api_budget import ApiBudget, estimate_text, on_rank_zero, usage_text
 from common.config import config_to_dict
 from common.data import QAExample
-from common.jsonl import write_atomic
+from common.jsonl import write_atomic, write_jsonl_atomic
 from common.llm_client import LLMClient
 from common.retrieval.base import Doc
 from common.retrieval.client import probe_retrieval
 from common.retrieval.per_question import paragraph_docs
 from common.rl import logprobs_from_logits
-from common.rl_loop import evaluate
+from common.rl_loop import build_engine, evaluate
 from common.rollout import AgentConfig, Trajectory, run_agent
 from common.rollout.agent import (
     budget_note,
@@ -101,8 +110,10 @@ from common.rollout.batch import collate, padding_id
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step
 from common.train import MetricsLogger, TrainEngine
-from common.train.checkpoint import _rng_state, _set_rng_state
+from common.train.checkpoint import rng_state, set_rng_state
+from common.train.config import TrainConfig
 from common.train.distributed import current_rank
+from common.train.logging import progress
 from common.train.plain_state import exists as _plain_exists
 from common.train.plain_state import load_plain, save_plain
 from common.train.run_folder import open_run_folder
@@ -114,18 +125,6 @@ def _lr_factor(step: int, total: int, warmup: int) -> float:
         return (step + 1) / warmup
     progress_ = (step - warmup) / max(total - warmup, 1)
     return 0.5 * (1 + math.cos(math.pi * min(progress_, 1.0)))
-
-
-PROGRESS_EVERY_S = 60.0  # a line within an SFT epoch at most this often (a smol epoch: minutes)
-
-
-def _progress(last: float, text: str) -> float:
-    """Print ``text`` when ``PROGRESS_EVERY_S`` passed since ``last``; the new ``last``."""
-    now = time.perf_counter()
-    if now - last < PROGRESS_EVERY_S:
-        return last
-    print(f"[arco warmup] {text}", flush=True)
-    return now
 
 
 def _set_lrs(train: TrainEngine, lrs: dict[str, float], factor: float) -> None:
@@ -310,7 +309,7 @@ def teacher_clients(
 
 def warmup_budget(cfg: ArcoConfig, cache: Path) -> ApiBudget:
     """The warmup's API cap (``warmup.max_api_calls``, ``warmup.max_api_usd``; 0: none)."""
-    return ApiBudget.for_section("warmup", cfg.warmup.max_api_calls, cfg.warmup.max_api_usd, cache)
+    return ApiBudget.for_section("warmup", cfg.warmup, cache)
 
 
 def collect_llm(
@@ -529,10 +528,11 @@ def sft_policy(
     history = [{"epoch": 0, "select_em": select_fn()}]
     best: dict | None = None
     step = 0
-    last = time.perf_counter()
     for epoch in range(1, w.pi_epochs + 1):
         losses, sizes = [], []
-        for chunk in pi_sft_batches(len(examples), w.pi_batch, rng):
+        batches = pi_sft_batches(len(examples), w.pi_batch, rng)
+        bar = progress(batches, f"[arco warmup] π epoch {epoch}", unit="step")
+        for chunk in bar:
             _set_lrs(
                 train, {"policy": w.pi_lr}, _lr_factor(step, total, int(w.warmup_ratio * total))
             )
@@ -553,9 +553,7 @@ def sft_policy(
             losses.append(loss)
             sizes.append(len(chunk))
             step += 1
-            last = _progress(
-                last, f"π epoch {epoch}: {len(sizes)}/{per_epoch} steps, loss {loss:.3f}"
-            )
+            bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
         em = select_fn()
         row = {
             "epoch": epoch,
@@ -604,12 +602,12 @@ def sft_rubric(
     lrs = {"rubric": w.mu_lr, "head": w.head_lr}
     history = []
     step = 0
-    last = time.perf_counter()
     for epoch in range(1, w.mu_epochs + 1):
         order = list(range(len(items)))
         rng.shuffle(order)
         ce, mse = [], []
-        for b in range(per_epoch):
+        bar = progress(range(per_epoch), f"[arco warmup] μ epoch {epoch}", unit="step")
+        for b in bar:
             chunk = [items[i] for i in order[b * w.mu_batch : (b + 1) * w.mu_batch]]
             _set_lrs(train, lrs, _lr_factor(step, total, int(w.warmup_ratio * total)))
             n_tokens = sum(len(it.criteria_ids) for it in chunk if it.written)
@@ -631,7 +629,7 @@ def sft_rubric(
             ce.append(parts[0])
             mse.append(parts[1])
             step += 1
-            last = _progress(last, f"μ epoch {epoch}: {b + 1}/{per_epoch} steps, CE {parts[0]:.3f}")
+            bar.set_postfix(ce=f"{parts[0]:.3f}", refresh=False)
         row = {"epoch": epoch, "criteria_ce": float(np.mean(ce)), "score_mse": float(np.mean(mse))}
         history.append(row)
         if logger:
@@ -693,7 +691,7 @@ def _phase_state(train: TrainEngine) -> dict:
     trained = {
         n: p.detach().cpu().clone() for n, p in train.model.named_parameters() if id(p) in ids
     }
-    return {"trained": trained, "rng": _rng_state()}
+    return {"trained": trained, "rng": rng_state()}
 
 
 def teacher_cache(cfg: ArcoConfig) -> Path:
@@ -812,90 +810,156 @@ class WarmupPhases:
             record["rl_settings"] = self.rl_settings
         write_atomic(self.dir / f"{name}.done", json.dumps(record) + "\n")
 
+    def skip_all(self) -> None:
+        """Every phase done: each said skipped; a μ marker written before markers held the RL
+        settings gets them (rank 0)."""
+        for name in PHASES:
+            self.skip(name)
+        marker = json.loads((self.dir / "mu.done").read_text(encoding="utf-8"))
+        if "rl_settings" not in marker and current_rank() == 0:
+            self.finish("mu")
+
+
+@dataclass
+class WarmupParts:
+    """What the phases run on, built once the services answered (``build_parts``): the tokenizer,
+    the model with both adapters and the head, its training engine, the metrics logger (main
+    rank), the environment and the rollout engine."""
+
+    tokenizer: Any
+    model: ArcoModel
+    train: TrainEngine
+    logger: MetricsLogger | None
+    retriever: Any
+    agent_cfg: AgentConfig
+    engine: Any
+
 
 def run_warmup(cfg: ArcoConfig) -> Path:
-    """The whole warmup; returns ``warmup_dir``."""
-    from transformers import AutoTokenizer, set_seed
-
-    from arco.trainer import (
-        EngineNap,
-        build_engine,
-        make_rubric_items,
-        push_adapters,
-        rubric_settings,
-    )
-
-    needs = ("model", "train", "retrieval", "teacher")
-    cfg.check_assets(needs)
+    """The whole warmup, by phase (the module docstring); returns ``warmup_dir``."""
+    cfg.check_assets(("model", "train", "retrieval", "teacher"))
     out = Path(cfg.warmup_dir)
+    played, select, imported = warmup_questions(cfg)
+    # Locked, no settings check (the phases' markers hold the settings they were done with);
+    # phases done under these settings are skipped, the log keeps their rows (π's).
+    folder = open_run_folder(out, None, resume=False, begin=False)
+    phases = WarmupPhases(out, warmup_settings(cfg), warmup_rl_settings(cfg))
+    if "mu" in phases.done:  # all of it done: nothing loads
+        phases.skip_all()
+        folder.close()
+        return out
+    if "collect" not in phases.done:
+        probe_services(cfg)
+    folder.start_step = PI_LOG_STEPS if "pi" in phases.done else 0
+    folder.begin()
+    parts = build_parts(cfg, out, folder.start_step)
+    collected = collect_phase(cfg, parts, phases, played, imported)
+    episodes, annotations = collected["episodes"], collected["annotations"]
+    pi_idx, mu_idx, filtered = sft_sets(episodes, annotations, cfg.warmup, collected["collect_s"])
+    write_jsonl_atomic(out / "data.jsonl", data_rows(episodes, annotations))
+    report = {
+        "counts": collected["counts"],
+        "filter": filtered,
+        "collect_s": collected["collect_s"],
+    }
+    trajs = collected["trajs"]
+    report["pi_sft"] = pi_phase(cfg, parts, phases, [trajs[i] for i in pi_idx], select)
+    mu_annotations = [annotations[i] for i in mu_idx]
+    report |= mu_phase(cfg, parts, [episodes[i] for i in mu_idx], mu_annotations)
+    if parts.train.is_main:
+        save_arco(parts.model, out)
+        write_atomic(out / "report.json", json.dumps(report, indent=1, default=str))
+        phases.finish("mu")
+    if parts.logger:
+        parts.logger.close()
+    folder.close()
+    return out
+
+
+def warmup_questions(
+    cfg: ArcoConfig,
+) -> tuple[list[QAExample], list[QAExample], ReleaseImport | None]:
+    """The training questions the teacher plays and those π's epoch is chosen on (a seeded
+    shuffle, disjoint), and with ``warmup.teacher=file`` the release's data, imported now (a
+    malformed file stops the warmup before a model loads; nothing is played, and the choice is
+    made on questions the release never played). Too few questions: a ``ValueError``."""
     w = cfg.warmup
     train_set = cfg.assets.questions("train", cfg.question_chars())
-    rng = random.Random(cfg.seed)
     order = list(range(len(train_set)))
-    rng.shuffle(order)
-    if w.teacher == "file":  # read now: a malformed file stops the warmup before a model loads
+    random.Random(cfg.seed).shuffle(order)
+    if w.teacher == "file":
         imported = import_release(
-            w.release_file,
-            train_set,
-            cfg.rubric.k,
-            cfg.env.max_searches,
-            w.questions,
-            w.samples,
+            w.release_file, train_set, cfg.rubric.k, cfg.env.max_searches, w.questions, w.samples
         )
         if not imported.episodes:
             raise ValueError(f"warmup.release_file {w.release_file}: no record imported")
-        # π's epoch is chosen on training questions the release never played
         order = [i for i in order if train_set[i].id not in imported.question_ids]
         if len(order) < w.select_questions:
             raise ValueError(
                 f"warmup needs select_questions = {w.select_questions} training questions "
                 f"outside {w.release_file}; {cfg.assets.train} has {len(order)}"
             )
-        played, select = [], [train_set[i] for i in order[: w.select_questions]]
-    elif len(order) < w.questions + w.select_questions:
+        return [], [train_set[i] for i in order[: w.select_questions]], imported
+    if len(order) < w.questions + w.select_questions:
+        kept = cfg.assets.train_where
         raise ValueError(
             f"warmup needs questions + select_questions = {w.questions + w.select_questions} "
             f"training questions; {cfg.assets.train} has {len(order)}"
-            + (
-                f" kept by assets.train_where {cfg.assets.train_where}"
-                if cfg.assets.train_where
-                else ""
-            )
+            + (f" kept by assets.train_where {kept}" if kept else "")
         )
-    else:
-        played = [train_set[i] for i in order[: w.questions]]
-        select = [train_set[i] for i in order[w.questions : w.questions + w.select_questions]]
-    # Locked, no settings check (the phases' markers hold the settings they were done with);
-    # phases done under these settings are skipped, the log keeps their rows (π's).
-    folder = open_run_folder(out, None, resume=False, begin=False)
-    phases = WarmupPhases(out, warmup_settings(cfg), warmup_rl_settings(cfg))
-    if "mu" in phases.done:  # all of it done: nothing loads
-        for name in PHASES:
-            phases.skip(name)
-        marker = json.loads((phases.dir / "mu.done").read_text(encoding="utf-8"))
-        if "rl_settings" not in marker and current_rank() == 0:  # written before them
-            phases.finish("mu")
-        folder.close()
-        return out
-    if w.teacher == "llm" and "collect" not in phases.done:
+    played = [train_set[i] for i in order[: w.questions]]
+    select = [train_set[i] for i in order[w.questions : w.questions + w.select_questions]]
+    return played, select, None
+
+
+def probe_services(cfg: ArcoConfig) -> None:
+    """Before any model loads, the services the collection needs answer: the LLM teacher's
+    player and annotator (each serving its model), an open setting's retrieval server."""
+    if cfg.warmup.teacher == "llm":
         for client in teacher_clients(cfg, teacher_cache(cfg)):
-            client.probe()  # each answers and serves its model, before any model loads
-    if cfg.env.setting == "open" and "collect" not in phases.done:
+            client.probe()
+    if cfg.env.setting == "open":
         probe_retrieval(cfg.assets.retrieval_url)
-    folder.start_step = PI_LOG_STEPS if "pi" in phases.done else 0
-    folder.begin()
+
+
+def build_parts(cfg: ArcoConfig, out: Path, start_step: int) -> WarmupParts:
+    """The tokenizer, the model (adapters and head created under ``seed``), the warmup's training
+    engine (its own optimizer keys, ``warmup_train_config``), the logger from ``start_step``, the
+    environment and the rollout engine with both adapters pushed."""
+    from transformers import AutoTokenizer, set_seed
+
+    from arco.trainer import push_adapters, rubric_settings
+
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
-    pad_id, eos_id = padding_id(tokenizer), tokenizer.eos_token_id
     set_seed(cfg.seed)  # the fresh adapters and head: this seed's, not the process's
     model = build_arco_model(
         cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, dtype=cfg.train.weights_dtype()
     )
     model.rubric_meta = rubric_settings(cfg)
-    # the warmup's optimizer: train.weight_decay, max_grad_norm and the schedule are RL's keys,
-    # the warmup's own are under warmup; a copy, so the run's config keeps what the user set
-    # (train.seed, lr and grad_accum: ArcoConfig.DERIVED)
+    w = cfg.warmup
+    lrs = {"policy": w.pi_lr, "rubric": w.mu_lr, "head": w.head_lr}
+    train = TrainEngine(model, warmup_train_config(cfg), param_groups=model.groups(lrs))
+    logger = None
+    if train.is_main:
+        logger = MetricsLogger.from_config(out, cfg.log, cfg, start_step=start_step)
+    a = cfg.assets
+    retriever, agent_cfg = build_environment(
+        cfg.env, cfg.agent, a.corpus, a.retrieval_url, a.retrieval_max_wait_s
+    )
+    engine = build_engine(
+        cfg.engine, a.model, model.lm, tokenizer, cfg.seed + train.rank, cfg.lora.r
+    )
+    push_adapters(engine, model)
+    return WarmupParts(tokenizer, model, train, logger, retriever, agent_cfg, engine)
+
+
+def warmup_train_config(cfg: ArcoConfig) -> TrainConfig:
+    """The warmup's optimizer settings: ``train.weight_decay``, ``max_grad_norm`` and the
+    schedule are RL's keys, the warmup's own are under ``warmup``; a copy, so the run's config
+    keeps what the user set (``train.seed``, ``lr`` and ``grad_accum``: ``ArcoConfig.DERIVED``)."""
+    w = cfg.warmup
     cfg.train.seed = cfg.seed
-    warm_train = replace(
+    return replace(
         cfg.train,
         lr=w.pi_lr,
         weight_decay=w.weight_decay,
@@ -903,106 +967,158 @@ def run_warmup(cfg: ArcoConfig) -> Path:
         scheduler="constant",
         grad_accum=1,
     )
-    lrs = {"policy": w.pi_lr, "rubric": w.mu_lr, "head": w.head_lr}
-    train = TrainEngine(model, warm_train, param_groups=model.groups(lrs))
-    logger = MetricsLogger.from_config(out, cfg.log, cfg) if train.is_main else None
-    retriever, agent_cfg = build_environment(
-        cfg.env,
-        cfg.agent,
-        cfg.assets.corpus,
-        cfg.assets.retrieval_url,
-        cfg.assets.retrieval_max_wait_s,
-    )
-    engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
-    nap = EngineNap(cfg, engine)  # vLLM asleep through π's and μ's SFT epochs
-    push_adapters(engine, model)
-    t0 = time.perf_counter()
+
+
+def collect_phase(
+    cfg: ArcoConfig,
+    parts: WarmupParts,
+    phases: WarmupPhases,
+    played: Sequence[QAExample],
+    imported: ReleaseImport | None,
+) -> dict:
+    """The collection: its saved result (the fresh adapters and head and the random streams
+    restored as it left them), or the teacher's play and annotations (oracle, the release's file,
+    or an LLM's paid requests: rank 0 sends them, every rank gets the result), saved with the
+    phase (main rank) before the annotations are projected in place. Keys ``trajs``,
+    ``episodes``, ``annotations``, ``counts``, ``collect_s``."""
     if "collect" in phases.done:
         collected = phases.skip("collect")
-        _load_adapter_state(model, collected.pop("trained"))  # the fresh adapters and head
-        _set_rng_state(collected.pop("rng"))  # and the random streams, as collection left them
+        _load_adapter_state(parts.model, collected.pop("trained"))
+        set_rng_state(collected.pop("rng"))
+        return collected
+    t0 = time.perf_counter()
+    tokenizer, agent_cfg = parts.tokenizer, parts.agent_cfg
+    if cfg.warmup.teacher == "oracle":
+        got = collect_oracle(cfg, parts.engine, tokenizer, parts.retriever, agent_cfg, played)
+    elif imported is not None:  # warmup.teacher=file: no request
+        got = collect_release(tokenizer, agent_cfg, imported)
     else:
-        if w.teacher == "oracle":
-            got = collect_oracle(cfg, engine, tokenizer, retriever, agent_cfg, played)
-        elif w.teacher == "file":  # the release's data, imported above: no request
-            got = collect_release(tokenizer, agent_cfg, imported)
-        else:  # paid requests: rank 0 sends them, every rank gets its result
-            got = on_rank_zero(
-                lambda: collect_llm(
-                    cfg, tokenizer, retriever, agent_cfg, played, teacher_cache(cfg)
-                )
-            )
-        collected = dict(zip(("trajs", "episodes", "annotations", "counts"), got, strict=True))
-        collected["collect_s"] = time.perf_counter() - t0
-        if train.is_main:  # the annotations as the teacher gave them (projected below, in place)
-            phases.finish("collect", {**collected, **_phase_state(train)})
-    trajs, episodes, annotations = (collected[k] for k in ("trajs", "episodes", "annotations"))
-    counts, collect_s = collected["counts"], collected["collect_s"]
-    pi_idx, mu_idx, filter_counts = project_and_filter(episodes, annotations, w.decomposition_tol)
+        cache = teacher_cache(cfg)
+        got = on_rank_zero(
+            lambda: collect_llm(cfg, tokenizer, parts.retriever, agent_cfg, played, cache)
+        )
+    collected = dict(zip(("trajs", "episodes", "annotations", "counts"), got, strict=True))
+    collected["collect_s"] = time.perf_counter() - t0
+    if parts.train.is_main:
+        phases.finish("collect", {**collected, **_phase_state(parts.train)})
+    return collected
+
+
+def sft_sets(
+    episodes: Sequence[Episode],
+    annotations: Sequence[list[StepAnnotation] | None],
+    w: ArcoWarmupConfig,
+    collect_s: float,
+) -> tuple[list[int], list[int], dict[str, int]]:
+    """``project_and_filter``'s π and μ indices and counts, said in a line; no μ example: a
+    ``ValueError``."""
+    pi_idx, mu_idx, counts = project_and_filter(episodes, annotations, w.decomposition_tol)
+    mean_r = np.mean([e.reward for e in episodes]) if episodes else 0
     print(
-        f"[arco warmup] {len(episodes)} trajectories ({collect_s:.0f}s), mean R "
-        f"{np.mean([e.reward for e in episodes]) if episodes else 0:.3f}; π SFT on {len(pi_idx)}, "
-        f"μ SFT on {len(mu_idx)}; {filter_counts}",
+        f"[arco warmup] {len(episodes)} trajectories ({collect_s:.0f}s), mean R {mean_r:.3f}; "
+        f"π SFT on {len(pi_idx)}, μ SFT on {len(mu_idx)}; {counts}",
         flush=True,
     )
     if not mu_idx:
         raise ValueError(
             f"warmup: no trajectory with more than one step and a kept annotation for μ "
-            f"({filter_counts}); play more questions or samples"
+            f"({counts}); play more questions or samples"
         )
-    _write_data(out / "data.jsonl", episodes, annotations)
+    return pi_idx, mu_idx, counts
 
-    def select_em() -> float:
-        push_adapters(engine, model, nap)
-        em = evaluate(engine, tokenizer, retriever, select, agent_cfg, adapter="policy")["em"]
-        nap.sleep()  # back to SFT
-        return em
 
-    report: dict = {"counts": counts, "filter": filter_counts, "collect_s": collect_s}
+def data_rows(
+    episodes: Sequence[Episode], annotations: Sequence[list[StepAnnotation] | None]
+) -> list[dict]:
+    """``data.jsonl``'s rows: each episode with its (projected) annotation, None where dropped."""
+    return [
+        {**asdict(ep), "annotation": None if ann is None else [asdict(a) for a in ann]}
+        for ep, ann in zip(episodes, annotations, strict=True)
+    ]
+
+
+def pi_phase(
+    cfg: ArcoConfig,
+    parts: WarmupParts,
+    phases: WarmupPhases,
+    trajs: Sequence[Trajectory],
+    select: Sequence[QAExample],
+) -> dict:
+    """π's phase; its report. Its saved result (π's adapter, μ's and the head untrained, the
+    random streams), π taken from ``warmup.policy_from`` (one π for every arm of a comparison),
+    none (``warmup.pi_epochs`` 0: π is the backbone; or no trajectory with R = 1 and > 1 step),
+    or π SFT on ``trajs``, its epoch chosen on ``select``; saved with the phase (main rank)."""
+    w = cfg.warmup
     if "pi" in phases.done:
         saved = phases.skip("pi")
-        _load_adapter_state(model, saved["trained"])  # π's adapter, μ's and the head untrained
-        _set_rng_state(saved["rng"])  # and the random streams, as π's phase left them
-        report["pi_sft"] = saved["report"]
-    elif w.policy_from:  # one π for every arm of a comparison: the earlier warmup's
-        load_adapters(model.lm, w.policy_from, ["policy"])
-        report["pi_sft"] = {"policy_from": w.policy_from}
+        _load_adapter_state(parts.model, saved["trained"])
+        set_rng_state(saved["rng"])
+        return saved["report"]
+    if w.policy_from:
+        load_adapters(parts.model.lm, w.policy_from, ["policy"])
+        report: dict = {"policy_from": w.policy_from}
         print(f"[arco warmup] π taken from {w.policy_from} (no π SFT)", flush=True)
     elif w.pi_epochs == 0:  # the tiny setting: π SFT on the oracle's play would do RL's work
-        report["pi_sft"] = {"skipped": "warmup.pi_epochs = 0", "select_em": select_em()}
+        report = {"skipped": "warmup.pi_epochs = 0", "select_em": held_out_em(cfg, parts, select)}
         print("[arco warmup] π SFT skipped (warmup.pi_epochs = 0): π is the backbone", flush=True)
-    elif pi_idx:
-        nap.sleep()
-        report["pi_sft"] = sft_policy(train, [trajs[i] for i in pi_idx], cfg, select_em, logger)
+    elif trajs:
+        nap(cfg, parts.engine)
+        report = sft_policy(
+            parts.train, trajs, cfg, lambda: held_out_em(cfg, parts, select), parts.logger
+        )
     else:  # e.g. an untrained agent that never answers right: π stays as it is
-        report["pi_sft"] = {"skipped": "no trajectory with R = 1 and more than one step"}
+        report = {"skipped": "no trajectory with R = 1 and more than one step"}
         print("[arco warmup] π SFT skipped: no trajectory with R = 1 and > 1 step", flush=True)
-    if "pi" not in phases.done and train.is_main:
-        phases.finish("pi", {"report": report["pi_sft"], **_phase_state(train)})
-    mu_items = make_rubric_items(cfg, [episodes[i] for i in mu_idx], tokenizer)
-    for it in mu_items:
-        ann = annotations[mu_idx[it.traj]][it.step]
+    if parts.train.is_main:
+        phases.finish("pi", {"report": report, **_phase_state(parts.train)})
+    return report
+
+
+def held_out_em(cfg: ArcoConfig, parts: WarmupParts, select: Sequence[QAExample]) -> float:
+    """π's EM on the held-out training questions (the adapters pushed, the engine woken; asleep
+    again after, for SFT)."""
+    from arco.trainer import push_adapters
+
+    push_adapters(parts.engine, parts.model)
+    em = evaluate(
+        parts.engine, parts.tokenizer, parts.retriever, select, parts.agent_cfg, adapter="policy"
+    )["em"]
+    nap(cfg, parts.engine)
+    return em
+
+
+def mu_phase(
+    cfg: ArcoConfig,
+    parts: WarmupParts,
+    episodes: Sequence[Episode],
+    annotations: Sequence[list[StepAnnotation]],
+) -> dict:
+    """μ SFT on the steps of ``episodes`` (their projected ``annotations``: the criteria μ learns
+    to write in mode adaptive, the head's targets), the reference adapters synced, and in mode
+    adaptive what μ writes after it; the report's ``mu_sft`` (and ``mu_writes``)."""
+    from arco.trainer import make_rubric_items, push_adapters
+
+    eos_id = parts.tokenizer.eos_token_id
+    items = make_rubric_items(cfg, episodes, parts.tokenizer)
+    for it in items:
+        ann = annotations[it.traj][it.step]
         if it.written:  # mode adaptive: μ learns to write the teacher's criteria
-            it.criteria_ids = encode_text(tokenizer, format_criteria(ann.criteria)) + [eos_id]
+            criteria = encode_text(parts.tokenizer, format_criteria(ann.criteria))
+            it.criteria_ids = criteria + [eos_id]
         it.target_scores = sft_targets(ann.scores, cfg.rubric.head_k)
-    nap.sleep()
-    report["mu_sft"] = sft_rubric(train, mu_items, cfg, pad_id, logger)
-    model.sync_references()
+    nap(cfg, parts.engine)
+    pad_id = padding_id(parts.tokenizer)
+    report = {"mu_sft": sft_rubric(parts.train, items, cfg, pad_id, parts.logger)}
+    parts.model.sync_references()
     if cfg.rubric.mode == "adaptive":
-        push_adapters(engine, model, nap)
-        report["mu_writes"] = check_written_criteria(engine, mu_items, cfg, eos_id, logger)
-    if train.is_main:
-        save_arco(model, out)
-        (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
-        phases.finish("mu")
-    if logger:
-        logger.close()
-    folder.close()
-    return out
+        push_adapters(parts.engine, parts.model)
+        report["mu_writes"] = check_written_criteria(parts.engine, items, cfg, eos_id, parts.logger)
+    return report
 
 
-def _write_data(path: Path, episodes, annotations) -> None:
-    with path.open("w") as f:
-        for ep, ann in zip(episodes, annotations, strict=True):
-            row = {**asdict(ep), "annotation": None if ann is None else [asdict(a) for a in ann]}
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+def nap(cfg: ArcoConfig, engine) -> None:
+    """A vLLM engine put to sleep through SFT (``engine.sleep_during_update``), unless asleep;
+    ``push_adapters`` wakes it. An HF engine is the training model: nothing to do."""
+    e = cfg.engine
+    if e.backend == "vllm" and e.sleep_during_update and not engine.asleep:
+        engine.sleep()

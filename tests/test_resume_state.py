@@ -138,7 +138,7 @@ def test_plain_state_round_trips_types_and_refuses_what_is_not_plain(tmp_path):
 def legacy_checkpoint(folder: Path, engine: TrainEngine) -> Path:
     """A checkpoint's state/ as the code before plain formats wrote it: train_state.pt and
     rng_rank0.pt, both torch.save pickles."""
-    from common.train.checkpoint import _rng_state
+    from common.train.checkpoint import rng_state
 
     names = {id(p): n for n, p in engine.model.named_parameters()}
     backend = engine._backend
@@ -150,7 +150,7 @@ def legacy_checkpoint(folder: Path, engine: TrainEngine) -> Path:
     }
     folder.mkdir(parents=True)
     torch.save(state, folder / "train_state.pt")
-    torch.save(_rng_state(), folder / "rng_rank0.pt")
+    torch.save(rng_state(), folder / "rng_rank0.pt")
     return folder
 
 
@@ -169,9 +169,9 @@ def test_an_older_checkpoints_pickles_load_with_weights_only(tmp_path):
     want = (random.random(), np.random.rand(), torch.rand(1))
     resumed = TrainEngine(Pair(), TrainConfig(lr=0.1, scheduler="constant"))
     resumed.load_state(state)
-    from common.train.checkpoint import _set_rng_state
+    from common.train.checkpoint import set_rng_state
 
-    _set_rng_state(_load_rng_state(state, 0))
+    set_rng_state(_load_rng_state(state, 0))
     assert (random.random(), np.random.rand()) == want[:2] and torch.equal(torch.rand(1), want[2])
     one_step(first)
     one_step(resumed)

@@ -93,7 +93,7 @@ def save_checkpoint(
         data_json = json.dumps(data_state)
     except (TypeError, ValueError) as err:
         raise ValueError(f"save_checkpoint: data_state is not JSON-serialisable: {err}") from None
-    rng = _rng_state()  # restored at the end: saving must not change the run's random stream
+    rng = rng_state()  # restored at the end: saving must not change the run's random stream
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step}"
     tmp = Path(broadcast_object(str(root / f"step_{step}.tmp-{os.getpid()}")))
@@ -128,7 +128,7 @@ def save_checkpoint(
         write_atomic(root / "latest", final.name + "\n")
         _prune(root, keep_last, keep=final)
     barrier()
-    _set_rng_state(rng)
+    set_rng_state(rng)
     return final
 
 
@@ -303,7 +303,7 @@ def load_checkpoint(engine: TrainEngine, path: str | Path) -> dict[str, Any]:
             "resume with the same number of ranks"
         )
     engine.load_state(path / "state")
-    _set_rng_state(_load_rng_state(path / "state", engine.rank))
+    set_rng_state(_load_rng_state(path / "state", engine.rank))
     engine.global_step = global_step
     barrier()
     return trainer_state["data_state"]
@@ -429,7 +429,9 @@ def _gib(n: int | None) -> str:
     return "?" if n is None else f"{n / GIB:.2f}"
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
+    """This process's random streams (Python's, numpy's, torch's CPU and CUDA generators), as a
+    checkpoint saves them (plain data: ``common.train.plain_state``)."""
     return {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -450,7 +452,8 @@ def _load_rng_state(folder: Path, rank: int) -> dict[str, Any]:
     raise ValueError(f"{folder}: no random-stream state of rank {rank} ({stem.name}.json)")
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any]) -> None:
+    """The random streams ``rng_state`` returned, restored."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])

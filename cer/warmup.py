@@ -12,18 +12,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from cer.config import CERConfig, check_assets
 from cer.data import load_math_examples
 from cer.prompt import prompt_ids
 from cer.rollout import END_OF_TURN
 from common.rollout.agent import encode_text
-from common.rollout.batch import padding_id
 from common.rollout.trajectory import Trajectory
-from common.train import TrainEngine
-from common.train.run_folder import open_run_folder
-from common.warmup import save_warmup, sft_warmup
+from common.train.distributed import current_rank
+from common.warmup import SFTRun, sft_and_save
 
 
 def solution_trajectories(path: str, tokenizer) -> list[Trajectory]:
@@ -46,28 +42,17 @@ def solution_trajectories(path: str, tokenizer) -> list[Trajectory]:
 
 def run_warmup(cfg: CERConfig) -> Path:
     """``assets.init_model`` + SFT on ``assets.warmup`` -> ``<warmup.out>/model``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     check_assets(cfg.assets, ["init_model", "warmup"])
     w = cfg.warmup
-    folder = open_run_folder(w.out, None, resume=False)  # one warmup at a time in out
-    tokenizer = AutoTokenizer.from_pretrained(cfg.assets.init_model)
-    model = AutoModelForCausalLM.from_pretrained(cfg.assets.init_model, dtype=torch.float32)
-    trajs = solution_trajectories(cfg.assets.warmup, tokenizer)
-    w.train.total_steps = w.steps
-    w.train.seed = cfg.seed
-    engine = TrainEngine(model, w.train)
-    history = sft_warmup(
-        engine,
-        trajs,
-        padding_id(tokenizer),
-        w.steps,
-        w.batch_size,
-        cfg.seed,
-        context_weight=w.context_weight,
+    sft = SFTRun(w.steps, w.batch_size, cfg.seed, w.context_weight)
+    saved, history, n = sft_and_save(
+        cfg,
+        Path(w.out),
+        cfg.assets.init_model,
+        lambda tokenizer: solution_trajectories(cfg.assets.warmup, tokenizer),
+        w.train,
+        sft,
     )
-    saved = save_warmup(engine, tokenizer, cfg, Path(w.out), history)
-    if engine.is_main:
-        print(f"[cer warmup] {len(trajs)} solutions, {w.steps} steps; loss {history[-1:]}")
-    folder.close()
+    if current_rank() == 0:
+        print(f"[cer warmup] {n} solutions, {w.steps} steps; loss {history[-1:]}")
     return saved

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -224,38 +224,71 @@ class WarmupConfig:
 
 def run_warmup(cfg: WarmupConfig) -> Path:
     """Gold trajectories of the train split -> SFT -> ``<out>/model`` (HF folder)."""
+    from common.retrieval.bm25 import BM25Retriever
+
+    paths = warmup_paths(cfg)
+    train_set = load_qa(paths["train_data"])  # a bad row costs nothing: read before any model loads
+
+    def trajectories(tokenizer) -> list[Trajectory]:
+        retriever = BM25Retriever.from_corpus(paths["corpus"])
+        return gold_trajectories(
+            train_set, tokenizer, retriever, cfg.agent, cfg.shortcut_rate, cfg.seed
+        )
+
+    sft = SFTRun(cfg.steps, cfg.batch_size, cfg.seed, cfg.context_weight)
+    return sft_and_save(cfg, Path(cfg.out), paths["model"], trajectories, cfg.train, sft)[0]
+
+
+@dataclass(frozen=True)
+class SFTRun:
+    """How long and on what a warmup's SFT runs: ``steps`` optimizer steps of ``batch_size``
+    trajectories, data order and init from ``seed``, the context term's weight."""
+
+    steps: int
+    batch_size: int
+    seed: int
+    context_weight: float = 0.0
+
+
+def sft_and_save(
+    cfg: Any,
+    out: Path,
+    model: str | Path,
+    trajectories: Callable[[Any], list[Trajectory]],
+    train: TrainConfig,
+    sft: SFTRun,
+) -> tuple[Path, list[dict], int]:
+    """A supervised warmup from its data to ``out/model`` (the gold-path warmup's and CER's):
+    ``out`` locked (one warmup at a time), the tokenizer and the float32 model of ``model``,
+    ``trajectories(tokenizer)``, ``sft_warmup`` under ``train`` (its ``total_steps`` and
+    ``seed`` set from ``sft``: the configs' derived keys), ``save_warmup`` of ``cfg``. Returns
+    ``out/model``, the loss log and the number of trajectories."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.retrieval.bm25 import BM25Retriever
     from common.rollout.batch import padding_id
     from common.train.engine import TrainEngine
     from common.train.run_folder import open_run_folder
 
-    paths = warmup_paths(cfg)
-    train_set = load_qa(paths["train_data"])  # a bad row costs nothing: read before any model loads
-    folder = open_run_folder(cfg.out, None, resume=False)  # one warmup at a time in out
-    tokenizer = AutoTokenizer.from_pretrained(paths["model"])
-    model = AutoModelForCausalLM.from_pretrained(paths["model"], dtype=torch.float32)
-    retriever = BM25Retriever.from_corpus(paths["corpus"])
-    trajs = gold_trajectories(
-        train_set, tokenizer, retriever, cfg.agent, cfg.shortcut_rate, cfg.seed
-    )
-    cfg.train.total_steps = cfg.steps  # WarmupConfig.DERIVED
-    cfg.train.seed = cfg.seed
-    engine = TrainEngine(model, cfg.train)
+    folder = open_run_folder(out, None, resume=False)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    trajs = trajectories(tokenizer)
+    train.total_steps = sft.steps
+    train.seed = sft.seed
+    engine = TrainEngine(lm, train)
     history = sft_warmup(
         engine,
         trajs,
         padding_id(tokenizer),
-        cfg.steps,
-        cfg.batch_size,
-        cfg.seed,
-        context_weight=cfg.context_weight,
+        sft.steps,
+        sft.batch_size,
+        sft.seed,
+        context_weight=sft.context_weight,
     )
-    saved = save_warmup(engine, tokenizer, cfg, Path(cfg.out), history)
+    saved = save_warmup(engine, tokenizer, cfg, out, history)
     folder.close()
-    return saved
+    return saved, history, len(trajs)
 
 
 def warmup_paths(cfg: WarmupConfig) -> dict[str, Path]:

@@ -134,3 +134,18 @@ def test_a_missing_smol_input_names_the_key_and_says_how_to_make_it(tmp_path, ti
     assert paths["train_data"] == tiny_world / "train.jsonl"
     assert main([f"world={tmp_path}", f"out={tmp_path / 'w'}"]) == 2  # one line, exit 2
     assert not (tmp_path / "w").exists()  # refused before the run folder opens
+
+
+def test_a_short_warmup_writes_the_model_its_config_and_loss_log(tmp_path, tiny_world):
+    """``run_warmup`` through the shared ``sft_and_save``: the derived train keys set from the
+    warmup's own, ``out/model`` loadable, the loss logged every ``log_every`` (50) steps."""
+    import json
+
+    from common.warmup import WarmupConfig, run_warmup
+
+    cfg = WarmupConfig(world=str(tiny_world), out=str(tmp_path), steps=2, batch_size=2, seed=3)
+    assert run_warmup(cfg) == tmp_path / "model"
+    assert (cfg.train.total_steps, cfg.train.seed) == (2, 3)  # WarmupConfig.DERIVED
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "model").num_parameters() > 0
+    assert json.loads((tmp_path / "sft_loss.json").read_text()) == []  # 2 steps < 50
+    assert "steps: 2" in (tmp_path / "config.yaml").read_text()

@@ -303,9 +303,12 @@ class LLMClient:
             log.warning(
                 "%d of %d replies from %s (model %s) were refused by the caller's check and not "
                 "cached; first: %r",
-                rejected, len(results), redact(self.base_url), self.model,
+                rejected,
+                len(results),
+                redact(self.base_url),
+                self.model,
                 next(r.text for r in results if r.rejected)[:200],
-            )  # fmt: skip
+            )
         return results
 
     def chat(self, messages: Messages, cache_tag: str = "") -> ChatResult:
@@ -376,8 +379,11 @@ class LLMClient:
                 True,
                 _retry_after(response),
             )
-        body = {"model": self.model, "messages": [{"role": "user", "content": "ping"}],
-                "max_tokens": 1}  # fmt: skip
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": "ping"}],
+            "max_tokens": 1,
+        }
         try:
             self._request(body)
         except _Failure as e:

@@ -62,8 +62,13 @@ def test_the_estimate_text():
         "[x] API estimate: <= 2 calls, ~400 tokens (no prices set: no USD)\n"
         "[x]   ann: <= 2 calls, ~200 prompt + <= 200 completion tokens"
     )
-    usage = {"requests": 3, "cache_hits": 1, "prompt_tokens": 10, "completion_tokens": 5,
-             "cost_usd": 0.5}  # fmt: skip
+    usage = {
+        "requests": 3,
+        "cache_hits": 1,
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "cost_usd": 0.5,
+    }
     assert usage_text("[x]", {"t": usage}) == (
         "[x] API spent: t 3 requests (1 answered from the cache), 10 + 5 tokens, $0.5000"
     )
@@ -135,9 +140,10 @@ def test_two_ranks_pay_once_and_stop_together(tmp_path, launch_two_ranks):
 
     with serve_endpoint() as url:
         run = launch_two_ranks(
-            [str(SCRIPT), "--url", url, "--cache", str(tmp_path / "cache")], torchrun=True,
+            [str(SCRIPT), "--url", url, "--cache", str(tmp_path / "cache")],
+            torchrun=True,
             timeout=120,
-        )  # fmt: skip
+        )
         requests = httpx.get(url.removesuffix("/v1") + "/stats").json()["requests"]
     out = run.stdout + run.stderr
     assert run.returncode == 0, out[-4000:]

@@ -604,8 +604,14 @@ def test_without_usage_the_dollar_cap_counts_the_bytes_bound_and_holds(srv):
     state, url = srv
     state.usage = False
     budget = ApiBudget(max_usd=200.0)
-    c = client(url, max_concurrency=1, max_tokens=5, price_prompt_per_mtok=1e6,
-               price_completion_per_mtok=1e6, budget=budget)  # fmt: skip
+    c = client(
+        url,
+        max_concurrency=1,
+        max_tokens=5,
+        price_prompt_per_mtok=1e6,
+        price_completion_per_mtok=1e6,
+        budget=budget,
+    )
     with pytest.raises(BudgetExceeded) as stop:
         c.chat_many([msgs(f"x{i}") for i in range(4)])
     assert state.requests == 2 and budget.spent_usd == pytest.approx(158.0)

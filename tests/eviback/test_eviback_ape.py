@@ -189,8 +189,11 @@ GATED = gated_policies([STAGE_A_DEFAULT.id], [STAGE_B_DEFAULT.id])
 def test_gated_policies_cover_the_flags():
     assert len(GATED) == 4
     assert {(p.gate, p.canonicalize) for p in GATED} == {
-        (("S", "A"), True), (("S", "A"), False), (("S",), True), (("S",), False)
-    }  # fmt: skip
+        (("S", "A"), True),
+        (("S", "A"), False),
+        (("S",), True),
+        (("S",), False),
+    }
 
 
 PERFECT = [v("S", "Ora Velk")] * 3 + [v("I")] * 3 + [v("A")]
@@ -290,22 +293,44 @@ def test_flashrag_rows_keep_their_supporting_titles(tmp_path):
     from common.data import DataError, load_qa
 
     rows = [
-        {"id": "h0", "question": "Q0?", "golden_answers": ["a"], "metadata": {
-            "type": "bridge", "supporting_facts": {"title": ["T1", "T2", "T1"], "sent_id": [0, 1, 2]},
-            "context": {"title": ["T1", "T2"], "sentences": [["x."], ["y."]]}}},
-        {"id": "w0", "question": "Q1?", "golden_answers": ["b"],
-         "metadata": {"supporting_facts": [["U1", 0], ["U2", 3]]}},
-        {"id": "m0", "question": "Q2?", "golden_answers": ["c"], "metadata": {"paragraphs": [
-            {"idx": 0, "title": "V1", "paragraph_text": "v1", "is_supporting": False},
-            {"idx": 1, "title": "V2", "paragraph_text": "v2", "is_supporting": True}]}},
+        {
+            "id": "h0",
+            "question": "Q0?",
+            "golden_answers": ["a"],
+            "metadata": {
+                "type": "bridge",
+                "supporting_facts": {"title": ["T1", "T2", "T1"], "sent_id": [0, 1, 2]},
+                "context": {"title": ["T1", "T2"], "sentences": [["x."], ["y."]]},
+            },
+        },
+        {
+            "id": "w0",
+            "question": "Q1?",
+            "golden_answers": ["b"],
+            "metadata": {"supporting_facts": [["U1", 0], ["U2", 3]]},
+        },
+        {
+            "id": "m0",
+            "question": "Q2?",
+            "golden_answers": ["c"],
+            "metadata": {
+                "paragraphs": [
+                    {"idx": 0, "title": "V1", "paragraph_text": "v1", "is_supporting": False},
+                    {"idx": 1, "title": "V2", "paragraph_text": "v2", "is_supporting": True},
+                ]
+            },
+        },
         {"id": "n0", "question": "Q3?", "golden_answers": ["d"], "metadata": {}},
-    ]  # fmt: skip
+    ]
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     got = load_qa(path, source="s")
     assert [ex.metadata.get("supporting_titles") for ex in got] == [
-        ["T1", "T2"], ["U1", "U2"], ["V2"], None,
-    ]  # fmt: skip
+        ["T1", "T2"],
+        ["U1", "U2"],
+        ["V2"],
+        None,
+    ]
     assert got[0].metadata["type"] == "bridge"  # the rest of the metadata stays
     bad = {**rows[0], "metadata": {"supporting_facts": {"title": "T1"}}}
     path.write_text(json.dumps(bad) + "\n")
@@ -318,24 +343,38 @@ NQ = QAExample("nq:1", "Where is Zuro?", ["Zuro"], {})
 
 def test_label_rollouts_uses_the_oracle_where_it_can_and_counts_the_rest():
     examples = {"q1": EXAMPLE, "nq:1": NQ}
-    trajs = [traj(0, [("lanterns", [FILM, PERSON])]), traj(0, [("zuro", [OTHER])], "nq:1"),
-             traj(1, [("zuro city", [FILM])], "nq:1")]  # fmt: skip
+    trajs = [
+        traj(0, [("lanterns", [FILM, PERSON])]),
+        traj(0, [("zuro", [OTHER])], "nq:1"),
+        traj(1, [("zuro city", [FILM])], "nq:1"),
+    ]
     oracle = EvidenceOracle(5).label
     rows, counts = label_rollouts(trajs, examples, oracle)
     assert [(r.question_id, r.label) for r in rows] == [("q1", "S")]
-    assert counts == {"questions_oracle": 1, "questions_without_facts": 1, "rows_oracle": 1,
-                      "rows_llm": 0, "rows_llm_invalid": 0, "questions_left_out": 1}  # fmt: skip
+    assert counts == {
+        "questions_oracle": 1,
+        "questions_without_facts": 1,
+        "rows_oracle": 1,
+        "rows_llm": 0,
+        "rows_llm_invalid": 0,
+        "questions_left_out": 1,
+    }
     asked = []
 
     def llm(items):  # S where the evidence names Zuro, else a contract breach
         asked.extend(items)
-        return [Verdict(True, "S", "Zuro") if "Zuro" in it.rounds[0].docs[0].text
-                else Verdict(False, None, error="parse") for it in items]  # fmt: skip
+        return [
+            Verdict(True, "S", "Zuro")
+            if "Zuro" in it.rounds[0].docs[0].text
+            else Verdict(False, None, error="parse")
+            for it in items
+        ]
 
     rows, counts = label_rollouts(trajs, examples, oracle, llm)
     assert [(r.row_id, r.label, r.label_answer) for r in rows] == [
-        ("q1/0/1", "S", "Tamsford"), ("nq:1/0/1", "S", "Zuro"),
-    ]  # fmt: skip
+        ("q1/0/1", "S", "Tamsford"),
+        ("nq:1/0/1", "S", "Zuro"),
+    ]
     assert (counts["rows_llm"], counts["rows_llm_invalid"], counts["questions_left_out"]) == (
         1,
         1,
@@ -351,8 +390,9 @@ def test_label_rollouts_uses_the_oracle_where_it_can_and_counts_the_rest():
 
 def row(qid: str, steps: int, label: str) -> BenchmarkRow:
     rounds = tuple(Round(f"q{k}", (OTHER,)) for k in range(steps))
-    return BenchmarkRow(f"{qid}/0/{steps}", qid, f"{qid}?", ("x",), rounds, label,
-                        "x" if label == "S" else "")  # fmt: skip
+    return BenchmarkRow(
+        f"{qid}/0/{steps}", qid, f"{qid}?", ("x",), rounds, label, "x" if label == "S" else ""
+    )
 
 
 def test_largest_remainder_quotas():
@@ -381,8 +421,12 @@ def test_holdout_is_stratified_by_search_step_with_label_quotas():
 
 def test_diagnostics_lists_confusion_coverage_and_missed_i():
     rows = [row("s1", 1, "S"), row("s2", 1, "S"), row("i1", 1, "I"), row("i2", 1, "I")]
-    verdicts = [Verdict(True, "S", "x"), Verdict(True, "I"), Verdict(True, "S", "y"),
-                Verdict(False, None, error="parse")]  # fmt: skip
+    verdicts = [
+        Verdict(True, "S", "x"),
+        Verdict(True, "I"),
+        Verdict(True, "S", "y"),
+        Verdict(False, None, error="parse"),
+    ]
     text = diagnostics(rows, verdicts)
     assert "| S | 1 | 1 | 0 | 0 |" in text and "| I | 1 | 0 | 0 | 1 |" in text
     assert "Gold coverage on gold-S rows: 0.5000" in text

@@ -55,9 +55,17 @@ def rows() -> list[BenchmarkRow]:
     for i in range(8):
         text = f"Person {i} was born in Paris." if i % 2 else f"Person {i} was born somewhere."
         docs = (Doc(f"d{i}", f"Person {i}", text, 1.0),)
-        out.append(BenchmarkRow(f"q{i}/0/1", f"q{i}", f"Where was person {i} born?", ("Paris",),
-                                (Round(f"person {i}", docs),), "S" if i % 2 else "I",
-                                "Paris" if i % 2 else ""))  # fmt: skip
+        out.append(
+            BenchmarkRow(
+                f"q{i}/0/1",
+                f"q{i}",
+                f"Where was person {i} born?",
+                ("Paris",),
+                (Round(f"person {i}", docs),),
+                "S" if i % 2 else "I",
+                "Paris" if i % 2 else "",
+            )
+        )
     return out
 
 
@@ -67,12 +75,20 @@ def sent(url: str) -> int:
 
 def overrides(url: str, out: Path, *extra: str) -> list[str]:
     return [
-        f"assets.teacher_endpoint={url}", "assets.teacher_model=judge",
-        f"assets.controller_endpoint={url}", "assets.controller_model=ctl",
-        f"ape.out={out}", "ape.candidates_a=3", "ape.candidates_b=2", "ape.written_a=1",
-        "ape.written_b=1", "ape.gated_from_top=2", "ape.repeats=2", "teacher.backoff=0.01",
+        f"assets.teacher_endpoint={url}",
+        "assets.teacher_model=judge",
+        f"assets.controller_endpoint={url}",
+        "assets.controller_model=ctl",
+        f"ape.out={out}",
+        "ape.candidates_a=3",
+        "ape.candidates_b=2",
+        "ape.written_a=1",
+        "ape.written_b=1",
+        "ape.gated_from_top=2",
+        "ape.repeats=2",
+        "teacher.backoff=0.01",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def setup(url: str, out: Path, *extra: str) -> EviBackConfig:
@@ -156,8 +172,13 @@ def test_the_ape_command_stops_with_one_line_and_exit_3(endpoint, tmp_path):
     setup(endpoint, out)
     before = sent(endpoint)
     env = os.environ | {"CUDA_VISIBLE_DEVICES": ""}
-    command = [sys.executable, "-m", "eviback", "ape",
-               *overrides(endpoint, out, "ape.max_api_calls=5")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "eviback",
+        "ape",
+        *overrides(endpoint, out, "ape.max_api_calls=5"),
+    ]
     run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert run.returncode == 3, run.stdout[-2000:] + run.stderr[-2000:]
     # the stop is one line of its own after the progress bar it interrupted (closed first)

@@ -17,9 +17,17 @@ def test_ape_under_two_ranks_refuses_with_one_line_before_any_work(tmp_path):
     out = tmp_path / "ape"
     env = os.environ | {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
     # as the DeepSpeed launcher starts a rank; with a teacher, so nothing else stops it first
-    command = [sys.executable, "-m", "eviback", "--local_rank=0", "ape",
-               "assets.teacher_endpoint=http://127.0.0.1:9/v1", "assets.teacher_model=t",
-               f"ape.out={out}", f"assets.model={tmp_path / 'no-model'}"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "eviback",
+        "--local_rank=0",
+        "ape",
+        "assets.teacher_endpoint=http://127.0.0.1:9/v1",
+        "assets.teacher_model=t",
+        f"ape.out={out}",
+        f"assets.model={tmp_path / 'no-model'}",
+    ]
     start = time.monotonic()
     run = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
     assert run.returncode == 2, run.stderr

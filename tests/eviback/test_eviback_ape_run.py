@@ -31,18 +31,27 @@ from eviback.prompts import Round, get_prompt
 
 CITIES = ("Paris", "Rome", "Oslo")
 WRITTEN = {  # what the canned controller writes when asked for instruction texts
-    "A": ["Judge only what the documents state. Written one.",
-          "Be strict: any gap means insufficient. Written two.", ""],
+    "A": [
+        "Judge only what the documents state. Written one.",
+        "Be strict: any gap means insufficient. Written two.",
+        "",
+    ],
     "B": ["Check the candidate against the documents. Written three."],
-}  # fmt: skip
+}
 # What the canned controller proposes for stage A: two grid prompts, one invented name, a stage-B
 # prompt, the default again and a repeat (only the first two are kept).
 GRID_A = candidate_grid("A")
 PROPOSED_A = [GRID_A[5].id, GRID_A[9].id]
 CONTROLLER_A = "\n".join(
-    [PROPOSED_A[0], "A-madeup-exact-fs0-q1-t1-rank-m5", candidate_grid("B")[1].id,
-     GRID_A[0].id, PROPOSED_A[1], PROPOSED_A[0]]
-)  # fmt: skip
+    [
+        PROPOSED_A[0],
+        "A-madeup-exact-fs0-q1-t1-rank-m5",
+        candidate_grid("B")[1].id,
+        GRID_A[0].id,
+        PROPOSED_A[1],
+        PROPOSED_A[0],
+    ]
+)
 
 
 def canned(prompt: str) -> str:
@@ -79,8 +88,10 @@ def teacher_url():
         seen.append(prompt)
         text = canned(prompt)
         usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())}
-        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
-                "usage": usage}  # fmt: skip
+        return {
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
+            "usage": usage,
+        }
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -104,9 +115,17 @@ def rows() -> list[BenchmarkRow]:
         city = CITIES[i % 3]
         text = f"Person {i} was born in {city}." if i % 2 else f"Person {i} was born somewhere."
         docs = (Doc(f"d{i}", f"Person {i}", text, 1.0),)
-        out.append(BenchmarkRow(f"q{i}/0/1", f"q{i}", f"Where was person {i} born?", (city,),
-                                (Round(f"person {i}", docs),), "S" if i % 2 else "I",
-                                city if i % 2 else ""))  # fmt: skip
+        out.append(
+            BenchmarkRow(
+                f"q{i}/0/1",
+                f"q{i}",
+                f"Where was person {i} born?",
+                (city,),
+                (Round(f"person {i}", docs),),
+                "S" if i % 2 else "I",
+                city if i % 2 else "",
+            )
+        )
     return out
 
 
@@ -115,8 +134,14 @@ def ape_setup(url: str, tmp_path, *extra: str) -> tuple[Path, EviBackConfig]:
     out = tmp_path / "ape"
     out.mkdir()
     write_benchmark(out / "benchmark.jsonl", rows())
-    overrides = [f"assets.teacher_endpoint={url}", "assets.teacher_model=canned",
-                 f"ape.out={out}", "ape.candidates_a=4", "ape.candidates_b=2", *extra]  # fmt: skip
+    overrides = [
+        f"assets.teacher_endpoint={url}",
+        "assets.teacher_model=canned",
+        f"ape.out={out}",
+        "ape.candidates_a=4",
+        "ape.candidates_b=2",
+        *extra,
+    ]
     return out, load_config(EviBackConfig, DEFAULT_CONFIG, overrides)
 
 
@@ -170,9 +195,13 @@ def test_controller_parse_rules():
 def test_ape_with_a_controller_keeps_its_valid_names_and_fills_from_the_grid(teacher_url, tmp_path):
     url, seen = teacher_url
     out, cfg = ape_setup(
-        url, tmp_path, f"assets.controller_endpoint={url}",
-        "assets.controller_model=canned-controller", "ape.gated_from_top=1", "ape.repeats=1",
-    )  # fmt: skip
+        url,
+        tmp_path,
+        f"assets.controller_endpoint={url}",
+        "assets.controller_model=canned-controller",
+        "ape.gated_from_top=1",
+        "ape.repeats=1",
+    )
     from eviback.ape_run import controller_candidates, run_ape
     from eviback.assets import llm_client
 
@@ -214,16 +243,28 @@ def flashrag_files(tmp_path: Path) -> dict[str, str]:
         rows = []
         for i in range(3):
             person, city = f"{source} person {i}", CITIES[i]
-            row = {"id": f"train_{i}", "question": f"Where was {person} born?",
-                   "golden_answers": [city], "metadata": {}}  # fmt: skip
+            row = {
+                "id": f"train_{i}",
+                "question": f"Where was {person} born?",
+                "golden_answers": [city],
+                "metadata": {},
+            }
             if source in ("hotpotqa", "2wiki"):
-                row["metadata"] = {"supporting_facts": {"title": [person, f"{person} family"],
-                                                        "sent_id": [0, 0]}}  # fmt: skip
+                row["metadata"] = {
+                    "supporting_facts": {"title": [person, f"{person} family"], "sent_id": [0, 0]}
+                }
             elif source == "musique":
-                row["metadata"] = {"paragraphs": [
-                    {"idx": 0, "title": person, "paragraph_text": "p", "is_supporting": True},
-                    {"idx": 1, "title": "elsewhere", "paragraph_text": "q", "is_supporting": False},
-                ]}  # fmt: skip
+                row["metadata"] = {
+                    "paragraphs": [
+                        {"idx": 0, "title": person, "paragraph_text": "p", "is_supporting": True},
+                        {
+                            "idx": 1,
+                            "title": "elsewhere",
+                            "paragraph_text": "q",
+                            "is_supporting": False,
+                        },
+                    ]
+                }
             elif i == 2:
                 row["question"] = f"Where was {person} born, garble?"
             rows.append(row)
@@ -243,8 +284,11 @@ def flashrag_rollouts(examples) -> list[Trajectory]:
         partial = Doc(f"{ex.id}/1", person, f"{person} was born.", 1.0)
         for k, docs in enumerate(([found, family], [partial])):
             steps = [Step("search", 0, 1, query=person, docs=docs), Step("answer", 1, 2)]
-            trajs.append(Trajectory(ex.id, k, ex.id, ex.question, ex.golden_answers, [1],
-                                    steps=steps, answer="?"))  # fmt: skip
+            trajs.append(
+                Trajectory(
+                    ex.id, k, ex.id, ex.question, ex.golden_answers, [1], steps=steps, answer="?"
+                )
+            )
     return trajs
 
 
@@ -257,13 +301,20 @@ def test_ape_on_flashrag_format_data(teacher_url, tmp_path):
 
     url, seen = teacher_url
     examples = load_questions(flashrag_files(tmp_path), {}, 0)
-    assert examples[0].metadata["supporting_titles"] == ["hotpotqa person 0",
-                                                         "hotpotqa person 0 family"]  # fmt: skip
+    assert examples[0].metadata["supporting_titles"] == [
+        "hotpotqa person 0",
+        "hotpotqa person 0 family",
+    ]
     assert examples[6].metadata["supporting_titles"] == ["musique person 0"]
     out, cfg = ape_setup(
-        url, tmp_path, f"assets.controller_endpoint={url}", "assets.controller_model=canned-c",
-        "ape.unlabelled=llm", "ape.gated_from_top=1", "ape.repeats=1",
-    )  # fmt: skip
+        url,
+        tmp_path,
+        f"assets.controller_endpoint={url}",
+        "assets.controller_model=canned-c",
+        "ape.unlabelled=llm",
+        "ape.gated_from_top=1",
+        "ape.repeats=1",
+    )
     client = llm_client(url, "canned-c", cfg.teacher, None)
     by_id = {ex.id: ex for ex in examples}
     rows, counts = label_rollouts(
@@ -277,8 +328,14 @@ def test_ape_on_flashrag_format_data(teacher_url, tmp_path):
     assert labels["musique:train_1/1/1"] == ("S", "Rome")
     assert labels["nq:train_1/0/1"] == ("S", "Rome") and labels["nq:train_1/1/1"] == ("I", "")
     assert "nq:train_2/0/1" not in labels  # the labeller broke the contract
-    assert counts == {"questions_oracle": 9, "questions_without_facts": 3, "rows_oracle": 18,
-                      "rows_llm": 4, "rows_llm_invalid": 2, "questions_left_out": 0}  # fmt: skip
+    assert counts == {
+        "questions_oracle": 9,
+        "questions_without_facts": 3,
+        "rows_oracle": 18,
+        "rows_llm": 4,
+        "rows_llm_invalid": 2,
+        "questions_left_out": 0,
+    }
     assert any(p.startswith("You label evidence") for p in seen)
     write_benchmark(out / "benchmark.jsonl", rows)
     (out / "benchmark_counts.json").write_text(json.dumps(counts))
@@ -298,10 +355,16 @@ def test_ape_on_flashrag_format_data(teacher_url, tmp_path):
 def test_ape_llm_labelling_needs_a_controller(tmp_path):
     from eviback.ape_run import run_ape
 
-    cfg = load_config(EviBackConfig, DEFAULT_CONFIG, [
-        f"ape.out={tmp_path}", "assets.teacher_endpoint=http://127.0.0.1:9/v1",
-        "assets.teacher_model=t", "ape.unlabelled=llm",
-    ])  # fmt: skip
+    cfg = load_config(
+        EviBackConfig,
+        DEFAULT_CONFIG,
+        [
+            f"ape.out={tmp_path}",
+            "assets.teacher_endpoint=http://127.0.0.1:9/v1",
+            "assets.teacher_model=t",
+            "ape.unlabelled=llm",
+        ],
+    )
     with pytest.raises(ValueError, match="assets.controller_endpoint"):
         run_ape(cfg)
 
@@ -315,9 +378,15 @@ def test_ape_with_controller_written_instructions(teacher_url, tmp_path):
 
     url, _ = teacher_url
     out, cfg = ape_setup(
-        url, tmp_path, f"assets.controller_endpoint={url}", "assets.controller_model=writer",
-        "ape.gated_from_top=1", "ape.repeats=1", "ape.written_a=3", "ape.written_b=1",
-    )  # fmt: skip
+        url,
+        tmp_path,
+        f"assets.controller_endpoint={url}",
+        "assets.controller_model=writer",
+        "ape.gated_from_top=1",
+        "ape.repeats=1",
+        "ape.written_a=3",
+        "ape.written_b=1",
+    )
     client = llm_client(url, "writer", cfg.teacher, None)
     written = controller_written(client, "A", 3)
     assert [INSTRUCTIONS["A"][p.instruction] for p in written] == WRITTEN["A"][:2]  # "" dropped
@@ -340,10 +409,14 @@ def test_ape_questions_come_from_every_source(tmp_path):
     from eviback.ape_run import ape_questions
 
     files = flashrag_files(tmp_path)
-    cfg = load_config(EviBackConfig, DEFAULT_CONFIG, [
-        f"assets.train={{{', '.join(f'{k}: {v}' for k, v in files.items())}}}",
-        "ape.questions=8",
-    ])  # fmt: skip
+    cfg = load_config(
+        EviBackConfig,
+        DEFAULT_CONFIG,
+        [
+            f"assets.train={{{', '.join(f'{k}: {v}' for k, v in files.items())}}}",
+            "ape.questions=8",
+        ],
+    )
     got = ape_questions(cfg)
     assert len(got) == 8 == len({ex.id for ex in got})
     assert len({ex.id.split(":")[0] for ex in got}) >= 3  # 8 of 12, at most 3 per source

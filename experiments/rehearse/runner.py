@@ -425,7 +425,7 @@ def cer_plan(s: Setup) -> list[Stage]:
     run = s.runs / "cer"
     base = _common(s) | {
         "run_dir": str(run),
-        "prompts_per_step": 2 * s.ranks,
+        "prompts_per_step": s.ranks,  # one group a rank: its update dominates a CPU step
         "eval_questions": 2,
         "eval_every": 2,
         "save_every": 1,
@@ -987,6 +987,7 @@ def _retrieval_server(
                          make="serve-retrieval" if dense else "")  # fmt: skip
     report.setup.append(result)
     with background(argv, log, env) as proc:
+        result.counts["pgid"] = proc.pid  # its process group, stopped on exit
         try:
             if not dense:  # no make wait-services in this method's README: waited for here
                 _wait_health(f"http://127.0.0.1:{port}/health", proc, log)

@@ -10,7 +10,8 @@ one rule for a write the process was killed in:
 ``trim_jsonl`` rewrites such a log (atomically) keeping the rows a resumed run keeps, each kept
 line byte for byte as it was written. ``replace_atomic`` is the project's one atomic file write
 (a temporary file beside the target, synced, renamed over it): ``write_atomic`` (bytes or text)
-and ``write_jsonl_atomic`` (rows as JSON lines) are its two forms. No heavy imports: the scripts that read run folders use it.
+and ``write_jsonl_atomic`` (rows as JSON lines) are its two forms. No heavy imports: the scripts
+that read run folders use it.
 
 ``utf8_text`` is how every text file a user gives is decoded (QA files, corpora, these logs): a
 UTF-8 byte order mark at the start is dropped (Windows editors write one), and a byte that is

@@ -189,3 +189,54 @@ def test_an_older_warmup_s_pickled_phase_is_never_read_and_runs_again(tmp_path, 
     phases.finish("collect", {"trajs": []})
     assert not (phases_dir / "collect.pt").exists()
     assert WarmupPhases(tmp_path, "aaaa").done == ["collect"]
+
+
+def test_warmup_questions_are_a_disjoint_seeded_draw_and_too_few_are_one_line(tiny_world, tmp_path):
+    """``warmup_questions``: ``warmup.questions`` played and ``warmup.select_questions`` for π's
+    epoch choice, disjoint, the same for one seed; more than the training set has: a one-line
+    ``ValueError`` naming both keys, before any model loads."""
+    from arco.warmup import warmup_questions
+
+    cfg = config(tiny_world, tmp_path, "warmup.questions=3", "warmup.select_questions=2")
+    played, select, imported = warmup_questions(cfg)
+    assert (len(played), len(select), imported) == (3, 2, None)
+    assert not {q.id for q in played} & {q.id for q in select}
+    again = warmup_questions(cfg)
+    assert ([q.id for q in again[0]], [q.id for q in again[1]]) == (
+        [q.id for q in played],
+        [q.id for q in select],
+    )
+    n = len(cfg.assets.questions("train", cfg.question_chars()))
+    too_many = config(tiny_world, tmp_path, f"warmup.questions={n}", "warmup.select_questions=1")
+    with pytest.raises(ValueError) as err:
+        warmup_questions(too_many)
+    assert str(err.value).startswith(
+        f"warmup needs questions + select_questions = {n + 1} training questions; "
+    )
+    assert str(err.value).endswith(f" has {n}") and "\n" not in str(err.value)
+
+
+def test_nap_sleeps_a_vllm_engine_once_and_leaves_an_hf_engine_alone(tmp_path):
+    """``nap``: a vLLM engine with ``engine.sleep_during_update`` put to sleep unless asleep;
+    an HF engine (the training model) and a vLLM engine without sleep mode never."""
+    from arco.warmup import nap
+
+    class Engine:
+        asleep = False
+        sleeps = 0
+
+        def sleep(self):
+            self.sleeps += 1
+            self.asleep = True
+
+    cases = [("vllm", True, 1), ("vllm", False, 0), ("hf", True, 0)]
+    for backend, sleeps, want in cases:
+        cfg = load_config(
+            ArcoConfig,
+            CONFIG,
+            [f"engine.backend={backend}", f"engine.sleep_during_update={str(sleeps).lower()}"],
+        )
+        engine = Engine()
+        nap(cfg, engine)
+        nap(cfg, engine)  # asleep already: not again
+        assert engine.sleeps == want, (backend, sleeps)

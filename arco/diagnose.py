@@ -249,7 +249,8 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     from arco.rubric_model import read_meta
     from arco.rubrics import score_items, write_criteria
     from arco.steps import episode_from_trajectory
-    from arco.trainer import build_engine, load_arco_folder, make_rubric_items, push_adapters
+    from arco.trainer import load_arco_folder, make_rubric_items, push_adapters
+    from common.rl_loop import build_engine
     from common.rollout import run_agent
     from common.train import MetricsLogger
 
@@ -266,7 +267,7 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
         cfg.assets.retrieval_url,
         cfg.assets.retrieval_max_wait_s,
     )
-    engine = build_engine(cfg, model, tokenizer, cfg.seed)
+    engine = build_engine(cfg.engine, cfg.assets.model, model.lm, tokenizer, cfg.seed, cfg.lora.r)
     push_adapters(engine, model)
     questions = cfg.assets.questions("dev", cfg.question_chars())[: d.questions]
     play = replace(agent_cfg, temperature=d.temperature)

@@ -1,4 +1,4 @@
-"""ARCO co-evolution RL (specs/arco.md, "Co-evolution RL"): π and μ on one backbone, both
+"""ARCO co-evolution RL (docs/arco_internals.md; the paper's "Co-evolution RL"): π and μ on one backbone, both
 updated on every batch.
 
     questions -> π rollouts (engine, adapter "policy") -> episodes (text view)
@@ -7,8 +7,8 @@ updated on every batch.
          no LoRA dropout; L_μ's backward taken there, rl.mu_single_forward), or a no-grad
          scoring forward before the update's
       -> advantages: sparse phase A = R − group mean; dense phase A_t = c·(G_t − b_bucket)
-      -> one optimizer step on  L_π + L_μ  (π's and μ's adapters and the head, own rates)
-      -> both adapters pushed into the engine -> next batch
+      -> one optimizer step on  L_π + L_μ  (π's and μ's adapters and the head, own rates;
+         the run frame's, given ``update``) -> both adapters pushed -> next batch
 
     L_π = Σ_τ Σ_t [ −A_t Σ_tokens log π(a_t) + κ · tokenmean KL(π‖π_ref) ] / B     (κ: dense only)
     L_μ = Σ_τ [ w_τ (Σ_t s_t − R(τ))² + β Σ_t tokenmean KL_t(μ‖μ_ref) ] / B
@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -65,79 +65,68 @@ from common.rewards import (
 )
 from common.rl import entropy_from_logits, logprobs_from_logits
 from common.rl_loop import (
-    all_ranks_mean,
+    build_engine,
     dev_results_path,
     evaluate,
     group_shares,
     identical_group_share,
     response_length_metrics,
     rollout_metrics,
+    step_rollouts,
 )
-from common.rollout import HFEngine, Trajectory, run_agent
+from common.rollout import Trajectory
 from common.rollout.batch import collate, padding_id
-from common.run import Run, StepRecord
+from common.run import Run, StepBatch
 from common.train import (
     TrainEngine,
 )
 from common.train.engine import dropout_off, eval_mode
-from common.train.gpu_memory import phase_memory
 from common.train.memory_plan import announce_plan
 
 # Logit rows a time in π's entropy metric (one [rows, vocab] float32 temporary)
 ENTROPY_CHUNK = 1024
 
 
-def build_engine(cfg: ArcoConfig, model: ArcoModel, tokenizer, seed: int):
-    """The rollout engine with both adapters: vLLM serving LoRA (one base), or HF generate on
-    the training model itself."""
-    if cfg.engine.backend == "hf":
-        return HFEngine(model.lm, tokenizer)
-    from common.rollout.vllm_engine import VLLMEngine
+@dataclass
+class ArcoBatch(StepBatch):
+    """A step's batch with what ARCO's joint update reads besides π's: μ's items (criteria,
+    scores) for the decomposition loss, whether π's dense-phase KL is on (``late``), and
+    whether μ's micro-steps were taken in the step already (``mu_done``,
+    ``rl.mu_single_forward``). ``advantages``: one per agent step of each trajectory."""
 
-    return VLLMEngine(
-        cfg.assets.model,
-        max_model_len=cfg.engine.max_model_len,
-        kv_cache_bytes=cfg.engine.kv_cache_mib * 2**20,
-        gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-        enable_lora=True,
-        max_lora_rank=max(8, cfg.lora.r),
-        max_loras=2,
-        enable_sleep_mode=cfg.engine.sleep_during_update,
-        seed=seed,
-        max_num_seqs=cfg.engine.max_num_seqs or None,
-        max_num_batched_tokens=cfg.engine.max_num_batched_tokens or None,
+    items: Sequence[RubricItem] = ()
+    late: bool = False
+    mu_done: bool = False
+
+
+def update_batch(
+    trajs: Sequence[Trajectory],
+    items: Sequence[RubricItem],
+    step_adv: Sequence[Sequence[float]],
+    rewards: torch.Tensor,
+    late: bool = False,
+    mu_done: bool = False,
+) -> ArcoBatch:
+    """The update's inputs alone, without a step's record: what calling ``update`` outside the
+    run frame needs (a benchmark, a check of one update)."""
+    return ArcoBatch(
+        list(trajs),
+        [list(a) for a in step_adv],
+        rewards,
+        [],
+        {},
+        lambda path: None,
+        items=items,
+        late=late,
+        mu_done=mu_done,
     )
 
 
-class EngineNap:
-    """A vLLM engine asleep while the training engine updates (``engine.sleep_during_update``,
-    as ``common.run.Run.update_and_push``): ``sleep()`` before the update, and ``push_adapters``
-    wakes it before the new adapters go in. Idle on an HF engine (it is the training model).
-    ``put_to_sleep(engine)``: how it sleeps; the trainer's is ``Run.sleep_engine`` (measured on a
-    GPU: a sleep that frees too little stops the run), by default ``engine.sleep()``."""
-
-    def __init__(self, cfg: ArcoConfig, engine, put_to_sleep: Callable[[Any], None] | None = None):
-        self.engine = engine
-        self.on = cfg.engine.backend == "vllm" and cfg.engine.sleep_during_update
-        self.asleep = False
-        self.put_to_sleep = put_to_sleep or (lambda e: e.sleep())
-
-    def sleep(self) -> None:
-        if self.on and not self.asleep:
-            self.put_to_sleep(self.engine)
-            self.asleep = True
-
-    def wake_up(self) -> None:
-        if self.asleep:
-            self.engine.wake_up()
-            self.asleep = False
-
-
-def push_adapters(engine, model: ArcoModel, nap: EngineNap | None = None) -> None:
-    """Both adapters' current weights into a vLLM engine (an HF engine shares the model), woken
-    first when ``nap`` put it to sleep."""
-    if nap is not None:
-        nap.wake_up()
+def push_adapters(engine, model: ArcoModel) -> None:
+    """Both adapters' current weights into a vLLM engine, woken first if it sleeps (an HF
+    engine shares the model)."""
+    if getattr(engine, "asleep", False):
+        engine.wake_up()
     if hasattr(engine, "push_adapter"):
         for name in ("policy", "rubric"):
             engine.push_adapter(name, model.lm, name)
@@ -434,23 +423,14 @@ def rubric_update(
     return stats
 
 
-def update(
-    train: TrainEngine,
-    trajs: Sequence[Trajectory],
-    items: Sequence[RubricItem],
-    step_adv: Sequence[Sequence[float]],
-    rewards: torch.Tensor,
-    cfg: ArcoConfig,
-    late: bool,
-    pad_id: int,
-    timings: dict[str, float],
-    mu_done: bool = False,
-) -> dict[str, float]:
+def update(train: TrainEngine, batch: ArcoBatch, cfg: ArcoConfig, pad_id: int) -> dict[str, float]:
     """One optimizer step on L_π + L_μ over the batch, cut into micro-batches of trajectories
     (the engine averages its grad_accum micro-steps, so each micro-batch's sum is divided by its
     size and scaled by grad_accum / micro-batches). With ``rl.freeze_rubric`` (frozen μ, PRM,
-    outcome-only) L_μ is not computed; with ``mu_done`` ``rubric_update`` has taken μ's
-    micro-steps already and this one adds π's."""
+    outcome-only) L_μ is not computed; with ``batch.mu_done`` ``rubric_update`` has taken μ's
+    micro-steps already and this one adds π's. Seconds of each half into ``batch.timings``."""
+    trajs, items, step_adv = batch.trajectories, batch.items, batch.advantages
+    rewards, late, mu_done, timings = batch.rewards, batch.late, batch.mu_done, batch.timings
     mbs = cfg.rl.micro_batch_size
     train_mu = not cfg.rl.freeze_rubric and not mu_done
     weights = global_class_weights(rewards, train.rank)
@@ -514,6 +494,18 @@ def update(
     # π and μ are clipped apart (the release): each one's norm before its clip
     out |= {k: float(v) for k, v in info.items() if k.startswith("grad_norm/")}
     return out
+
+
+def skipped_update(train: TrainEngine, batch: ArcoBatch) -> dict[str, float]:
+    """``update``'s statistics for an update the frame skipped before its first micro-batch
+    (non-finite rewards or advantages): nothing measured (NaN), the rates as they stand."""
+    nan = float("nan")
+    lrs = {g["name"]: float(g["lr"]) for g in train.optimizer.param_groups if "name" in g}
+    out = {"loss_pi": nan, "entropy": nan, "clip_frac": nan, "grad_norm": nan}
+    out |= {} if batch.mu_done else {"loss_mu": nan}
+    out |= {"lr": lrs.get("policy", nan), **{f"lr/{k}": v for k, v in lrs.items()}}
+    out |= response_length_metrics(list(batch.trajectories))
+    return out | {"train_mode": float(train.model.training)}
 
 
 def rubric_metrics(
@@ -709,8 +701,9 @@ def train_arco(cfg: ArcoConfig) -> dict:
         cfg.assets.retrieval_url,
         cfg.assets.retrieval_max_wait_s,
     )
-    engine = build_engine(cfg, model, tokenizer, cfg.seed + train.rank)
-    nap = EngineNap(cfg, engine, run.sleep_engine)
+    engine = build_engine(
+        cfg.engine, cfg.assets.model, model.lm, tokenizer, cfg.seed + train.rank, cfg.lora.r
+    )
     push_adapters(engine, model)
 
     def dev_eval(step: int) -> dict[str, float]:
@@ -720,9 +713,9 @@ def train_arco(cfg: ArcoConfig) -> dict:
             engine, tokenizer, retriever, dev_set, agent_cfg, rank, world, "policy", results
         )
 
-    def arco_step(step: int) -> StepRecord:
-        """π's rollouts -> μ's criteria and step scores -> sparse or dense advantages -> one
-        optimizer step on L_π + L_μ -> both adapters pushed (the module docstring's box)."""
+    def arco_step(step: int) -> ArcoBatch:
+        """π's rollouts -> μ's criteria and step scores -> sparse or dense advantages (the
+        frame makes the one optimizer step on L_π + L_μ and pushes both adapters)."""
         dense = step > rl.sparse_steps
         late = step > rl.pi_switch_step  # π's dense-phase lr and KL (outcome-only: ARCO's switch)
         train.set_group_lr("policy", rl.pi_lr_dense if late else rl.pi_lr_sparse)
@@ -732,20 +725,21 @@ def train_arco(cfg: ArcoConfig) -> dict:
         )  # this rank's slice of the one-rank batch: a function of (seed, step)
         qs = [train_set[i] for i in idx]
         timings: dict[str, float] = {}
-        t_step = t0 = time.perf_counter()
-        trajs = run_agent(
+        t0 = time.perf_counter()
+        trajs = step_rollouts(
             engine,
             tokenizer,
             retriever,
             qs,
             n,
             agent_cfg,
-            group_prefix=f"s{step}r{train.rank}:",
+            step,
+            train.rank,
+            cfg.seed,
             adapter="policy",
-            seed=cfg.seed * 100003 + step,
         )
         timings["rollout"] = time.perf_counter() - t0
-        ctx = RewardContext(train.model, tokenizer, engine, step, {"examples": by_id})
+        ctx = RewardContext(train.model, tokenizer, engine, step, examples=by_id)
         outcome = reward_fn(groups_of(trajs), ctx)  # reward.fn: R(τ), EM by default
         rewards = outcome.values.float()
         episodes = [episode_from_trajectory(t, tokenizer, cfg.env.max_searches) for t in trajs]
@@ -757,7 +751,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
             write_criteria(engine, items, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
             timings["rubric_generation"] = time.perf_counter() - t0
         if step_scorer is None:  # vLLM's last use before the push: μ scores on the training model
-            nap.sleep()
+            run.nap()
         mu_stats: dict[str, float] = {}
         if single:  # μ's update forward gives the scores: μ's micro-steps before π's
             mu_stats = rubric_update(train, items, rewards, cfg, pad_id, timings)
@@ -779,17 +773,6 @@ def train_arco(cfg: ArcoConfig) -> dict:
         else:
             a = sparse_group_advantages(rewards, [t.group_id for t in trajs]).tolist()
             step_adv = [[a[i]] * len(t.steps) for i, t in enumerate(trajs)]
-        nap.sleep()  # after a step scorer, which may use vLLM
-        memory = phase_memory("rollout")  # on a GPU: rollout, rubrics, scoring and the sleep
-        upd = update(
-            train, trajs, items, step_adv, rewards, cfg, late, pad_id, timings, mu_done=single
-        )
-        memory |= phase_memory("update", run.asleep_pool(nap.asleep))
-        t0 = time.perf_counter()
-        push_adapters(engine, model, nap)
-        timings["push"] = time.perf_counter() - t0
-        upd = {**mu_stats, **upd, **memory, **phase_memory("push")}
-        timings["step"] = time.perf_counter() - t_step
         metrics = {
             "phase_dense": float(dense),
             "pi_late_schedule": float(late),
@@ -799,21 +782,34 @@ def train_arco(cfg: ArcoConfig) -> dict:
             **outcome.metrics,
             **identical_group_share(trajs, n),
             **(group_shares(rewards, n) if n > 1 else {}),  # sparse-shaped steps: groups
-            **upd,
+            **mu_stats,
             **arco_token_metrics(
                 trajs, items, late and rl.pi_kl_coef > 0, cfg.rubric.shared_prefix
             ),
-            **{f"time/{k}": v for k, v in timings.items()},
         }
         theirs = scores if step_scorer is not None else None
-        return StepRecord(
-            all_ranks_mean(metrics, len(trajs)),
+        return ArcoBatch(
+            trajs,
+            step_adv,
+            rewards,
             [q.id for q in qs],
-            len(trajs),
+            metrics,
             lambda path: write_samples(
                 path, episodes, items, step_adv, cfg.samples_per_step, theirs
             ),
+            timings,
+            items=items,
+            late=late,
+            mu_done=single,
         )
 
-    run.begin(train, tokenizer, engine, dev_eval, push=lambda: push_adapters(engine, model))
+    run.begin(
+        train,
+        tokenizer,
+        engine,
+        dev_eval,
+        push=lambda: push_adapters(engine, model),
+        update=lambda batch: update(train, batch, cfg, pad_id),
+        skipped=lambda batch: skipped_update(train, batch),
+    )
     return run.fit(arco_step)

@@ -7,7 +7,7 @@ the batch's rubrics in one engine call against one call per turn.
     .venv/bin/python benchmarks/bench_arco.py calls [--repeats 3] # rubric generation, 1 vs per turn
     .venv/bin/python benchmarks/bench_arco.py shared [--dense-steps 5] [--warmup-dir DIR]
         # dense steps with rubric.shared_prefix true and false, one run after the other
-    (add --write-readme to put the table into benchmarks/README.md)
+    (add --write-readme to put the table into benchmarks/RESULTS.md)
 
 memory: each mode in a fresh process. ``shared`` builds what the trainer holds (one base, the
 policy/rubric adapters and their frozen references, the head, a vLLM engine serving both
@@ -51,14 +51,15 @@ def hold(mode: str) -> None:
 
     from arco.config import ArcoConfig
     from arco.rubric_model import build_arco_model
-    from arco.trainer import build_engine, push_adapters
+    from arco.trainer import push_adapters
     from common.config import load_config
+    from common.rl_loop import build_engine
     from common.rollout.vllm_engine import VLLMEngine
 
     cfg = load_config(ArcoConfig, str(CONFIG), [])
     if mode == "shared":
         model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.k)
-        engine = build_engine(cfg, model, None, seed=0)
+        engine = build_engine(cfg.engine, cfg.assets.model, model.lm, None, 0, cfg.lora.r)
         push_adapters(engine, model)
         kept = [model, engine]
     else:
@@ -195,16 +196,17 @@ def calls(repeats: int, write: bool) -> None:
     from arco.rubric_model import build_arco_model
     from arco.rubrics import rubric_items, write_criteria
     from arco.steps import episode_from_trajectory
-    from arco.trainer import build_engine, push_adapters
+    from arco.trainer import push_adapters
     from common.config import load_config
     from common.data import load_qa
+    from common.rl_loop import build_engine
     from common.rollout import run_agent
 
     cfg = load_config(ArcoConfig, str(CONFIG), [])
     init = cfg.warmup_dir if (Path(cfg.warmup_dir) / "arco.json").is_file() else None
     tok = AutoTokenizer.from_pretrained(cfg.assets.model)
     model = build_arco_model(cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.k, init)
-    engine = build_engine(cfg, model, tok, seed=0)
+    engine = build_engine(cfg.engine, cfg.assets.model, model.lm, tok, 0, cfg.lora.r)
     push_adapters(engine, model)
     retriever, agent = build_environment(cfg.env, cfg.agent, cfg.assets.corpus)
     qs = load_qa(cfg.assets.train)[: cfg.rl.dense_questions]

@@ -33,6 +33,7 @@ from cer.evaluate import evaluate_problems, load_problems, problem_results
 from cer.rewards.diagnostics import signal_metrics
 from cer.rewards.groups import (
     REF_PROB,
+    CERScoring,
     Group,
     GroupReward,
     common_groups,
@@ -41,10 +42,11 @@ from cer.rewards.groups import (
     verifier_name,
 )
 from cer.rewards.scoring import ScoreFn, hf_prefix_scorer, ignoring_alternatives
-from cer.rewards.scoring_tokens import counting_scorer
+from cer.rewards.scoring_tokens import CountingScorer
 from cer.rewards.verifree import verifree_batch
 from cer.rollout import sample_groups, step_sampling
 from common.batches import group_grad_accum, rank_questions
+from common.jsonl import write_jsonl_atomic
 from common.rewards import RewardContext, Rewards, grpo, rloo
 from common.rl_loop import (
     all_ranks_mean,
@@ -52,11 +54,11 @@ from common.rl_loop import (
     dev_results_path,
     gather_in_order,
     identical_group_share,
-    write_jsonl_atomic,
+    plot_curve,
 )
 from common.rollout import HFEngine
 from common.rollout.engine import SamplingConfig
-from common.run import Run, StepRecord
+from common.run import Run, StepBatch
 from common.token_counts import rollout_token_metrics
 from common.train import (
     TrainEngine,
@@ -67,6 +69,10 @@ from common.train.memory_plan import announce_plan
 
 ALL_TYPES = ("exact", "rule", "cer", "rule+cer", "verifree")
 SIGNAL_TYPES = (*ALL_TYPES, REF_PROB)  # reward.signal: every type and pi(a*|s) on every group
+ACCURACY_CURVES = (
+    ("accuracy", "dev accuracy (rule/oracle)"),
+    ("exact_accuracy", "dev exact match"),
+)
 
 
 def advantages(rewards: torch.Tensor, group_ids: list[str], kind: str) -> torch.Tensor:
@@ -155,10 +161,9 @@ def train_cer(cfg: CERConfig) -> dict:
     engine = build_engine(
         cfg.engine, cfg.assets.model, train.model, tokenizer, cfg.seed + train.rank
     )
-    scored = [0]  # tokens the scorer forwards: tokens/reward (cer.rewards.scoring_tokens)
-    score_fn = counting_scorer(
+    # the scorer, counting the tokens it forwards: tokens/reward (cer.rewards.scoring_tokens)
+    score_fn = CountingScorer(
         make_score_fn(cfg, engine, train.model, frozen, train.world_size),
-        scored,
         whole=frozen is None and cfg.reward.scorer == "engine",
     )
     # HF engine on the training model: the scorer reads the samples' generation caches instead
@@ -172,15 +177,14 @@ def train_cer(cfg: CERConfig) -> dict:
         and not all(ex.metadata.get("short_answer") for ex in train_set)
     )
     # A sleeping engine frees its memory (CER-8B's scoring forward needs it) from the end of
-    # generation to the weight push, unless the engine is the scorer.
-    sleep_for_reward = (
-        cfg.engine.backend == "vllm" and cfg.engine.sleep_during_update
-    ) and cfg.reward.scorer != "engine"
+    # generation to the weight push (Run.nap), unless the engine is the scorer.
+    sleep_for_reward = cfg.reward.scorer != "engine"
     # The rule the dev accuracy is by: math-verify, letter, or the alias oracle (alias task).
     dev_verifier = "+".join(sorted({verifier_name(ex, rules_of(cfg)) for ex in dev_set}))
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
-    reward_rules = (cfg.reward.m_selection, rules_of(cfg))
+    types = SIGNAL_TYPES if cfg.reward.signal else ()
+    scoring = CERScoring(score_fn, cfg.reward.m, cfg.reward.m_selection, rules_of(cfg), types)
     reward_fn, reward_name = cfg.reward.reward_fn(), cfg.reward.fn or cfg.reward.type
     # VeriFree as published trains the reference tokens too: only for its own reward
     verifree = isinstance(reward_fn, GroupReward) and reward_fn.type == "verifree"
@@ -205,9 +209,20 @@ def train_cer(cfg: CERConfig) -> dict:
             f"(exact {m['exact_accuracy']:.3f}, boxed {m['boxed_rate']:.3f})"
         )
 
-    def cer_step(step: int) -> StepRecord:
-        """B prompts x G samples -> reward by type -> RLOO advantages -> clipped update."""
-        t_step = time.perf_counter()
+    def rewards_by_type(
+        out: Rewards, groups: list[Group]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+        """Every reward type of the step's samples (exact and rule always: the accuracy) and the
+        CER summary: the reward's own pass when it is CER's, else a pass beside it."""
+        if "by_type" in out.extras:
+            return out.extras["by_type"], out.metrics
+        by_type, stats = group_rewards(
+            types, groups, score_fn, tokenizer, scoring.m, scoring.selection, scoring.rules
+        )
+        return by_type, {**stats, **out.metrics}
+
+    def cer_step(step: int) -> StepBatch:
+        """B prompts x G samples -> reward by type -> RLOO advantages (the frame updates)."""
         # this rank's contiguous share of the one-rank batch: a function of (seed, step)
         idx = rank_questions(step, train.rank, train.world_size, order, cfg.prompts_per_step)
         params = step_sampling(cfg, step, train.rank, train.world_size, len(idx))
@@ -227,23 +242,14 @@ def train_cer(cfg: CERConfig) -> dict:
             engine.keep_kv = False
         timings["generate"] = time.perf_counter() - t0
         if sleep_for_reward:  # the scorer forwards the training model beside no awake engine
-            run.sleep_engine()  # measured on a GPU: a sleep that frees too little stops the run
-        t0, scored[0] = time.perf_counter(), 0
-        types = SIGNAL_TYPES if cfg.reward.signal else ()
-        extra = {"score_fn": score_fn, "m": cfg.reward.m, "selection": reward_rules[0],
-                 "rules": reward_rules[1], "types": types}  # fmt: skip
-        out = reward_fn(
-            common_groups(groups), RewardContext(train.model, tokenizer, engine, step, extra)
-        )
-        rewards, cer_stats = out.extras.get("by_type"), out.metrics
-        if rewards is None:  # another reward: the types logged beside it, in their own pass
-            rewards, stats = group_rewards(
-                types, groups, score_fn, tokenizer, cfg.reward.m, *reward_rules
-            )
-            cer_stats = {**stats, **out.metrics}
+            run.nap()  # measured on a GPU: a sleep that frees too little stops the run
+        t0 = time.perf_counter()
+        ctx = RewardContext(train.model, tokenizer, engine, step, scoring=scoring)
+        out = reward_fn(common_groups(groups), ctx)
+        rewards, cer_stats = rewards_by_type(out, groups)
         ref_prob = rewards.pop(REF_PROB, None)
         timings["reward"] = time.perf_counter() - t0
-        reward_tokens, scored[0] = scored[0], 0
+        reward_tokens = score_fn.take()
         trajs = [t for g in groups for t in g.trajs]
         reward = out.values
         adv = advantages(reward, [t.group_id for t in trajs], cfg.reward.advantage)
@@ -254,14 +260,12 @@ def train_cer(cfg: CERConfig) -> dict:
         shown_stats: dict[str, float] = {}
         if cfg.samples_per_step:  # 0 on every rank alike: no group to score, none written
             shown_rewards, shown_stats = group_rewards(
-                ALL_TYPES, shown, score_fn, tokenizer, cfg.reward.m, *reward_rules
+                ALL_TYPES, shown, score_fn, tokenizer, scoring.m, scoring.selection, scoring.rules
             )
         trained, trained_adv = trajs, adv
         if verifree and cfg.reward.verifree_likelihood:
             # the reference replaces the answer and is trained too
             trained, trained_adv = verifree_batch(groups, reward, adv, tokenizer)
-        upd = run.update_and_push(trained, trained_adv, timings, rewards=reward)
-        timings["step"] = time.perf_counter() - t_step
         per_group = reward.view(-1, cfg.group_size)
         metrics = {
             "reward": reward.mean().item(),
@@ -276,25 +280,27 @@ def train_cer(cfg: CERConfig) -> dict:
             **cer_stats,
             **{f"samples/reward/{k}": v.mean().item() for k, v in shown_rewards.items()},
             **{f"samples/{k}": v for k, v in shown_stats.items()},
-            **upd,
             **rollout_token_metrics(trajs),
             "tokens/reward": reward_tokens,
-            "tokens/reward_samples": scored[0],  # samples/'s every reward type, for reading
-            **{f"time/{k}": v for k, v in timings.items()},
+            "tokens/reward_samples": score_fn.take(),  # samples/'s every type, for reading
         }
-        metrics = all_ranks_mean(metrics, len(trajs))
+        pooled = {}
         if cfg.reward.signal:  # every rank's samples, pooled (a collective)
-            signal = step_signal(rewards, ref_prob, trajs, cfg.reward.advantage, train.world_size)
-            metrics.update(signal or {})
-        return StepRecord(
-            metrics,
+            pooled = step_signal(rewards, ref_prob, trajs, cfg.reward.advantage, train.world_size)
+        return StepBatch(
+            trained,
+            trained_adv,
+            reward,
             [train_set[i].id for i in idx],
-            len(trained),
+            metrics,
             lambda path: write_samples(path, shown, shown_rewards, shown_stats, adv, tokenizer),
+            timings,
+            pooled or {},
         )
 
     def plot(evals: list[dict], path: Path) -> Path:
-        return plot_curve(evals, path, reward_name)
+        xlabel = f"RL step (reward: {reward_name})"
+        return plot_curve(evals, path, ACCURACY_CURVES, xlabel)
 
     run.begin(train, tokenizer, engine, dev_eval, describe=accuracy_line, plot=plot)
     out = run.fit(cer_step, desc=f"cer[{reward_name}]")
@@ -336,23 +342,3 @@ def write_samples(
     path.write_text(
         json.dumps({"cer_summary": stats, "groups": rows}, indent=1, ensure_ascii=False)
     )
-
-
-def plot_curve(evals: list[dict], path: Path, reward_type: str) -> Path:
-    """Dev accuracy (rule verifier) and exact-match accuracy against RL step, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    steps = [e["step"] for e in evals]
-    ax.plot(steps, [e["accuracy"] for e in evals], marker="o", label="dev accuracy (rule/oracle)")
-    ax.plot(steps, [e["exact_accuracy"] for e in evals], marker="s", label="dev exact match")
-    ax.set_xlabel(f"RL step (reward: {reward_type})")
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

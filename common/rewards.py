@@ -66,13 +66,35 @@ class Group:
 @dataclass
 class RewardContext:
     """What a reward may need from the run: the policy (scoring), its tokenizer, the rollout
-    engine, the step, and a method's own inputs by name (``extra``)."""
+    engine, the step, the step's training questions by id (``examples``: a step scorer's
+    evidence), and what a method adds, each a typed record of its own package: EviBack's
+    teacher verdicts (``teacher``: ``eviback.backoff.TeacherVerdicts``) and CER's scorer
+    (``scoring``: ``cer.rewards.groups.CERScoring``). A reward that needs one reads it with
+    ``context_part``, which names the reward and the missing part."""
 
     policy: Any = None
     tokenizer: Any = None
     engine: Any = None
     step: int = 0
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    examples: Mapping[str, Any] | None = None
+    teacher: Any = None
+    scoring: Any = None
+
+
+def context_part(ctx: RewardContext, name: str, kind: type, who: str, default: Any = None) -> Any:
+    """``ctx.<name>``, checked to be a ``kind`` (``default`` where the run gives none and the
+    reward has one): a reward given a run that does not provide it (EviBack's backoff outside
+    EviBack's trainer, say) fails in one line naming both."""
+    part = getattr(ctx, name)
+    if part is None and default is not None:
+        return default
+    if not isinstance(part, kind):
+        got = "nothing" if part is None else type(part).__name__
+        raise ValueError(
+            f"{who} needs the reward context's {name} ({kind.__module__}.{kind.__name__}); "
+            f"this run gives {got} (only the trainer that makes it can run this reward)"
+        )
+    return part
 
 
 @dataclass

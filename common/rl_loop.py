@@ -16,6 +16,7 @@ import torch
 
 from common.data import QAExample
 from common.guards import agreed_nonfinite
+from common.jsonl import write_jsonl_atomic
 from common.metrics import exact_match, f1_score
 from common.rl import (
     aggregate_loss,
@@ -35,18 +36,26 @@ from common.train.distributed import all_reduce_values, is_multi_rank
 
 
 def build_engine(
-    cfg: EngineConfig, model_path: str, model: torch.nn.Module | None, tokenizer, seed: int
+    cfg: EngineConfig,
+    model_path: str,
+    model: torch.nn.Module | None,
+    tokenizer,
+    seed: int,
+    lora_rank: int = 0,
 ):
     """HF ``generate`` on ``model`` (e.g. the trainer's own), or a colocated vLLM engine that
-    loads ``model_path``."""
+    loads ``model_path``; ``lora_rank`` > 0: vLLM serves two LoRA adapters of that rank on
+    the one base (ARCO's policy and rubric)."""
     if cfg.backend == "hf":
         if model is None:
             raise ValueError("engine.backend=hf generates with a loaded model; none was given")
         return HFEngine(model, tokenizer, share_prompt=cfg.share_prompt)
     from common.rollout.vllm_engine import VLLMEngine
 
+    lora = {"enable_lora": True, "max_lora_rank": max(8, lora_rank), "max_loras": 2}
     return VLLMEngine(
         model_path,
+        **(lora if lora_rank else {}),
         max_model_len=cfg.max_model_len,
         kv_cache_bytes=cfg.kv_cache_mib * 2**20,
         gpu_memory_utilization=cfg.gpu_memory_utilization,
@@ -54,6 +63,27 @@ def build_engine(
         seed=seed,
         max_num_seqs=cfg.max_num_seqs or None,
         max_num_batched_tokens=cfg.max_num_batched_tokens or None,
+    )
+
+
+def step_rollouts(
+    engine,
+    tokenizer,
+    retriever,
+    questions: list[QAExample],
+    n: int,
+    agent_cfg: AgentConfig,
+    step: int,
+    rank: int,
+    seed: int,
+    **kw,
+) -> list[Trajectory]:
+    """A training step's rollouts (``run_agent``; ``kw`` its options): ``n`` of each question,
+    group ids ``s{step}r{rank}:...`` (unique over steps and ranks) and a sampling seed that is a
+    function of (seed, step)."""
+    prefix, step_seed = f"s{step}r{rank}:", seed * 100003 + step
+    return run_agent(
+        engine, tokenizer, retriever, questions, n, agent_cfg, prefix, seed=step_seed, **kw
     )
 
 
@@ -102,6 +132,17 @@ def policy_update(
     if bad:
         train.skip_update(bad)
         return skipped_update_stats(cfg, train) | response_length_metrics(trajs)
+    return policy_step(train, trajs, advantages, cfg, pad_id)
+
+
+def policy_step(
+    train: TrainEngine,
+    trajs: list[Trajectory],
+    advantages: torch.Tensor | list[list[float]],
+    cfg: LossConfig,
+    pad_id: int,
+) -> dict[str, float]:
+    """``policy_update`` once its inputs are known finite (the run frame checks them first)."""
     mbs = cfg.micro_batch_size
     stats: dict[str, float] = {}
     tokens = {"tokens/update": 0, "tokens/update_padded": 0, "tokens/reference": 0}
@@ -435,16 +476,6 @@ def gather_in_order(rows: list, world: int) -> list:
     return [shards[i % world][i // world] for i in range(total)]
 
 
-def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
-    """``rows`` as JSON lines, written beside ``path`` and renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    tmp.replace(path)
-
-
 def dev_results_path(run_dir: Path, step: int) -> Path:
     """Where a run's per-question dev results at ``step`` go."""
     return run_dir / "dev_results" / f"step_{step:05d}.jsonl"
@@ -474,8 +505,17 @@ def write_samples(path: Path, trajs: list[Trajectory], rewards: torch.Tensor, to
     path.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
 
 
-def plot_curve(evals: list[dict], path: Path) -> Path:
-    """Dev EM and F1 against RL step, as a PNG."""
+SEARCH_CURVES = (("em", "dev EM"), ("f1", "dev F1"))
+
+
+def plot_curve(
+    evals: list[dict],
+    path: Path,
+    curves: tuple[tuple[str, str], ...] = SEARCH_CURVES,
+    xlabel: str = "GRPO step",
+) -> Path:
+    """The dev evaluations' ``curves`` ((key, label) pairs; a search agent's EM and F1 by
+    default) against RL step, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -483,9 +523,9 @@ def plot_curve(evals: list[dict], path: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
     steps = [e["step"] for e in evals]
-    ax.plot(steps, [e["em"] for e in evals], marker="o", label="dev EM")
-    ax.plot(steps, [e["f1"] for e in evals], marker="s", label="dev F1")
-    ax.set_xlabel("GRPO step")
+    for (key, label), marker in zip(curves, "os^v", strict=False):
+        ax.plot(steps, [e[key] for e in evals], marker=marker, label=label)
+    ax.set_xlabel(xlabel)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -1,6 +1,7 @@
 """The frame every RL trainer runs in (the reference GRPO loop, EviBack, CER, ARCO), written once,
 as verl's ``fit()`` and TRL's ``Trainer`` are: the trainer loads its models and hands the frame
-one function, its step.
+one function, its step, which is the paper's algorithm box and nothing else: it samples,
+scores and computes advantages, and returns them as a ``StepBatch``; the frame updates.
 
     run = Run("grpo", cfg)                       # the run folder: lock, settings check
     ... tokenizer, model, TrainEngine, engine ...  # whatever can fail, before anything is written
@@ -9,7 +10,10 @@ one function, its step.
 
 ``fit`` resumes after the folder's latest checkpoint (weights, optimizer, RNGs; the weights pushed
 into the engine; the evaluations logged before re-read) or evaluates before training; then, per
-step: ``step(s)`` -> ``StepRecord``, batches.jsonl, the non-finite and health guards
+step: ``step(s)`` -> ``StepBatch``; the update (``update_step``: the non-finite check of its
+rewards and advantages, vLLM asleep, the method's update, the weights pushed, each phase timed
+and its GPU memory read); the metrics averaged over ranks; batches.jsonl, the non-finite and
+health guards
 (``guard/*`` metrics; common/guards.py), ``check_step`` (every rank), metrics.jsonl and samples/
 (main rank), and ``end_of_step`` (evaluation and checkpoint by ``schedule``; never of
 non-finite weights). At the end: an evaluation if none was logged, the dev curve, the folder
@@ -22,7 +26,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -34,12 +38,20 @@ from common.guards import (
     NonFiniteError,
     NonFiniteGuard,
     SleepCheck,
+    agreed_nonfinite,
     any_rank,
     nonfinite_parameters,
 )
 from common.launcher import RunStopped
 from common.multinode import check_placement, service_urls
-from common.rl_loop import logged_evals, plot_curve, policy_update
+from common.rl_loop import (
+    all_ranks_mean,
+    logged_evals,
+    plot_curve,
+    policy_step,
+    response_length_metrics,
+    skipped_update_stats,
+)
 from common.rollout import Trajectory
 from common.rollout.batch import padding_id
 from common.run_config import RunLoopConfig
@@ -65,13 +77,23 @@ from common.train.run_folder import METRICS_FILE, open_run_folder
 
 
 @dataclass
-class StepRecord:
-    """What a trainer's step hands the frame."""
+class StepBatch:
+    """What a trainer's step hands the frame: the update's inputs and the step's record.
 
-    metrics: dict[str, float]  # the step's metrics as logged (the trainer averages over ranks)
+    The frame checks ``rewards`` and ``advantages`` (non-finite on any rank: no update), runs
+    the update on ``trajectories`` and ``advantages`` (``policy_step``, or the method's own
+    ``update`` given to ``Run.begin``), pushes the weights, and logs ``metrics`` with the
+    update's statistics and ``timings`` (``time/*``), averaged over ranks by the trajectory
+    count. A method's own update reads the fields of its subclass (ARCO's ``ArcoBatch``)."""
+
+    trajectories: list[Trajectory]  # this rank's, as the update trains on them
+    advantages: torch.Tensor | list[list[float]]  # one a trajectory, or one a response token
+    rewards: torch.Tensor | None  # checked with the advantages
     question_ids: list[str]  # this rank's questions of the step (batches.jsonl)
-    trajectories: int  # this rank's trajectories in the update (batches.jsonl)
+    metrics: dict[str, float]  # this rank's (the frame averages them over ranks)
     samples: Callable[[Path], None]  # writes the step's readable samples there (main rank)
+    timings: dict[str, float] = field(default_factory=dict)  # the frame adds update, push, step
+    pooled: dict[str, float] = field(default_factory=dict)  # already over every rank: as they are
 
 
 def em_f1_line(m: dict[str, float]) -> str:
@@ -152,19 +174,26 @@ class Run:
         push: Callable[[], None] | None = None,
         describe: Callable[[dict[str, float]], str] = em_f1_line,
         plot: Callable[[list[dict], Path], Path] = plot_curve,
+        update: Callable[[StepBatch], dict[str, float]] | None = None,
+        skipped: Callable[[StepBatch], dict[str, float]] | None = None,
     ) -> None:
         """Record this start once every load-time check passed (``RunFolder.begin``: settings,
         environment, run.json, the log trimmed to the resume point); on the main rank a
         ``resume=false`` start removes the earlier run's checkpoints, and the logger opens.
 
         evaluate(step): the dev metrics (every rank calls it; it writes its own per-question
-        results). push(): the training weights into the engine after a checkpoint loads
-        (default: a vLLM engine's ``push_weights``; an HF engine is the training model).
+        results). push(): the training weights into a vLLM engine, after each update and after
+        a checkpoint loads (default: ``push_weights``; an HF engine is the training model).
         describe: the printed line of an evaluation; plot: the dev curve, at the end.
+        update(batch): one optimizer step on a checked batch, its statistics (default
+        ``policy_step`` with ``cfg.loss``); skipped(batch): the same keys for an update skipped
+        for non-finite inputs (default ``skipped_update_stats``).
         """
         self.train, self.tokenizer, self.engine = train, tokenizer, engine
         self.evaluate, self.describe, self.plot = evaluate, describe, plot
         self.push = push or self.push_weights
+        self.update = update or self.policy_step
+        self.skipped = skipped or self.skipped_policy_step
         self.pad_id = padding_id(tokenizer)
         self.guard.verbose = train.is_main
         # the checkpoints this start will keep, against the disk's free space: a run that cannot
@@ -179,7 +208,7 @@ class Run:
                 self.dir, self.cfg.log, self.cfg, start_step=self.folder.start_step
             )  # TensorBoard and W&B go on from the resume point (common/train/logging.py)
 
-    def fit(self, step: Callable[[int], StepRecord], desc: str | None = None) -> dict:
+    def fit(self, step: Callable[[int], StepBatch], desc: str | None = None) -> dict:
         """Run the steps from the resume point to ``cfg.steps``; returns the dev evaluations
         (``before``: the first, ``after``: the last, ``evals``), the run folder and the model."""
         cfg = self.cfg
@@ -188,18 +217,22 @@ class Run:
         steps = range(start, cfg.steps + 1)
         for s in progress(steps, desc=desc or self.method, total=len(steps)):
             updates, self.step_now = self.train.global_step, s
+            t0 = time.perf_counter()
             try:
-                record = step(s)
+                batch = step(s)
+                stats = self.update_step(batch)
             except RunStopped:
                 self.save_before_stop(s - 1, updated=self.train.global_step != updates)
                 raise
-            batch_log.write(s, record.question_ids, record.trajectories)
-            metrics = record.metrics | self.observe_skips(s, record.metrics)
+            batch.timings["step"] = time.perf_counter() - t0
+            metrics = self.step_metrics(batch, stats)
+            batch_log.write(s, batch.question_ids, len(batch.trajectories))
+            metrics |= self.observe_skips(s, metrics)
             metrics |= self.observe_health(s, metrics)
             self.check_step(s, metrics)
             if self.logger:
                 self.logger.log(s, metrics)
-                record.samples(self.dir / "samples" / f"step_{s:05d}.json")
+                batch.samples(self.dir / "samples" / f"step_{s:05d}.json")
             self.end_of_step(s)
         if not self.evals and cfg.eval_every:  # resumed after the last step, no evaluation logged
             self.run_eval(cfg.steps)
@@ -328,36 +361,58 @@ class Run:
             self.logger.log(step, {f"dev/{k}": v for k, v in m.items()})
             print(f"[{self.method}] step {step}: {self.describe(m)}", flush=True)
 
-    def update_and_push(
-        self,
-        trajs: list[Trajectory],
-        advantages: torch.Tensor | list[list[float]],
-        timings: dict[str, float],
-        rewards: torch.Tensor | None = None,
-    ) -> dict[str, float]:
-        """``policy_update`` (``cfg.loss``), then the new weights into a vLLM engine (asleep
-        during the update when ``engine.sleep_during_update``; an HF engine shares the model).
-        Adds ``update`` and ``push`` seconds to ``timings``; returns the update's statistics
-        and, on a GPU, the memory of each phase (``common.train.gpu_memory``). ``rewards``
-        (optional) are checked with the advantages: non-finite on any rank, no update."""
-        engine, engine_cfg = self.engine, self.cfg.engine
-        vllm = engine_cfg.backend == "vllm"
-        if vllm and engine_cfg.sleep_during_update and not engine.asleep:
-            self.sleep_engine()  # (CER puts it to sleep before its reward already)
-        # generation and reward since the last step's push, and the sleep (the device's use
-        # read just before it)
-        memory = phase_memory("rollout")
+    def update_step(self, batch: StepBatch) -> dict[str, float]:
+        """The step's update, every rank: its rewards and advantages checked (non-finite on any
+        rank: no update, ``skipped``'s statistics; where the method's step has taken micro-steps
+        already, ARCO's μ under ``rl.mu_single_forward``, the engine skips the boundary on the
+        loss instead), vLLM asleep through it (``nap``), ``update``, then ``push`` into a vLLM
+        engine (an HF engine shares the model). ``update`` and ``push`` seconds go into
+        ``batch.timings``; returns the update's statistics and, on a GPU, each phase's memory
+        (``common.train.gpu_memory``)."""
+        self.nap()
+        memory = phase_memory("rollout")  # generation, reward and the sleep since the last push
         t0 = time.perf_counter()
-        stats = policy_update(
-            self.train, trajs, advantages, self.cfg.loss, self.pad_id, rewards=rewards
-        )
-        timings["update"] = time.perf_counter() - t0
-        memory |= phase_memory("update", self.asleep_pool(vllm and engine.asleep))
+        bad = agreed_nonfinite({"reward": batch.rewards, "advantage": batch.advantages})
+        if bad and not self.train.pending_micro_batches:
+            self.train.skip_update(bad)
+            stats = self.skipped(batch)
+        else:
+            stats = self.update(batch)
+        batch.timings["update"] = time.perf_counter() - t0
+        vllm = self.cfg.engine.backend == "vllm"
+        memory |= phase_memory("update", self.asleep_pool(vllm and self.engine.asleep))
         t0 = time.perf_counter()
         if vllm:  # an engine asleep is woken by the push, in TRL's order
-            self.push_weights()
-        timings["push"] = time.perf_counter() - t0
+            self.push()
+        batch.timings["push"] = time.perf_counter() - t0
         return stats | memory | phase_memory("push")
+
+    def step_metrics(self, batch: StepBatch, stats: dict[str, float]) -> dict[str, float]:
+        """The step's metrics, the update's statistics and its timings (``time/*``), averaged
+        over ranks by trajectory count (counts summed: ``all_ranks_mean``), and the pooled ones."""
+        timings = {f"time/{k}": v for k, v in batch.timings.items()}
+        mine = {**batch.metrics, **stats, **timings}
+        return all_ranks_mean(mine, len(batch.trajectories)) | batch.pooled
+
+    def policy_step(self, batch: StepBatch) -> dict[str, float]:
+        """The default update: the clipped surrogate over the batch (``cfg.loss``)."""
+        return policy_step(
+            self.train, batch.trajectories, batch.advantages, self.cfg.loss, self.pad_id
+        )
+
+    def skipped_policy_step(self, batch: StepBatch) -> dict[str, float]:
+        """``policy_step``'s statistics for an update skipped before its first micro-batch."""
+        stats = skipped_update_stats(self.cfg.loss, self.train)
+        return stats | response_length_metrics(batch.trajectories)
+
+    def nap(self) -> None:
+        """A vLLM engine put to sleep now (``engine.sleep_during_update``), unless asleep: the
+        frame's before each update, a method's where its own work needs the memory earlier
+        (CER's scoring forward, ARCO's μ); the push after the update wakes it."""
+        engine_cfg = self.cfg.engine
+        sleeps = engine_cfg.backend == "vllm" and engine_cfg.sleep_during_update
+        if sleeps and not self.engine.asleep:
+            self.sleep_engine()
 
     def push_weights(self) -> None:
         """The training weights into a vLLM engine (an HF engine generates with them)."""

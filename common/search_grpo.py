@@ -38,17 +38,16 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         step_scorer_metrics,
     )
     from common.rl_loop import (
-        all_ranks_mean,
         build_engine,
         dev_results_path,
         evaluate,
         group_shares,
         identical_group_share,
         rollout_metrics,
+        step_rollouts,
         write_samples,
     )
-    from common.rollout import run_agent
-    from common.run import Run, StepRecord
+    from common.run import Run, StepBatch
     from common.token_counts import rollout_token_metrics
     from common.train import TrainEngine, load_for_training
     from common.train.memory_plan import announce_plan
@@ -88,7 +87,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     rng.shuffle(order)
     reward_fn, estimator = cfg.reward.reward_fn(), cfg.reward.estimator()
     step_scorer = cfg.reward.scorer()
-    by_id = {q.id: q for q in train_set}  # a step scorer's ctx.extra['examples']
+    by_id = {q.id: q for q in train_set}  # a step scorer's ctx.examples
 
     def dev_eval(step: int) -> dict[str, float]:
         results = dev_results_path(run.dir, step)
@@ -97,25 +96,25 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             engine, tokenizer, retriever, dev_set, cfg.agent, rank, world, results_path=results
         )
 
-    def grpo_step(step: int) -> StepRecord:
-        """n rollouts of each question -> rewards -> group advantages -> clipped update."""
-        t_step = time.perf_counter()
+    def grpo_step(step: int) -> StepBatch:
+        """n rollouts of each question -> rewards -> group advantages (the frame updates)."""
         # this rank's contiguous share of the one-rank batch: a function of (seed, step)
         idx = rank_questions(step, train.rank, train.world_size, order, cfg.questions_per_step)
         qs = [train_set[i] for i in idx]
         timings: dict[str, float] = {}
-        trajs = run_agent(
+        trajs = step_rollouts(
             engine,
             tokenizer,
             retriever,
             qs,
             cfg.n,
             cfg.agent,
-            group_prefix=f"s{step}r{train.rank}:",
-            seed=cfg.seed * 100003 + step,
+            step,
+            train.rank,
+            cfg.seed,
             timings=timings,
         )
-        ctx = RewardContext(train.model, tokenizer, engine, step, {"examples": by_id})
+        ctx = RewardContext(train.model, tokenizer, engine, step, examples=by_id)
         out = reward_fn(groups_of(trajs), ctx)
         rewards = out.values
         step_scores = None
@@ -129,24 +128,23 @@ def train_grpo(cfg: GRPOConfig) -> dict:
             out.metrics.update(step_scorer_metrics(step_scorer))
             timings["step_scorer"] = time.perf_counter() - t0
         adv = estimator(out, [t.group_id for t in trajs], step_scores)
-        upd = run.update_and_push(trajs, adv, timings, rewards=rewards)
-        timings["step"] = time.perf_counter() - t_step
         metrics = {
             **rollout_metrics(trajs),
             "reward": rewards.mean().item(),
             **group_shares(rewards, cfg.n),
             **identical_group_share(trajs, cfg.n),
             **out.metrics,
-            **upd,
             **rollout_token_metrics(trajs),  # tokens/generation, shape/*: summed over ranks
-            **{f"time/{k}": v for k, v in timings.items()},
         }
         shown = trajs[: cfg.samples_per_step]
-        return StepRecord(
-            all_ranks_mean(metrics, len(trajs)),
+        return StepBatch(
+            trajs,
+            adv,
+            rewards,
             [q.id for q in qs],
-            len(trajs),
+            metrics,
             lambda path: write_samples(path, shown, rewards, tokenizer),
+            timings,
         )
 
     run.begin(train, tokenizer, engine, dev_eval)  # every load-time check passed

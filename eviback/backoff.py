@@ -10,9 +10,7 @@
   a group that falls back takes the teacher's rewards and λ, every other group ``base``'s.
 
 The trainer asks the teacher (during the rollouts, with ``teacher.overlap``) and hands its
-verdicts over in ``ctx.extra``: ``judgements`` (one per trajectory, None where not asked),
-``teacher_stats``, ``teacher`` (its ``TeacherConfig``, None when the teacher is off) and
-``em_gate`` (``em_well_formed``).
+verdicts over as ``ctx.teacher``, a ``TeacherVerdicts``.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from common.rewards import Group, OutcomeReward, RewardContext, Rewards
+from common.rewards import Group, OutcomeReward, RewardContext, Rewards, context_part
 from common.rollout import Trajectory
 from eviback.config import EviBackRewardConfig, TeacherConfig
 from eviback.reward import (
@@ -136,12 +134,25 @@ def backoff_metrics(b: Backoff) -> dict[str, float]:
     }
 
 
+@dataclass
+class TeacherVerdicts:
+    """The teacher's part of a step's reward context (``ctx.teacher``): ``judgements``, one per
+    trajectory (None where the teacher was not asked), its ``stats``, ``em_gate``
+    (``em_well_formed``) and the teacher's config (``config``; None when the teacher is off:
+    every reward stays EM)."""
+
+    judgements: Sequence[Judgement | None]
+    stats: TeacherStats
+    em_gate: bool = True
+    config: TeacherConfig | None = None
+
+
 def teacher_backoff_reward(groups: Sequence[Group], ctx: RewardContext) -> Rewards:
     """``backoff_rewards`` of the step's groups; metrics ``backoff_metrics``, extras
     ``advantage_scale`` [N] and the whole ``backoff`` record (for the samples written)."""
     trajs = [t for g in groups for t in g.trajectories]
-    x = ctx.extra
-    b = backoff_rewards(trajs, x["judgements"], x["teacher_stats"], x["teacher"], x["em_gate"])
+    v = context_part(ctx, "teacher", TeacherVerdicts, "reward.fn=eviback (the teacher backoff)")
+    b = backoff_rewards(trajs, v.judgements, v.stats, v.config, v.em_gate)
     return Rewards(b.rewards, backoff_metrics(b), {"advantage_scale": b.scales, "backoff": b})
 
 

@@ -32,16 +32,16 @@ from common.redact import redact
 from common.retrieval.client import probe_retrieval
 from common.rewards import RewardContext, groups_of
 from common.rl_loop import (
-    all_ranks_mean,
     build_engine,
     dev_results_path,
     evaluate,
     identical_group_share,
     rollout_metrics,
+    step_rollouts,
 )
-from common.rollout import Trajectory, run_agent
-from common.run import Run, StepRecord
-from common.token_counts import SUMMED_PREFIXES, rollout_token_metrics
+from common.rollout import Trajectory
+from common.run import Run, StepBatch
+from common.token_counts import rollout_token_metrics
 from common.train import (
     TrainEngine,
     load_for_training,
@@ -56,7 +56,7 @@ from eviback.assets import (
     question_chars,
     select_questions,
 )
-from eviback.backoff import Backoff, backoff_rewards, reward_of
+from eviback.backoff import Backoff, TeacherVerdicts, backoff_rewards, reward_of
 from eviback.config import EviBackConfig, TeacherConfig
 from eviback.prompts import rounds_from_trajectory
 from eviback.reward import (
@@ -219,23 +219,23 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             engine, tokenizer, retriever, dev_set, cfg.agent, rank, world, results_path=results
         )
 
-    def eviback_step(step: int) -> StepRecord:
+    def eviback_step(step: int) -> StepBatch:
         """n rollouts of each question -> EM -> the teacher on all-zero groups' evidence ->
-        backoff rewards and λ-scaled advantages -> clipped update."""
-        t_step = time.perf_counter()
+        backoff rewards and λ-scaled advantages (the frame updates)."""
         # this rank's contiguous share of the one-rank batch: a function of (seed, step)
         idx = rank_questions(step, train.rank, train.world_size, order, cfg.questions_per_step)
         qs = [train_set[i] for i in idx]
         timings: dict[str, float] = {}
-        trajs = run_agent(
+        trajs = step_rollouts(
             engine,
             tokenizer,
             retriever,
             qs,
             cfg.n,
             cfg.agent,
-            group_prefix=f"s{step}r{train.rank}:",
-            seed=cfg.seed * 100003 + step,
+            step,
+            train.rank,
+            cfg.seed,
             timings=timings,
             on_group_done=overlap.submit if overlap else None,
         )
@@ -254,40 +254,34 @@ def train_eviback(cfg: EviBackConfig) -> dict:
         )
         if teacher is not None:
             check_teacher_failures(step, stage_counts, cfg)
-        extra = {"judgements": judged, "teacher_stats": stats, "em_gate": cfg.em_well_formed,
-                 "teacher": cfg.teacher if teacher is not None else None}  # fmt: skip
-        ctx = RewardContext(train.model, tokenizer, engine, step, extra)
+        verdicts = TeacherVerdicts(
+            judged, stats, cfg.em_well_formed, cfg.teacher if teacher is not None else None
+        )
+        ctx = RewardContext(train.model, tokenizer, engine, step, teacher=verdicts)
         out = reward_fn(groups_of(trajs), ctx)
         adv = estimator(out, [t.group_id for t in trajs], None)
         # what samples/ shows: the backoff's record, or (another reward) EM with its values
         b = out.extras.get("backoff") or replace(
             backoff_rewards(trajs, judged, stats, None, cfg.em_well_formed), rewards=out.values
         )
-        upd = run.update_and_push(trajs, adv, timings, rewards=out.values)
-        timings["step"] = time.perf_counter() - t_step
         metrics = {
             **rollout_metrics(trajs),
             **identical_group_share(trajs, cfg.n),
             **out.metrics,
             "reward": out.values.mean().item(),
-            **upd,
-            **{f"time/{k}": v for k, v in timings.items()},
+            "backoff_adv_share": fallback_advantage_share(adv, b.fell_back),
+            **rollout_token_metrics(trajs),  # the teacher is external: teacher/tokens
         }
-        metrics["backoff_adv_share"] = fallback_advantage_share(adv, b.fell_back)
-        if teacher is not None:  # over all ranks: the same on every rank (check_teacher_failures)
-            failed_a, calls_a, failed_b, calls_b = stage_counts
-            calls = calls_a + calls_b
-            metrics["teacher/failure_share"] = (failed_a + failed_b) / calls if calls else 0.0
-            metrics["teacher/failure_share_a"] = failed_a / calls_a if calls_a else 0.0
-            metrics["teacher/failure_share_b"] = failed_b / calls_b if calls_b else 0.0
-        # tokens through the model (the teacher is external: teacher/tokens), every rank's summed
-        counts = {k: v for k, v in upd.items() if k.startswith(SUMMED_PREFIXES)}
-        metrics |= all_ranks_mean(counts | rollout_token_metrics(trajs), len(trajs))
-        return StepRecord(
-            metrics,
+        pooled = teacher_failure_shares(stage_counts) if teacher is not None else {}
+        return StepBatch(
+            trajs,
+            adv,
+            out.values,
             [q.id for q in qs],
-            len(trajs),
+            metrics,
             lambda path: write_samples(path, trajs, b, adv, cfg.samples_per_step, tokenizer),
+            timings,
+            pooled,  # over all ranks already: the same on every rank
         )
 
     run.begin(train, tokenizer, engine, dev_eval)  # every load-time check passed
@@ -297,6 +291,18 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     if overlap:
         overlap.close()
     return out
+
+
+def teacher_failure_shares(counts: Sequence[float]) -> dict[str, float]:
+    """Each stage's share of teacher requests without a usable verdict, and both together, from
+    ``[failed_a, calls_a, failed_b, calls_b]`` over all ranks."""
+    failed_a, calls_a, failed_b, calls_b = counts
+    calls = calls_a + calls_b
+    return {
+        "teacher/failure_share": (failed_a + failed_b) / calls if calls else 0.0,
+        "teacher/failure_share_a": failed_a / calls_a if calls_a else 0.0,
+        "teacher/failure_share_b": failed_b / calls_b if calls_b else 0.0,
+    }
 
 
 def check_teacher_failures(step: int, counts: Sequence[float], cfg: EviBackConfig) -> None:

@@ -34,7 +34,7 @@ from eviback.teacher import TeacherItem
 class TeacherEvidenceSteps:
     """One score per agent step from EviBack's teacher (module docstring). ``teacher``: any
     object with EviBack's ``judge(items) -> (judgements, stats)``; the evidence oracle over the
-    top ``top_m`` documents of each round when None. ``ctx.extra["examples"]``: the questions
+    top ``top_m`` documents of each round when None. ``ctx.examples``: the questions
     by id (their metadata: the oracle reads the supporting documents there)."""
 
     beta: float = 0.1
@@ -42,9 +42,9 @@ class TeacherEvidenceSteps:
     teacher: Any = None
 
     def __call__(self, groups: Sequence[Group], ctx: RewardContext) -> list[list[float]]:
-        examples = ctx.extra.get("examples")
+        examples = ctx.examples
         if examples is None:
-            raise ValueError("TeacherEvidenceSteps needs ctx.extra['examples'] (questions by id)")
+            raise ValueError("TeacherEvidenceSteps needs ctx.examples (the questions by id)")
         teacher = self.teacher if self.teacher is not None else EvidenceOracle(self.top_m)
         trajs = [t for g in groups for t in g.trajectories]
         items: list[TeacherItem] = []

@@ -30,7 +30,6 @@ from common.guards import (
     HealthGuard,
     NonFiniteError,
     NonFiniteGuard,
-    SleepCheck,
     agreed_nonfinite,
     collapsed,
     is_finite,
@@ -42,7 +41,7 @@ from common.guards import (
 from common.launcher import STOPPED_EXIT_CODE, RunStopped, run_command
 from common.rewards import f1
 from common.rl_loop import LossConfig, policy_update
-from common.run import Run, StepRecord
+from common.run import Run, StepBatch
 from common.run_config import EngineConfig, RunLoopConfig
 from common.train import TrainConfig, TrainEngine, read_metrics
 from common.train.gpu_memory import GIB
@@ -346,8 +345,9 @@ TOKENIZER = SimpleNamespace(pad_token_id=0, eos_token_id=0, save_pretrained=lamb
 
 
 class Trainer:
-    """A trainer's step in the frame: policy_update on a fixed batch; from step ``nan_from`` on
-    a NaN advantage, at step ``corrupt_at`` a NaN written into a weight after the update.
+    """A trainer's step in the frame, which updates the policy on a fixed batch; from step
+    ``nan_from`` on a NaN advantage, at step ``corrupt_at`` a NaN written into a weight after the
+    update (by the step after it: the frame saves only at the end of a step).
     ``engine``: the run's (a vLLM engine sleeps around the update), ``reader`` the device
     readings its sleep check takes; ``extra``: step -> metrics that replace the step's own."""
 
@@ -360,18 +360,22 @@ class Trainer:
             build_model(lora=False), TrainConfig(lr=1e-2, grad_accum=2, total_steps=8)
         )
         self.nan_from, self.corrupt_at, self.extra = nan_from, corrupt_at, extra or {}
-        self.run.begin(self.train, TOKENIZER, engine=engine, evaluate=lambda step: {})
+        self.run.begin(
+            self.train, TOKENIZER, engine=engine, evaluate=lambda step: {}, update=self.update
+        )
 
-    def step(self, step: int) -> StepRecord:
+    def step(self, step: int) -> StepBatch:
         trajs, adv = rank_batch(0, step)
         if step >= self.nan_from:
             adv[0] = NAN
-        stats = self.run.update_and_push(trajs, adv, {})
-        if step == self.corrupt_at:
+        return StepBatch(trajs, adv, None, [f"q{step}"], {"reward": 0.5}, lambda p: None)
+
+    def update(self, batch: StepBatch) -> dict[str, float]:
+        stats = self.run.policy_step(batch)
+        if self.run.step_now == self.corrupt_at:
             with torch.no_grad():
                 self.train.model.lm_head.weight[0, 0] = NAN
-        metrics = {"reward": 0.5, **stats, **self.extra.get(step, {})}
-        return StepRecord(metrics, [f"q{step}"], len(trajs), lambda p: None)
+        return stats | self.extra.get(self.run.step_now, {})  # in place of what it measured
 
 
 def saved_weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -648,22 +652,30 @@ def test_a_sleep_that_frees_nothing_stops_the_run_in_one_line_exit_3(tmp_path, c
     assert t.run.sleep_check.freed == 0
 
 
-def test_arcos_nap_sleeps_through_the_check():
-    from arco.trainer import EngineNap
-
+def test_a_methods_early_nap_sleeps_through_the_check_once(tmp_path):
+    """CER's scoring and ARCO's μ put vLLM to sleep before the update (``Run.nap``): measured
+    as the frame's own sleep, and the frame's nap before the update is then nothing."""
     device, reader = simulated_gpu()
-    cfg = SimpleNamespace(engine=EngineConfig(backend="vllm", sleep_during_update=True))
-    check = SleepCheck(0.5, 0.4, reader)
-    nap = EngineNap(cfg, vllm_on(DeviceLLM(device, 30 * GIB), lora=True), check.sleep)
-    nap.sleep()
-    nap.sleep()  # asleep already: nothing
-    assert nap.asleep and check.freed == 30 * GIB and device["used"] == 10 * GIB
-    nap.wake_up()
-    stuck = EngineNap(
-        cfg, vllm_on(DeviceLLM(device, 30 * GIB, frees=False), lora=True), check.sleep
+    llm = DeviceLLM(device, pool=30 * GIB)
+    t = Trainer(sleeping_config(tmp_path / "run"), engine=vllm_on(llm), reader=reader)
+    plain = t.step
+
+    def step(s: int) -> StepBatch:
+        t.run.nap()
+        t.run.nap()  # asleep already: nothing
+        assert t.run.engine.asleep and device["used"] == 10 * GIB
+        return plain(s)
+
+    t.run.fit(step)
+    assert t.run.sleep_check.freed == 30 * GIB and llm.calls[0] == "sleep 2"
+    assert sum(c.startswith("sleep") for c in llm.calls) == 2  # one a step
+    stuck = Trainer(
+        sleeping_config(tmp_path / "stuck"),
+        engine=vllm_on(DeviceLLM(device, 30 * GIB, frees=False)),
+        reader=reader,
     )
     with pytest.raises(HealthError, match="vLLM's sleep freed 0.00 GiB"):
-        stuck.sleep()
+        stuck.run.fit(lambda s: (stuck.run.nap(), stuck.step(s))[1])
 
 
 def test_the_frame_stops_on_identical_groups_and_a_resume_goes_on_counting(tmp_path):

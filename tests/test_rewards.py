@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,7 @@ def test_grpo_and_rloo_by_hand_and_equal_to_common_rl():
 def backoff_case(lam: float = 0.1):
     """Two groups for EviBack's backoff: ``a`` has a correct rollout, ``c`` is all zero (the
     evidence oracle's verdicts); the trajectories, their examples and the reward's ctx."""
+    from eviback.backoff import TeacherVerdicts
     from eviback.config import TeacherConfig
     from eviback.oracle import EvidenceOracle
     from eviback.trainer import teacher_verdicts
@@ -109,8 +111,8 @@ def backoff_case(lam: float = 0.1):
     ]
     teacher, cfg = EvidenceOracle(5), TeacherConfig(lam=lam)
     judged, stats = teacher_verdicts(trajs, examples, teacher)
-    extra = {"judgements": judged, "teacher_stats": stats, "teacher": cfg, "em_gate": True}
-    return trajs, examples, teacher, cfg, RewardContext(extra=extra)
+    verdicts = TeacherVerdicts(judged, stats, em_gate=True, config=cfg)
+    return trajs, examples, teacher, cfg, RewardContext(teacher=verdicts)
 
 
 def test_eviback_backoff_through_the_parts_equals_the_trainer_s_old_path():
@@ -160,7 +162,7 @@ def test_backoff_over_a_base_reward_replaces_em_where_no_group_falls_back():
     # group a: rewards 1, 2/3, mean 5/6, std (ddof 1) sqrt(2)/6: z = ±1/sqrt(2)
     adv = backoff_advantages(out, ids)
     assert adv[:2].tolist() == pytest.approx([2**-0.5, -(2**-0.5)], abs=1e-5)
-    off = RewardContext(extra={**ctx.extra, "teacher": None})
+    off = RewardContext(teacher=replace(ctx.teacher, config=None))
     assert torch.equal(BackoffOver(f1)(groups, off).values, f1(groups, CTX).values)
     with pytest.raises(ValueError, match=r"reward.base gave \(2,\) rewards for 5 rollouts"):
         BackoffOver(lambda g, c: Rewards(torch.zeros(2)))(groups, ctx)
@@ -209,7 +211,7 @@ USER_REWARDS = '''
         """s_t = 0.25 for a search, the EM for the answer step, 0 otherwise; records its input."""
 
         def __call__(self, groups, ctx):
-            SEEN.append(sorted(ctx.extra["examples"])[:1])
+            SEEN.append(sorted(ctx.examples)[:1])
             out = []
             for g in groups:
                 for t in g.trajectories:

@@ -1,7 +1,7 @@
 """The run frame (``common.run.Run``) on its own: the evaluation/checkpoint schedule, run.json, the
 resume point, the step-0 evaluation only on a fresh start, the step guards, a kill and resume
-that logs what a straight run logs. A stand-in step (one optimizer step of a tiny model on a
-batch drawn from the step number) in place of a method's."""
+that logs what a straight run logs. A stand-in step and update (one optimizer step of a tiny
+model on a batch drawn from the step number) in place of a method's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 import torch
 import transformers
 
-from common.run import Run, StepRecord, schedule
+from common.rollout import Trajectory
+from common.run import Run, StepBatch, schedule
 from common.run_config import EngineConfig, RunLoopConfig
 from common.train import TrainConfig, TrainEngine, read_metrics
 
@@ -49,8 +50,12 @@ def tiny_engine() -> TrainEngine:
     return TrainEngine(model, TrainConfig(lr=1e-2, total_steps=8))
 
 
+ROWS = [Trajectory(f"g{i}", i, "q", "question", ["a"], [1, 2]) for i in range(2)]
+
+
 class Trainer:
-    """What a trainer hands the frame, recording what the frame asked of it."""
+    """What a trainer hands the frame (a step, and an update in place of the policy's),
+    recording what the frame asked of it."""
 
     def __init__(self, cfg: FrameConfig, tokenizer, fail_at: int | None = None):
         self.cfg, self.steps, self.evaluated = cfg, [], []
@@ -58,7 +63,9 @@ class Trainer:
         self.train = tiny_engine()
         if fail_at is not None:
             self.run.step_checks.append(lambda step, m: self.fail(step, fail_at))
-        self.run.begin(self.train, tokenizer, engine=None, evaluate=self.evaluate)
+        self.run.begin(
+            self.train, tokenizer, engine=None, evaluate=self.evaluate, update=self.update
+        )
 
     @staticmethod
     def fail(step: int, fail_at: int) -> None:
@@ -69,20 +76,29 @@ class Trainer:
         self.evaluated.append(step)
         return {"em": self.train.model.lm_head.weight.sum().item(), "f1": 0.5}
 
-    def step(self, step: int) -> StepRecord:
+    def step(self, step: int) -> StepBatch:
         self.steps.append(step)
-        batch = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(step))
-        loss = self.train(input_ids=batch, labels=batch).loss
-        self.train.backward(loss)
-        self.train.step()
 
         def samples(path: Path) -> None:
             path.write_text(json.dumps({"step": step}))
 
-        return StepRecord({"loss": loss.item()}, [f"q{step}"], 2, samples)
+        return StepBatch(ROWS, torch.ones(2), None, [f"q{step}"], {}, samples)
+
+    def update(self, batch: StepBatch) -> dict[str, float]:
+        ids = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(self.steps[-1]))
+        loss = self.train(input_ids=ids, labels=ids).loss
+        self.train.backward(loss)
+        self.train.step()
+        return {"loss": loss.item()}
 
     def fit(self) -> dict:
         return self.run.fit(self.step)
+
+
+def untimed(run_dir: Path) -> list[dict]:
+    """The run's metrics rows without the seconds the frame measures (``time/*``)."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows]
 
 
 @pytest.mark.parametrize(
@@ -142,9 +158,7 @@ def test_a_killed_run_resumes_after_its_checkpoint_and_logs_what_a_straight_run_
     assert resumed.steps == [3, 4] and resumed.evaluated == [4]
     assert [e["step"] for e in out["evals"]] == [0, 2, 4]
     assert out["evals"] == straight["evals"]
-    assert read_metrics(run_dir / "metrics.jsonl") == read_metrics(
-        tmp_path / "straight" / "metrics.jsonl"
-    )
+    assert untimed(run_dir) == untimed(tmp_path / "straight")
     for a, b in zip(out["model"].parameters(), straight["model"].parameters(), strict=True):
         assert torch.equal(a, b)
 
@@ -188,16 +202,20 @@ def test_a_stop_inside_a_step_saves_the_last_finished_step_in_one_process(
 
     cfg = config(tmp_path / "run", steps=6, save_every=0, eval_every=0)
     trainer = Trainer(cfg, tokenizer)
-    plain_step = trainer.step
+    plain_step, plain_update = trainer.step, trainer.update
 
-    def step(s: int) -> StepRecord:
+    def step(s: int) -> StepBatch:
         if s == 3 and not stop_after_update:
             raise RunStopped("retrieval server down")
-        record = plain_step(s)
-        if s == 3:
-            raise RunStopped("retrieval server down")
-        return record
+        return plain_step(s)
 
+    def update(batch: StepBatch) -> dict[str, float]:
+        stats = plain_update(batch)
+        if trainer.steps[-1] == 3:  # the weight push after the update fails, say
+            raise RunStopped("retrieval server down")
+        return stats
+
+    trainer.run.update = update
     with pytest.raises(RunStopped):
         trainer.run.fit(step)
     ckpts = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))

@@ -45,19 +45,19 @@ def batch() -> list[Trajectory]:
 
 
 def test_the_teacher_credits_the_search_that_completed_the_evidence_and_the_answer_its_em():
-    ctx = RewardContext(extra={"examples": EXAMPLES})
+    ctx = RewardContext(examples=EXAMPLES)
     scores = TeacherEvidenceSteps(beta=0.1)(groups_of(batch()), ctx)
     assert scores == [[0.0, 0.1, 1.0], [0.1, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0]]  # 0.1·1 exact
     # top_m 1 cuts each round to its first document: trajectory 1 never sees b
     one = TeacherEvidenceSteps(beta=0.1, top_m=1)(groups_of(batch()), ctx)
     assert one[1] == [0.0, 0.0, 0.0] and one[0] == [0.0, 0.1, 1.0]
-    with pytest.raises(ValueError, match=r"needs ctx.extra\['examples'\]"):
+    with pytest.raises(ValueError, match=r"needs ctx.examples"):
         TeacherEvidenceSteps()(groups_of(batch()), RewardContext())
 
 
 def test_arco_s_dense_advantages_from_the_teacher_s_step_scores_by_hand():
     trajs = batch()
-    scores = TeacherEvidenceSteps()(groups_of(trajs), RewardContext(extra={"examples": EXAMPLES}))
+    scores = TeacherEvidenceSteps()(groups_of(trajs), RewardContext(examples=EXAMPLES))
     kinds = [[s.kind for s in t.steps] for t in trajs]
     adv = dense_advantages(scores, kinds, c=0.5)
     # G: [1.1, 1.1, 1.0], [0.1, 0, 0], [1, 1, 1], [0, 0]. Buckets: search_1 {1.1, 0.1, 1.0

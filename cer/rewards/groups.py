@@ -242,26 +242,37 @@ def common_groups(groups: Sequence[Group]) -> list[parts.Group]:
 
 
 @dataclass(frozen=True)
-class GroupReward:
-    """Reward type ``type`` of ``group_rewards`` as an outcome reward over ``common_groups``.
+class CERScoring:
+    """CER's part of a step's reward context (``ctx.scoring``): the scorer of pi(a*|s)
+    (``score_fn``; needed by cer, rule+cer, verifree), ``m``, ``selection``, the verifier
+    ``rules``, and ``types``: other reward types computed in the same pass (the scorer called
+    once). Without it a reward gets the defaults and no scorer."""
 
-    ``ctx.extra``: ``score_fn`` (needed by cer, rule+cer, verifree), ``m``, ``selection``,
-    ``rules``, and ``types``: other types computed in the same pass (the scorer called once).
-    Metrics: the CER summary; extras: ``by_type``, every type computed (exact and rule always).
-    """
+    score_fn: ScoreFn | None = None
+    m: int | None = None
+    selection: str = "first"
+    rules: Rules = DEFAULT_RULES
+    types: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GroupReward:
+    """Reward type ``type`` of ``group_rewards`` as an outcome reward over ``common_groups``,
+    with the run's ``CERScoring`` (``ctx.scoring``). Metrics: the CER summary; extras:
+    ``by_type``, every type computed (exact and rule always)."""
 
     type: str
 
     def __call__(self, groups: Sequence[parts.Group], ctx: parts.RewardContext) -> parts.Rewards:
-        x = ctx.extra
+        x = parts.context_part(ctx, "scoring", CERScoring, f"reward {self.type}", CERScoring())
         by_type, stats = group_rewards(
-            {self.type, *x.get("types", ())},
+            {self.type, *x.types},
             [g.source for g in groups],
-            x.get("score_fn"),
+            x.score_fn,
             ctx.tokenizer,
-            x.get("m"),
-            x.get("selection", "first"),
-            x.get("rules", DEFAULT_RULES),
+            x.m,
+            x.selection,
+            x.rules,
         )
         return parts.Rewards(by_type[self.type], stats, {"by_type": by_type})
 

@@ -41,11 +41,17 @@ def scoring_tokens(
     return tokens
 
 
-def counting_scorer(score_fn: ScoreFn, counter: list[int], whole: bool = False) -> ScoreFn:
-    """``score_fn``, adding each call's ``scoring_tokens`` to ``counter[0]``."""
+class CountingScorer:
+    """``score_fn``, counting the tokens each call forwards (``scoring_tokens``; ``whole``: as
+    the engine's ``score`` lays them out); ``take()`` returns the count since the last take."""
 
-    def score(prefixes, continuations, last_alternatives=None, generated=None):
-        counter[0] += scoring_tokens(prefixes, continuations, generated, whole)
-        return score_fn(prefixes, continuations, last_alternatives, generated)
+    def __init__(self, score_fn: ScoreFn, whole: bool = False) -> None:
+        self.score_fn, self.whole, self.tokens = score_fn, whole, 0
 
-    return score
+    def __call__(self, prefixes, continuations, last_alternatives=None, generated=None):
+        self.tokens += scoring_tokens(prefixes, continuations, generated, self.whole)
+        return self.score_fn(prefixes, continuations, last_alternatives, generated)
+
+    def take(self) -> int:
+        tokens, self.tokens = self.tokens, 0
+        return tokens

@@ -26,7 +26,7 @@ first golden answer alone.
 
 R_k = Σ_j π(a_k|s_j) π(a*|s_j) / Σ_j π(a_k|s_j) over all G trajectories of the group
 (``cer.rewards.expectation.cer_from_logprobs``), the scores filled by ``cer.rewards.scoring.group_pairs`` and one call
-of the scorer: ``ctx.extra["score_fn"]`` when given, else ``cer.rewards.scoring.hf_prefix_scorer`` on the
+of the scorer: ``ctx.scoring.score_fn`` when given, else ``cer.rewards.scoring.hf_prefix_scorer`` on the
 live policy ``ctx.policy`` (with ``sync_ranks`` when it is ZeRO-3 partitioned over several
 ranks: every rank then makes the same number of forwards, as ``cer.trainer.make_score_fn``), in
 eval mode under no grad.
@@ -43,8 +43,9 @@ import torch
 
 from cer.rewards.answer import AnswerSplit, backend_tokenizer, emission_groups, tokens_starting_with
 from cer.rewards.expectation import cer_from_logprobs
+from cer.rewards.groups import CERScoring
 from cer.rewards.scoring import GroupPairs, ScoreFn, group_pairs, hf_prefix_scorer
-from common.rewards import Group, RewardContext, Rewards
+from common.rewards import Group, RewardContext, Rewards, context_part
 from common.rollout.trajectory import Trajectory
 
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)  # SearchR1Protocol's answer pattern
@@ -158,10 +159,16 @@ class AgentCER:
     aliases: Literal["sum", "first"] = "sum"
     batch_size: int = 32
 
+    def given_scorer(self, ctx: RewardContext) -> ScoreFn | None:
+        """The run's scorer (``ctx.scoring``, a ``CERScoring``), if it gives one."""
+        scoring = context_part(ctx, "scoring", CERScoring, "AgentCER", CERScoring())
+        return scoring.score_fn
+
     def score_fn(self, ctx: RewardContext) -> ScoreFn:
-        """``ctx.extra["score_fn"]``, else the prefix scorer on the live policy."""
-        if ctx.extra.get("score_fn") is not None:
-            return ctx.extra["score_fn"]
+        """The run's scorer (``ctx.scoring``), else the prefix scorer on the live policy."""
+        given = self.given_scorer(ctx)
+        if given is not None:
+            return given
         if ctx.policy is None:
             raise ValueError("AgentCER needs ctx.policy (the model that scores) or a score_fn")
         return hf_prefix_scorer(ctx.policy, self.batch_size, sync_ranks=_partitioned(ctx.policy))
@@ -172,7 +179,7 @@ class AgentCER:
         score_fn = self.score_fn(ctx)
         # the live policy scores in eval mode (no dropout; gradient checkpointing would drop the
         # caches), its mode restored after
-        policy = ctx.policy if ctx.extra.get("score_fn") is None else None
+        policy = ctx.policy if self.given_scorer(ctx) is None else None
         was_training = policy is not None and policy.training
         if was_training:
             policy.eval()

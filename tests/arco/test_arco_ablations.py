@@ -16,7 +16,7 @@ from arco.rubric_prompt import format_criteria, read_criteria_file
 from arco.rubrics import rubric_batch, score_items
 from arco.steps import AgentStep, Episode
 from arco.teacher import oracle_annotation
-from arco.trainer import check_rubric_matches, make_rubric_items, update
+from arco.trainer import check_rubric_matches, make_rubric_items, update, update_batch
 from arco.warmup import sft_targets, trajectory_from_episode
 from common.config import load_config
 from common.rollout.agent import encode_text
@@ -229,17 +229,9 @@ def _changed_after_one_update(tiny_world, tokenizer, *extra: str) -> dict:
             it.criteria_ids.append(tokenizer.eos_token_id)
     score_items(model, items, tokenizer.pad_token_id, 8)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    stats = update(
-        train,
-        trajs,
-        items,
-        [[0.5, -0.2], [0.1, -0.3, 0.4]],
-        torch.tensor([1.0, 0.0]),
-        cfg,
-        True,
-        tokenizer.pad_token_id,
-        {},
-    )
+    adv = [[0.5, -0.2], [0.1, -0.3, 0.4]]
+    batch = update_batch(trajs, items, adv, torch.tensor([1.0, 0.0]), late=True)
+    stats = update(train, batch, cfg, tokenizer.pad_token_id)
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     parts = {"policy": set(), "rubric": set(), "head": set(), "other": set()}
     for n in moved:

@@ -195,8 +195,8 @@ def test_warmup_check_of_written_criteria_counts_valid_and_teachers(tiny_world):
     wrote Y (μ writes X) is valid but no match."""
     from transformers import AutoTokenizer
 
-    from arco.trainer import build_engine
     from arco.warmup import check_written_criteria
+    from common.rl_loop import build_engine
 
     cfg = load_config(
         ArcoConfig,
@@ -223,7 +223,7 @@ def test_warmup_check_of_written_criteria_counts_valid_and_teachers(tiny_world):
         loss.backward()
         opt.step()
     model.eval()
-    engine = build_engine(cfg, model, tok, 0)
+    engine = build_engine(cfg.engine, cfg.assets.model, model.lm, tok, 0, cfg.lora.r)
     row = check_written_criteria(engine, items, cfg, tok.eos_token_id)
     assert row == {"items": 2, "criteria_valid_rate": 0.5, "teacher_match_rate": 1.0}
     other = encode_text(tok, format_criteria(["a", "b", "c"])) + [tok.eos_token_id]

@@ -15,7 +15,7 @@ import arco.trainer
 import arco.warmup
 from arco.config import ArcoConfig
 from arco.rubric_model import ArcoModel, build_arco_model
-from arco.trainer import EngineNap, push_adapters
+from arco.trainer import push_adapters
 from common.config import load_config
 from common.rollout.hf_engine import HFEngine
 from common.train import TrainConfig, TrainEngine
@@ -116,16 +116,18 @@ class SleepLog:
     [("vllm", True, True), ("vllm", False, False), ("hf", True, False)],
 )
 def test_the_engine_sleeps_through_the_update_and_wakes_before_the_push(backend, sleep, naps):
+    from common.run import Run
+
     cfg = load_config(
         ArcoConfig, None, [f"engine.backend={backend}", f"engine.sleep_during_update={sleep}"]
     )
     engine, model = SleepLog(), SimpleNamespace(lm=None)
-    nap = EngineNap(cfg, engine)
-    nap.sleep()
-    nap.sleep()  # before μ's update, then before π's: one sleep
+    run = SimpleNamespace(cfg=cfg, engine=engine, sleep_engine=engine.sleep)
+    Run.nap(run)
+    Run.nap(run)  # before μ's update, then before π's: one sleep
     assert engine.asleep == naps
-    push_adapters(engine, model, nap)
-    push_adapters(engine, model, nap)  # awake now: no second wake_up
+    push_adapters(engine, model)
+    push_adapters(engine, model)  # awake now: no second wake_up
     pushes = ["push policy", "push rubric"]
     assert engine.log == (["sleep", "wake_up"] if naps else []) + pushes * 2
 
@@ -158,11 +160,12 @@ def _logged(engines: list[SleepyHF], fn, name: str):
 def test_warmup_and_rl_sleep_vllm_through_every_update(tiny_world, tmp_path, monkeypatch):
     engines: list[SleepyHF] = []
 
-    def build_engine(cfg, model, tokenizer, seed):
-        engines.append(SleepyHF(HFEngine(model.lm, tokenizer)))
+    def build_engine(cfg, model_path, model, tokenizer, seed, lora_rank=0):
+        engines.append(SleepyHF(HFEngine(model, tokenizer)))
         return engines[-1]
 
     monkeypatch.setattr(arco.trainer, "build_engine", build_engine)
+    monkeypatch.setattr(arco.warmup, "build_engine", build_engine)
     for module, name in [
         (arco.trainer, "update"),
         (arco.trainer, "rubric_update"),

@@ -12,7 +12,13 @@ from arco.advantages import dense_advantages
 from arco.rubric_model import build_arco_model
 from arco.rubric_prompt import format_criteria
 from arco.rubrics import score_items, step_rewards
-from arco.trainer import make_rubric_items, mu_single_forward, rubric_update, update
+from arco.trainer import (
+    make_rubric_items,
+    mu_single_forward,
+    rubric_update,
+    update,
+    update_batch,
+)
 from arco.warmup import trajectory_from_episode
 from common.rollout.agent import encode_text
 from common.train import TrainEngine
@@ -66,9 +72,8 @@ def _one_update(tiny_world, tokenizer, single: bool, *extra: str) -> dict:
         score_items(model, items, tokenizer.pad_token_id, 8)
     kinds = [[s.kind for s in ep.steps] for ep in EPISODES]
     adv = dense_advantages(step_rewards(items, 2), kinds, cfg.rl.c, cfg.rl.invalid_bucket)
-    stats = update(
-        train, trajs, items, adv, rewards, cfg, True, tokenizer.pad_token_id, {}, mu_done=single
-    )
+    batch = update_batch(trajs, items, adv, rewards, True, mu_done=single)
+    stats = update(train, batch, cfg, tokenizer.pad_token_id)
     assert train.global_step == 1
     return {
         "scores": [it.scores for it in items],

@@ -9,7 +9,7 @@ import torch
 from test_arco_ablations import EPISODES, cfg_for
 
 from arco.rubric_model import build_arco_model
-from arco.trainer import make_rubric_items, update
+from arco.trainer import make_rubric_items, update, update_batch
 from arco.warmup import trajectory_from_episode
 from common.rollout.batch import collate
 from common.train import TrainEngine
@@ -42,8 +42,8 @@ def test_arco_update_logs_entropy_lr_clip_fraction_and_response_lengths(tiny_wor
             keep = batch.loss_mask[0].bool()
             total, count = total + float(h[keep].sum()), count + int(keep.sum())
     adv = [[0.5] * len(ep.steps) for ep in EPISODES]
-    stats = update(train, trajs, items, adv, torch.tensor([1.0, 0.0]), cfg, False,
-                   tokenizer.pad_token_id, {})  # fmt: skip
+    batch = update_batch(trajs, items, adv, torch.tensor([1.0, 0.0]))
+    stats = update(train, batch, cfg, tokenizer.pad_token_id)
     assert train.global_step == 1
     assert stats["entropy"] == pytest.approx(total / count, rel=1e-4)
     assert stats["lr"] == 2e-3 and stats["lr/rubric"] == 1e-3 and stats["lr/head"] == 5e-3

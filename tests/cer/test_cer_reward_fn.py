@@ -15,6 +15,7 @@ from cer.rewards.groups import (
     RULE,
     RULE_CER,
     VERIFREE,
+    CERScoring,
     Group,
     GroupReward,
     common_groups,
@@ -61,8 +62,7 @@ def test_every_type_through_the_parts_equals_group_rewards(
 ):
     scorer = hf_prefix_scorer(tiny_qwen3)
     types = SIGNAL_TYPES if signal else ()
-    extra = {"score_fn": scorer, "m": None, "selection": "first", "types": types}
-    ctx = RewardContext(tokenizer=char_tokenizer, extra=extra)
+    ctx = RewardContext(tokenizer=char_tokenizer, scoring=CERScoring(scorer, types=types))
     for reward in (EXACT, RULE, CER, RULE_CER, VERIFREE):
         old, old_stats = group_rewards(
             types or [reward.type], groups, scorer, char_tokenizer, None, "first"

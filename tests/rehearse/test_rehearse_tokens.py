@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from cer.rewards.scoring_tokens import counting_scorer, scoring_tokens
+from cer.rewards.scoring_tokens import CountingScorer, scoring_tokens
 from common.rl_loop import LossConfig, policy_update
 from common.rollout import Trajectory
 from common.token_counts import rollout_token_metrics
@@ -188,7 +188,6 @@ def test_cer_scoring_tokens_follow_the_prefix_scorer_and_equal_the_cost_models_l
     assert whole == (5 + 2) + (5 + 1) + (6 + 2) + (6 + 1)
     count = cost_model().cer_group_scoring(3, [2, 3], [2, 1], batch_size=8)
     assert count.real == scoring_tokens(prefixes[:4], continuations[:4])
-    counter = [0]
-    scorer = counting_scorer(lambda p, c, a=None, g=None: [[0.0] * len(x) for x in c], counter)
+    scorer = CountingScorer(lambda p, c, a=None, g=None: [[0.0] * len(x) for x in c])
     assert scorer(prefixes, continuations) == [[0.0] * len(c) for c in continuations]
-    assert counter == [14]
+    assert scorer.take() == 14 and scorer.take() == 0

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from experiments.rehearse.precision import has_bf16, read_cpuinfo
-from experiments.rehearse.walk import readme_sequences, walked
+from experiments.rehearse.walk import group_alive, readme_sequences, walked
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,6 +87,7 @@ def test_eviback_paper_config_with_ape_and_the_teacher(tmp_path):
     assert setup["serve-retrieval"]["ok"] and setup["serve-retrieval"]["command"].startswith(
         "make --no-print-directory serve-retrieval"
     )
+    assert not group_alive(setup["serve-retrieval"]["counts"]["pgid"])  # stopped, children too
     assert stages["wait-services"]["command"].startswith("make --no-print-directory wait-services")
     assert stages["ape"]["command"].startswith("make --no-print-directory ape-eviback")
     # training judged with E2E-APE's policy: the run folder records that file

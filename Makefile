@@ -129,7 +129,7 @@ APE_SAYS = $(if $(APE_POLICY),$(if $(APE_FOUND),[make] EviBack's teacher: the E2
 # wait-services), e.g. the same assets.retrieval_url=... a run elsewhere than the config's needs
 ARGS ?=
 ape-eviback:  ## E2E-APE, the paper's teacher prompt search (one process; the retrieval server and teacher answering): the policy train-eviback then uses
-	$(PY) -m eviback ape --config $(EVIBACK_CONFIG) $(SEED_ARG) $(ARGS)
+	$(PY) -m eviback ape --config $(EVIBACK_CONFIG) $(SEED_ARG)$(if $(ARGS), $(ARGS))
 
 train-eviback:  ## EviBack; SCALE=tiny|smol|0.6b|1.7b|4b (paper scales need GPUs; the APE policy when make ape-eviback wrote it)
 	$(if $(AGENT_WARMUP),$(MAKE) $(AGENT_WARMUP))
@@ -151,7 +151,7 @@ ARCO_WARMUP_FILE := $(if $(WARMUP_FILE),warmup.teacher=file warmup.release_file=
 warmup-arco:  ## ARCO's warmup (tiny, smol: the data's supporting documents annotate; paper scales: an LLM teacher, API cost, or WARMUP_FILE=); GPUS=, HOSTFILE= as train-arco
 	$(if $(filter tiny,$(SCALE)),$(MAKE) warmup)
 	$(if $(filter smol,$(SCALE)),$(MAKE) warmup-smol)
-	$(NODES_ENV) $(LAUNCH) arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(ARCO_WARMUP_FILE) $(SEED_ARG) $(ARGS)
+	$(NODES_ENV) $(LAUNCH) arco warmup --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(ARCO_WARMUP_FILE) $(SEED_ARG)$(if $(ARGS), $(ARGS))
 
 $(ARCO_WARM)/arco.json: $(WARM)/config.json
 	$(PY) -m arco warmup --config arco/configs/tiny.yaml
@@ -226,7 +226,7 @@ endif
 # WAIT_S seconds (a teacher of 30B weights takes minutes to load); exit 3 past it
 WAIT_S ?= 1800
 wait-services:  ## wait for a config's retrieval server and teacher to answer (METHOD= SCALE=; at most WAIT_S=1800 s, progress every 30 s)
-	$(PY) -m experiments.wait_services --config $(DATA_CONFIG) --wait-s $(WAIT_S) $(ARGS)
+	$(PY) -m experiments.wait_services --config $(DATA_CONFIG) --wait-s $(WAIT_S)$(if $(ARGS), $(ARGS))
 
 RUNS ?= runs
 RANKS ?= 1

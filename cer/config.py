@@ -6,12 +6,14 @@ when one is missing, saying how to get it (``assets.how_to_get``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from common.model_id import model_reason
-from common.rewards import REWARDS, OutcomeReward, load_part
+from common.rewards import REWARDS
+from common.rewards import RewardConfig as CommonRewardConfig
 from common.run_config import EvalAssetsConfig, RunLoopConfig
 from common.run_config import LossConfig as GRPOLossConfig
 from common.train.config import TrainConfig
@@ -71,8 +73,11 @@ class AssetsConfig(EvalAssetsConfig):
 
 
 @dataclass
-class RewardConfig:
-    """Which reward trains the policy, and how CER is estimated."""
+class RewardConfig(CommonRewardConfig):
+    """Which reward trains the policy, and how CER is estimated (the shared keys:
+    ``common.rewards.RewardConfig``; an empty ``fn`` is ``type``'s reward)."""
+
+    REWARDS: ClassVar[Mapping[str, str]] = BUILTIN_REWARDS
 
     type: Literal["exact", "rule", "cer", "rule+cer", "verifree"] = field(
         default="cer",
@@ -87,7 +92,8 @@ class RewardConfig:
         metadata={
             "help": "the reward that trains, instead of type's: a type, exact_match | f1 "
             "(common's, SQuAD-normalised, over answer_forms) or package.module:Name "
-            "(common.rewards; ctx.extra holds score_fn); empty = type"
+            "(common.rewards; ctx.scoring holds CER's scorer, a "
+            "cer.rewards.groups.CERScoring); empty = type"
         },
     )
     fn_args: dict[str, Any] = field(
@@ -164,13 +170,9 @@ class RewardConfig:
         },
     )
 
-    def __post_init__(self) -> None:
-        if self.fn or self.fn_args:
-            self.reward_fn()
-
-    def reward_fn(self) -> OutcomeReward:
-        """The outcome reward (``common.rewards.OutcomeReward``) ``fn``, else ``type``, names."""
-        return load_part(self.fn or self.type, "reward.fn", "reward", BUILTIN_REWARDS, self.fn_args)
+    def reward_name(self) -> str:
+        """What names the outcome reward: ``fn``, else ``type``."""
+        return self.fn or self.type
 
 
 @dataclass

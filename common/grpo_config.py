@@ -6,49 +6,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from common.rewards import RewardConfig, StepScorer, load_part
+from common.rewards import RewardConfig, StepScorerConfig
 from common.run_config import SearchAssetsConfig, SearchRunConfig
 
 
 @dataclass
-class GRPORewardConfig(RewardConfig):
-    """``RewardConfig`` plus an optional step scorer, for an estimator that takes step scores
-    (``arco.advantages:DenseAdvantages``: ARCO's reward-to-go with bucket baselines)."""
-
-    step_scorer: str = field(
-        default="",
-        metadata={
-            "help": "one score per agent step, package.module:Name (e.g. "
-            "experiments.step_scorers:TeacherEvidenceSteps, arco.step_scorer:RubricSteps); "
-            "empty: none"
-        },
-    )
-    step_scorer_args: dict[str, Any] = field(
-        default_factory=dict,
-        metadata={
-            "help": "keyword arguments for a step scorer that is a class, e.g. "
-            "reward.step_scorer_args.folder=runs/arco/tiny/warmup"
-        },
-    )
+class GRPORewardConfig(StepScorerConfig, RewardConfig):
+    """``RewardConfig`` plus an optional step scorer (``StepScorerConfig``: empty, none), for an
+    estimator that takes step scores (``arco.advantages:DenseAdvantages``: ARCO's reward-to-go
+    with bucket baselines)."""
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.step_scorer_args and not self.step_scorer:
-            raise ValueError("reward.step_scorer_args is set but reward.step_scorer is empty")
+        RewardConfig.__post_init__(self)
+        StepScorerConfig.__post_init__(self)
         needs = getattr(self.estimator(), "needs_step_scores", False)
-        if needs and not self.step_scorer:
+        if needs and not self.external:
             raise ValueError(f"reward.advantage={self.advantage!r} needs step scores: set "
                              "reward.step_scorer=package.module:Name")  # fmt: skip
-        self.scorer()
-
-    def scorer(self) -> StepScorer | None:
-        if not self.step_scorer:
-            return None
-        return load_part(
-            self.step_scorer, "reward.step_scorer", "step scorer", {}, self.step_scorer_args
-        )
 
 
 @dataclass

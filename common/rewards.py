@@ -391,16 +391,71 @@ class RewardConfig:
         # an import path is resolved now, so a typo fails before any model loads; a built-in
         # name resolves when the trainer asks (tests/test_cli_fast.py: all do), so building
         # the defaults (a CLI's --help) imports no reward module and no torch
-        if self.fn not in self.REWARDS or self.fn_args:
+        if self.reward_name() not in self.REWARDS or self.fn_args:
             self.reward_fn()
         if self.advantage not in self.ESTIMATORS:
             self.estimator()
 
+    def reward_name(self) -> str:
+        """What names the outcome reward: ``fn`` (a method may fill an empty one, CER its
+        ``type``)."""
+        return self.fn
+
     def reward_fn(self) -> OutcomeReward:
-        return load_part(self.fn, "reward.fn", "reward", self.REWARDS, self.fn_args)
+        return load_part(self.reward_name(), "reward.fn", "reward", self.REWARDS, self.fn_args)
 
     def estimator(self) -> AdvantageEstimator:
         return load_part(self.advantage, "reward.advantage", "estimator", self.ESTIMATORS)
+
+
+@dataclass
+class StepScorerConfig:
+    """A reward section's step scorer, one score per agent step (``StepScorer``), declared once
+    for every method that takes one: ``reward.step_scorer`` (``package.module:Name``) and
+    ``reward.step_scorer_args``. ``OWN`` is the value that names no scorer from outside: the
+    method's own (the reference GRPO loop: empty, none; ARCO: ``rubric``, its μ). A subclass
+    redeclares ``step_scorer`` to give its default and help, and calls ``__post_init__``."""
+
+    OWN: ClassVar[str] = ""
+    OWN_MEANS: ClassVar[str] = "empty"  # ``OWN`` in an error
+
+    step_scorer: str = field(
+        default="",
+        metadata={
+            "help": "one score per agent step, package.module:Name (e.g. "
+            "experiments.step_scorers:TeacherEvidenceSteps, arco.step_scorer:RubricSteps); "
+            "empty: none"
+        },
+    )
+    step_scorer_args: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "keyword arguments for a step scorer that is a class, e.g. "
+            "reward.step_scorer_args.beta=0.3"
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.external:  # an import path is resolved now: a typo fails before any model loads
+            self.scorer()
+        elif self.step_scorer_args:
+            raise ValueError(
+                f"reward.step_scorer_args is set but reward.step_scorer is {self.OWN_MEANS}"
+            )
+
+    @property
+    def external(self) -> bool:
+        """Whether ``step_scorer`` names a scorer (not the method's own, ``OWN``)."""
+        return self.step_scorer != self.OWN
+
+    def scorer(self) -> StepScorer | None:
+        """The step scorer ``step_scorer`` names, built with ``step_scorer_args``; None for
+        ``OWN``."""
+        if not self.external:
+            return None
+        return load_part(
+            self.step_scorer, "reward.step_scorer", "step scorer", {}, self.step_scorer_args
+        )
 
 
 def _article(word: str) -> str:

@@ -240,7 +240,8 @@ class EviBackRewardConfig(RewardConfig):
         default="eviback",
         metadata={
             "help": "outcome reward: eviback (EM, the teacher backoff on all-zero groups) | "
-            "exact_match | f1 | package.module:Name (given the verdicts in ctx.extra)"
+            "exact_match | f1 | package.module:Name (given the verdicts in ctx.teacher, an "
+            "eviback.backoff.TeacherVerdicts)"
         },
     )
     advantage: str = field(

@@ -272,16 +272,23 @@ def run_diagnose(cfg, checkpoint: str | None = None) -> dict:
     questions = cfg.assets.questions("dev", cfg.question_chars())[: d.questions]
     play = replace(agent_cfg, temperature=d.temperature)
     trajs = run_agent(
-        engine, tokenizer, retriever, questions, d.samples, play, group_prefix="diagnose:",
-        adapter="policy", seed=cfg.seed,
-    )  # fmt: skip
+        engine,
+        tokenizer,
+        retriever,
+        questions,
+        d.samples,
+        play,
+        group_prefix="diagnose:",
+        adapter="policy",
+        seed=cfg.seed,
+    )
     episodes = [episode_from_trajectory(t, tokenizer, cfg.env.max_searches) for t in trajs]
     items = make_rubric_items(cfg, episodes, tokenizer)
-    if cfg.rubric.mode == "adaptive":
+    if cfg.rubric_mode == "adaptive":
         write_criteria(engine, items, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
     score_items(model, items, pad_id, cfg.rl.score_batch_size, cfg.rubric.shared_prefix)
     ident = None
-    if cfg.rubric.mode == "adaptive":  # fixed criteria or none: nothing μ wrote for an action
+    if cfg.rubric_mode == "adaptive":  # fixed criteria or none: nothing μ wrote for an action
         ident = action_identification(
             model,
             episodes,

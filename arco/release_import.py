@@ -226,9 +226,10 @@ def import_release(
         if kept_notes is None:  # printed with the skips: the first record and its numbers
             counts["k_mismatch"] += 1
             result.first_skip.setdefault(
-                "k_mismatch", f"{where}: an annotated step without {k} criteria and scores "
-                "(rubric.k; the release's file name says its _k<K>): kept for π, not for μ"
-            )  # fmt: skip
+                "k_mismatch",
+                f"{where}: an annotated step without {k} criteria and scores "
+                "(rubric.k; the release's file name says its _k<K>): kept for π, not for μ",
+            )
         result.annotations.append(kept_notes)
         counts["imported"] += 1
         counts["correct"] += reward > 0.5

@@ -310,8 +310,11 @@ def _parse_hotpotqa(row: dict, at: str) -> MathExample:
     if not paragraphs:
         raise DataError(f"{at}: no paragraph of 'context' is named in 'supporting_facts'")
     problem = "\n\n".join([*paragraphs, f"Question: {question}"])
-    meta = {**_rest(row, "question", "answer", "context", "supporting_facts"),
-            "verifier": "qa", "short_answer": True}  # fmt: skip
+    meta = {
+        **_rest(row, "question", "answer", "context", "supporting_facts"),
+        "verifier": "qa",
+        "short_answer": True,
+    }
     return MathExample("", problem, answer, meta)
 
 

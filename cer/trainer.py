@@ -91,10 +91,13 @@ def step_signal(
     """``cer.rewards.diagnostics.signal_metrics`` over every rank's samples of the step (gathered: every rank
     calls it), on the main rank; None on the others."""
     rows = [
-        (t.group_id, {k: v[i].item() for k, v in rewards.items()},
-         float("nan") if ref_prob is None else ref_prob[i].item())
+        (
+            t.group_id,
+            {k: v[i].item() for k, v in rewards.items()},
+            float("nan") if ref_prob is None else ref_prob[i].item(),
+        )
         for i, t in enumerate(trajs)
-    ]  # fmt: skip
+    ]
     rows = gather_in_order(rows, world)
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return None
@@ -133,9 +136,14 @@ def train_cer(cfg: CERConfig) -> dict:
     train_cfg = cfg.train
     # the batch is global (B prompts over all ranks): each rank's share, checked before any load
     train_cfg.grad_accum = group_grad_accum(
-        cfg.prompts_per_step, "prompts_per_step", cfg.group_size, "group_size",
-        cfg.loss.micro_batch_size, "loss.micro_batch_size", "prompts",
-    )  # fmt: skip
+        cfg.prompts_per_step,
+        "prompts_per_step",
+        cfg.group_size,
+        "group_size",
+        cfg.loss.micro_batch_size,
+        "loss.micro_batch_size",
+        "prompts",
+    )
     check_assets(cfg.assets, ["model", "train", "dev"])
     train_cfg.seed = cfg.seed
     train_cfg.total_steps = cfg.steps
@@ -185,7 +193,7 @@ def train_cer(cfg: CERConfig) -> dict:
     random.Random(cfg.seed).shuffle(order)
     types = SIGNAL_TYPES if cfg.reward.signal else ()
     scoring = CERScoring(score_fn, cfg.reward.m, cfg.reward.m_selection, rules_of(cfg), types)
-    reward_fn, reward_name = cfg.reward.reward_fn(), cfg.reward.fn or cfg.reward.type
+    reward_fn, reward_name = cfg.reward.reward_fn(), cfg.reward.reward_name()
     # VeriFree as published trains the reference tokens too: only for its own reward
     verifree = isinstance(reward_fn, GroupReward) and reward_fn.type == "verifree"
 

@@ -325,9 +325,14 @@ class CERReward:
             weighted: dict[str, float] = {}
             for chunk in chunks:
                 out, stats = group_rewards(
-                    [self.reward_type], chunk, score_fn, tokenizer, self.m, self.selection,
+                    [self.reward_type],
+                    chunk,
+                    score_fn,
+                    tokenizer,
+                    self.m,
+                    self.selection,
                     self.rules,
-                )  # fmt: skip
+                )
                 rewards += out[self.reward_type].tolist()
                 for key, value in stats.items():
                     weighted[key] = weighted.get(key, 0.0) + value * len(chunk)

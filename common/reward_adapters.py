@@ -80,8 +80,16 @@ PROBE_COMPLETIONS = (
     "#### Paris\n<answer>Paris</answer>",
 )
 # The keywords a TRL function is given besides the gold-answer columns (``solution_column``).
-TRL_GIVEN = ("prompts", "completions", "completion_ids", "question", "golden_answers",
-             "trainer_state", "log_metric", "log_extra")  # fmt: skip
+TRL_GIVEN = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "question",
+    "golden_answers",
+    "trainer_state",
+    "log_metric",
+    "log_extra",
+)
 
 
 class TRLReward:
@@ -173,8 +181,9 @@ class TRLReward:
         settled by it. Raises ``ValueError`` saying what failed."""
         g = _probe_group()
         try:
-            self._call(g, list(PROBE_COMPLETIONS), None, _trainer_state(0), defaultdict(list),
-                       self.label)  # fmt: skip
+            self._call(
+                g, list(PROBE_COMPLETIONS), None, _trainer_state(0), defaultdict(list), self.label
+            )
         except Exception as e:  # noqa: BLE001 - what failed is the message
             raise ValueError(_probe_failure(e, self.label)) from None
 
@@ -371,8 +380,13 @@ class VerlReward:
             for k, text in enumerate(PROBE_COMPLETIONS):
                 if self.solution_str == "sequence":
                     text = f"{PROBE_QUESTION}\n{text}"
-                info = {"question": g.question, "golden_answers": list(g.golden_answers),
-                        "prediction": PROBE_GOLD, "index": k, "step": 0}  # fmt: skip
+                info = {
+                    "question": g.question,
+                    "golden_answers": list(g.golden_answers),
+                    "prediction": PROBE_GOLD,
+                    "index": k,
+                    "step": 0,
+                }
                 got = self._call(g, text, info, self.label)
                 if isinstance(got, Mapping):
                     if "score" not in got:
@@ -411,8 +425,12 @@ class VerlReward:
             "all": answers,
             "target": {"target": answers},
         }[shape]
-        kwargs = {"data_source": self.data_source, "solution_str": text, "ground_truth": truth,
-                  "extra_info": info}  # fmt: skip
+        kwargs = {
+            "data_source": self.data_source,
+            "solution_str": text,
+            "ground_truth": truth,
+            "extra_info": info,
+        }
         if self.accepts is not None:  # verl's own scorers: (solution_str, ground_truth, ...)
             kwargs = {k: v for k, v in kwargs.items() if k in self.accepts}
         return _run(self.fn, {**kwargs, **self.reward_kwargs}, at)

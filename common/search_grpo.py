@@ -54,9 +54,13 @@ def train_grpo(cfg: GRPOConfig) -> dict:
 
     # the batch is global: each rank's share, checked before any load (GRPOConfig.DERIVED)
     cfg.train.grad_accum = group_grad_accum(
-        cfg.questions_per_step, "questions_per_step", cfg.n, "n",
-        cfg.loss.micro_batch_size, "loss.micro_batch_size",
-    )  # fmt: skip
+        cfg.questions_per_step,
+        "questions_per_step",
+        cfg.n,
+        "n",
+        cfg.loss.micro_batch_size,
+        "loss.micro_batch_size",
+    )
     cfg.check_assets()
     # the data is read before the run folder opens and any model loads: a bad row costs nothing
     # (over-long questions are counted skips: common.data's module docstring)

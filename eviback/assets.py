@@ -31,8 +31,12 @@ def selection_key(original_id: str, question: str, source: str, seed: int) -> st
     """The release's rank of a question within its source: the SHA-256 hex digest of the
     canonical JSON (sorted keys, no spaces, UTF-8) of ``{seed, source, id, question}``, with the
     question normalised (``normalize_question``)."""
-    identity = {"seed": seed, "source": source, "id": original_id,
-                "question": normalize_question(question)}  # fmt: skip
+    identity = {
+        "seed": seed,
+        "source": source,
+        "id": original_id,
+        "question": normalize_question(question),
+    }
     text = json.dumps(identity, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -139,9 +143,14 @@ def select_questions(
     draw_seed = selection_seed if assets.selection == "sha256" else seed
     where = assets.train_where if kind == "train" else None
     return load_questions(
-        files, quotas, draw_seed, assets.selection, assets.release_names, where=where,
+        files,
+        quotas,
+        draw_seed,
+        assets.selection,
+        assets.release_names,
+        where=where,
         max_question_chars=max_question_chars,
-    )  # fmt: skip
+    )
 
 
 def source_of(example_id: str) -> str:

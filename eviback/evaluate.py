@@ -23,8 +23,14 @@ from eviback.assets import build_retriever, question_chars, select_questions, so
 from eviback.config import EviBackConfig
 from eviback.reward import rollout_facts
 
-METRICS = ("f1", "em", "valid_answer_rate", "mean_searches", "duplicate_query_rate",
-           "forced_termination_rate")  # fmt: skip
+METRICS = (
+    "f1",
+    "em",
+    "valid_answer_rate",
+    "mean_searches",
+    "duplicate_query_rate",
+    "forced_termination_rate",
+)
 # benchmark groups of the macro F1 (the release's; 2WikiMultiHopQA under either name)
 SINGLE_HOP = ("nq", "triviaqa", "popqa")
 MULTI_HOP = ("hotpotqa", "2wiki", "2wikimultihopqa", "musique", "bamboogle")

@@ -173,9 +173,13 @@ def train_eviback(cfg: EviBackConfig) -> dict:
 
     # the batch is global: each rank's share, checked before any load (EviBackConfig.DERIVED)
     cfg.train.grad_accum = group_grad_accum(
-        cfg.questions_per_step, "questions_per_step", cfg.n, "n",
-        cfg.loss.micro_batch_size, "loss.micro_batch_size",
-    )  # fmt: skip
+        cfg.questions_per_step,
+        "questions_per_step",
+        cfg.n,
+        "n",
+        cfg.loss.micro_batch_size,
+        "loss.micro_batch_size",
+    )
     cfg.check_assets(("model", "train", "dev", "retrieval", "teacher"))
     cfg.train.total_steps = cfg.steps
     cfg.train.seed = cfg.seed
@@ -183,9 +187,13 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     # bad rows stop here, before any model loads; over-long questions are counted skips
     train_set = select_questions(a, "train", cfg.seed, question_chars(cfg))
     dev_set = load_questions(
-        a.files("dev"), {}, cfg.seed, where=a.dev_where, where_key="dev_where",
+        a.files("dev"),
+        {},
+        cfg.seed,
+        where=a.dev_where,
+        where_key="dev_where",
         max_question_chars=question_chars(cfg),
-    )  # fmt: skip
+    )
     dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
     run = Run("eviback", cfg)  # the run folder: lock, settings check
     try:

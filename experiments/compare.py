@@ -208,9 +208,16 @@ def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
         for s in a["runs"]
         if not s["finished"]
     ]
-    return {"metric": metric, "baseline": baseline, "seeds": spec["seeds"], "arms": arms,
-            "comparisons": comparisons, "not_compared": not_compared, "missing": missing,
-            "unfinished": unfinished}  # fmt: skip
+    return {
+        "metric": metric,
+        "baseline": baseline,
+        "seeds": spec["seeds"],
+        "arms": arms,
+        "comparisons": comparisons,
+        "not_compared": not_compared,
+        "missing": missing,
+        "unfinished": unfinished,
+    }
 
 
 def arm_summary(runs: list[dict[str, Any]], missing: list[int], spec: dict) -> dict[str, Any]:
@@ -590,8 +597,10 @@ def run_arms(spec: dict[str, Any]) -> None:
         with (run_dir / "compare.log").open("w") as log:
             for command in [arm["command"], *arm.get("then", [])]:
                 cmd = [sys.executable if c == "python" else c for c in command] + args
-                print(f"[compare] {i}/{len(todo)} {arm['name']} seed {seed}: {' '.join(cmd)}",
-                      flush=True)  # fmt: skip
+                print(
+                    f"[compare] {i}/{len(todo)} {arm['name']} seed {seed}: {' '.join(cmd)}",
+                    flush=True,
+                )
                 log.flush()
                 rc = subprocess.run(
                     cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ

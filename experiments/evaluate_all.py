@@ -524,8 +524,9 @@ class RetrievalServers:
         with log_path.open("w") as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "common.retrieval", *args, *self.args],
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         self.procs[url] = proc
         t0 = time.monotonic()
         while proc.poll() is None and time.monotonic() - t0 < self.wait_s:

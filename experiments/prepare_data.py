@@ -313,10 +313,16 @@ def download_resuming(url: str, part: Path) -> None:
         r.raise_for_status()
         resumed = r.status_code == 206
         total = int(r.headers.get("content-length", 0)) + (done if resumed else 0)
-        with part.open("ab" if resumed else "wb") as out, tqdm(
-            total=total or None, initial=done if resumed else 0, unit="B", unit_scale=True,
-            desc=part.name[: -len(".part")],
-        ) as bar:  # fmt: skip
+        with (
+            part.open("ab" if resumed else "wb") as out,
+            tqdm(
+                total=total or None,
+                initial=done if resumed else 0,
+                unit="B",
+                unit_scale=True,
+                desc=part.name[: -len(".part")],
+            ) as bar,
+        ):
             for chunk in r.iter_bytes(_COPY_CHUNK):
                 out.write(chunk)
                 bar.update(len(chunk))
@@ -364,17 +370,20 @@ def prepare(config: str | Path, hub: Any, *, dry_run: bool = False, root: Path =
     )
     for f, size in zip(fetches, sizes, strict=True):
         what = f"{_size(size)}" + (f", {f.sample[1]} rows of it kept" if f.sample else "")
-        print(f"[data]   {f.target.relative_to(root) if f.target.is_relative_to(root) else f.target}"
-              f"  <- {f.source}  ({what}; {', '.join(f.keys)})")  # fmt: skip
+        print(
+            f"[data]   {f.target.relative_to(root) if f.target.is_relative_to(root) else f.target}"
+            f"  <- {f.source}  ({what}; {', '.join(f.keys)})"
+        )
     for model in models:
         print(f"[data]   model {model} -> the Hugging Face cache")
     known = sum(s for s in sizes if s is not None)
     free = shutil.disk_usage(_existing_parent(root / "data")).free
     unknown = sum(s is None for s in sizes)
     print(
-        f"[data] {_size(known)} of files" + (f" + {unknown} of unknown size" if unknown else "")
+        f"[data] {_size(known)} of files"
+        + (f" + {unknown} of unknown size" if unknown else "")
         + f" + the models; {free / 2**30:,.1f} GiB free"
-    )  # fmt: skip
+    )
     for key in unsourced:
         print(f"[data]   no source for assets.{key}")
     if unsourced:
@@ -449,8 +458,10 @@ def prepare_search_r1_index(folder: str | Path, hub: Any, *, dry_run: bool = Fal
     Hugging Face cache. Prints the plan and the free disk first; returns 0."""
     folder = Path(folder)
     todo = {name: parts for name, parts in SEARCH_R1_INDEX.items() if not (folder / name).is_file()}
-    print(f"[data] Search-R1's E5 index in {folder}: {len(SEARCH_R1_INDEX) - len(todo)} file(s) "
-          f"there, {len(todo)} to make")  # fmt: skip
+    print(
+        f"[data] Search-R1's E5 index in {folder}: {len(SEARCH_R1_INDEX) - len(todo)} file(s) "
+        f"there, {len(todo)} to make"
+    )
     known = 0
     for name, parts in todo.items():
         shown = []
@@ -465,8 +476,10 @@ def prepare_search_r1_index(folder: str | Path, hub: Any, *, dry_run: bool = Fal
         print(f"[data]   {name}  <- {', '.join(shown)}")
     print(f"[data]   encoder {SEARCH_R1_ENCODER} -> the Hugging Face cache (serve's query encoder)")
     free = shutil.disk_usage(_existing_parent(folder)).free
-    print(f"[data] {_size(known)} to fetch, about as much again while a file is joined or "
-          f"unzipped; {free / 2**30:,.1f} GiB free")  # fmt: skip
+    print(
+        f"[data] {_size(known)} to fetch, about as much again while a file is joined or "
+        f"unzipped; {free / 2**30:,.1f} GiB free"
+    )
     if dry_run:
         return 0
     for name, parts in todo.items():
@@ -515,8 +528,11 @@ def _existing_parent(path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.prepare_data", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.prepare_data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--config", help="a paper config of cer/, eviback/, arco/")
     what.add_argument("--search-r1-index", metavar="DIR", help="make Search-R1's E5 index in DIR")

@@ -102,8 +102,11 @@ def teacher_probe(
             raise Refused(f"serves {', '.join(served) or 'no model'}, not {model}")
         if r.status_code != 404:
             raise RuntimeError(f"answers HTTP {r.status_code}")
-        chat = {"model": model, "messages": [{"role": "user", "content": "ready?"}],
-                "max_tokens": 1}  # fmt: skip
+        chat = {
+            "model": model,
+            "messages": [{"role": "user", "content": "ready?"}],
+            "max_tokens": 1,
+        }
         r = client.post(f"{base}/chat/completions", json=chat, headers=headers, timeout=timeout)
         if r.status_code == 200:
             return
@@ -126,8 +129,9 @@ def services(cfg: Any) -> list[Service]:
     if llm and endpoint and model:
         key = os.environ.get(getattr(a, "api_key_env", "") or "", "")
         also = tuple(getattr(teacher, "reply_models", ()) or ())
-        out.append(Service("teacher", f"{endpoint} ({model})",
-                           teacher_probe(endpoint, model, key, also)))  # fmt: skip
+        out.append(
+            Service("teacher", f"{endpoint} ({model})", teacher_probe(endpoint, model, key, also))
+        )
     return out
 
 
@@ -162,8 +166,11 @@ def wait(todo: list[Service], wait_s: float, every_s: float = 30.0) -> int:
                 return 0
             if elapsed >= wait_s:
                 what = "; ".join(f"{s.name} {s.url}: {s.last}" for s in pending)
-                print(f"[wait] not answering after {wait_s:.0f} s (the bound, --wait-s / "
-                      f"WAIT_S): {what}", flush=True)  # fmt: skip
+                print(
+                    f"[wait] not answering after {wait_s:.0f} s (the bound, --wait-s / "
+                    f"WAIT_S): {what}",
+                    flush=True,
+                )
                 return 3
             if elapsed >= next_line:
                 what = "; ".join(f"{s.name} {s.url}: {s.last}" for s in pending)
@@ -173,8 +180,11 @@ def wait(todo: list[Service], wait_s: float, every_s: float = 30.0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiments.wait_services", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments.wait_services",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--config", required=True, help="a config of cer/, eviback/, arco/")
     parser.add_argument("overrides", nargs="*", help="dotted key=value, as the trainers take")
     parser.add_argument("--wait-s", type=float, default=1800.0, help="the bound (seconds)")

@@ -63,9 +63,13 @@ def agent_split(traj: Trajectory, tokenizer: Any) -> AnswerSplit:
     if span is None:
         visible_end = max((g[1] for g in groups if g[3] > g[2]), default=0)
         return AnswerSplit(
-            list(traj.prompt_ids) + ids[:visible_end], NO_ANSWER_TAIL, None, [],
-            NO_ANSWER_CLOSING, [],
-        )  # fmt: skip
+            list(traj.prompt_ids) + ids[:visible_end],
+            NO_ANSWER_TAIL,
+            None,
+            [],
+            NO_ANSWER_CLOSING,
+            [],
+        )
     start, end, closing_end = span
     cut = next(g for g in groups if g[3] > start)
 

@@ -147,9 +147,12 @@ class HTTPRetriever:
             log.warning(
                 "retrieval: %d of %d queries over %d characters cut to it (%d cut so far; the "
                 "first was %d characters)",
-                len(long), len(queries), self.max_query_chars, self.cut_queries,
+                len(long),
+                len(queries),
+                self.max_query_chars,
+                self.cut_queries,
                 len(queries[long[0]]),
-            )  # fmt: skip
+            )
             queries = [q[: self.max_query_chars] for q in queries]
         out: list[list[Doc]] = []
         for start in range(0, len(queries), self.batch_size):
@@ -179,8 +182,12 @@ class HTTPRetriever:
                     f"{self.max_wait:g} s); last: {failure}"
                 )
             if attempt == 0:
-                log.warning("retrieval server %s: %s; retrying for up to %g s",
-                            redact(self.url), failure, self.max_wait)  # fmt: skip
+                log.warning(
+                    "retrieval server %s: %s; retrying for up to %g s",
+                    redact(self.url),
+                    failure,
+                    self.max_wait,
+                )
             time.sleep(delay)
             attempt += 1
         if response.status_code >= 400:

@@ -76,8 +76,11 @@ def write(out: str | Path = DEFAULT_OUT, seed: int = 0) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.smol.data", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m common.smol.data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the folder to write")
     parser.add_argument("--seed", type=int, default=0, help="the split's shuffle")
     args = parser.parse_args(argv)

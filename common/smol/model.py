@@ -114,8 +114,11 @@ def build(out: str | Path = DEFAULT_OUT, *, log=print) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m common.smol.model", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m common.smol.model",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the model folder to write")
     args = parser.parse_args(argv)
     try:

@@ -695,8 +695,13 @@ class TrainEngine:
             self._losses_finite = None
         grad_norm, skipped = self._backend.step(stepped, bad_loss)
         self.global_step += stepped
-        info = {"grad_norm": grad_norm, "lr": lr, "stepped": stepped, "skipped": False,
-                "nonfinite": []}  # fmt: skip
+        info = {
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "stepped": stepped,
+            "skipped": False,
+            "nonfinite": [],
+        }
         if stepped:
             info |= {f"grad_norm/{k}": v for k, v in self._backend.set_norms.items()}
             info |= self._agree_on_skip(bad_loss, skipped)

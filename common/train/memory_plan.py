@@ -1055,8 +1055,13 @@ def make_plan(
     if s.lora is None and s.bf16 and s.ranks > 1:
         notes.append(
             f"gradients in {'fp32' if s.grad_bytes == 4 else 'bf16'}: the engine's DeepSpeed "
-            "config" + (" sets grad_accum_dtype fp32" if s.grad_bytes == 4 else " sets no fp32 grad_accum_dtype")
-        )  # fmt: skip
+            "config"
+            + (
+                " sets grad_accum_dtype fp32"
+                if s.grad_bytes == 4
+                else " sets no fp32 grad_accum_dtype"
+            )
+        )
     return MemoryPlan(
         config, arch, shape, rows, activations, cost, kv_per_token, gpus, notes, mu_activations
     )

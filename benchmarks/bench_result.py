@@ -14,6 +14,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from common.jsonl import write_atomic
+
 ROOT = Path(__file__).resolve().parent.parent
 OPS = (">=", "<=", "report")
 
@@ -59,7 +61,5 @@ def write_result(name: str, checks: list[Check], setting: str = "") -> Path:
         "setting": setting,
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(record, indent=1) + "\n")
     return path

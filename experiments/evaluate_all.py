@@ -54,6 +54,7 @@ import yaml
 
 from common.bootstrap import paired_bootstrap, ratio_interval
 from common.config import path_name
+from common.jsonl import write_atomic
 from common.launcher import write_failure
 from experiments.method_kinds import COLUMNS, KIND, PAIRED
 
@@ -633,9 +634,7 @@ def worker(run_dir: Path, method: str, model: str, out: Path) -> dict[str, Any]:
         for name, b in benchmarks.items():
             b.setdefault("file", files.get(name, ""))
             b["digest"] = file_digest(b["file"])
-        tmp = out / "record.json.tmp"
-        tmp.write_text(json.dumps(record, ensure_ascii=False))
-        tmp.replace(out / "record.json")
+        write_atomic(out / "record.json", json.dumps(record, ensure_ascii=False))
     return record
 
 

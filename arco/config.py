@@ -23,7 +23,7 @@ from arco.rubric_prompt import (
 )
 from common.data import QAExample, check_where, load_qa_where, question_char_limit
 from common.model_id import model_problem
-from common.rewards import REWARDS, OutcomeReward, StepScorer, load_part
+from common.rewards import REWARDS, OutcomeReward, StepScorerConfig, load_part
 from common.rollout.agent import AgentConfig
 from common.run_config import EvalAssetsConfig, RunLoopConfig, SearchAssetsConfig
 
@@ -205,7 +205,8 @@ class RubricConfig:
 
     @property
     def head_k(self) -> int:
-        """Scores per step from the head: K, or one without a rubric (mode none)."""
+        """Scores per step from the head under this section alone: K, or one without a rubric
+        (mode none). A run reads ``ArcoConfig.head_k``, which method=prm makes one."""
         return 1 if self.mode == "none" else self.k
 
     def __post_init__(self) -> None:
@@ -375,11 +376,24 @@ class ArcoWarmupConfig:
 
 
 @dataclass
-class ArcoRewardConfig:
+class ArcoRewardConfig(StepScorerConfig):
     """The outcome reward R(τ) of a trajectory (``common.rewards``): what the sparse phase's group
     advantages are of and what μ's step scores are trained to add up to (the decomposition
     loss; its class weights split the batch at R > 0.5, so a reward in [0, 1] keeps their
-    meaning). The default is the paper's, exact match."""
+    meaning). The default is the paper's, exact match. And what scores the dense phase's steps
+    (``StepScorerConfig``): μ (``rubric``, ARCO) or a step scorer in its place."""
+
+    OWN: ClassVar[str] = "rubric"
+    OWN_MEANS: ClassVar[str] = "rubric (μ's own)"
+
+    step_scorer: str = field(
+        default="rubric",
+        metadata={
+            "help": "what scores the dense phase's steps: rubric (μ, ARCO) | package.module:Name, "
+            "a step scorer (common.rewards.StepScorer, given ctx.examples by question "
+            "id), e.g. experiments.step_scorers:TeacherEvidenceSteps; μ is then not used in RL"
+        },
+    )
 
     fn: str = field(
         default="exact_match",
@@ -399,6 +413,7 @@ class ArcoRewardConfig:
     def __post_init__(self) -> None:
         if self.fn not in REWARDS or self.fn_args:  # resolved and checked before any model loads
             self.reward_fn()
+        super().__post_init__()
 
     def reward_fn(self) -> OutcomeReward:
         return load_part(self.fn, "reward.fn", "reward", REWARDS, self.fn_args)
@@ -451,8 +466,8 @@ class RLConfig:
         default=-1,
         metadata={
             "help": "π takes pi_lr_dense and the KL pi_kl_coef after this step (-1: after "
-            "sparse_steps, ARCO's phase switch; method=outcome_only keeps ARCO's switch when it "
-            "turns the dense steps into sparse ones, unless outcome_schedule=sparse)",
+            "sparse_steps, ARCO's phase switch, which method=outcome_only keeps too though all "
+            "its steps are sparse ones, unless outcome_schedule=sparse)",
             "ge": -1,
         },
     )
@@ -468,7 +483,8 @@ class RLConfig:
         default=False,
         metadata={
             "help": "frozen μ (no co-evolution): μ's loss is not computed in RL, so its adapter "
-            "and head get no gradient"
+            "and head get no gradient (μ is frozen anyway under method=prm or outcome_only and "
+            "with an external reward.step_scorer)"
         },
     )
     micro_batch_size: int = field(
@@ -478,18 +494,6 @@ class RLConfig:
         default=32,
         metadata={"help": "rubric sequences per no-grad scoring forward", "ge": 1},
     )
-    step_scorer: str = field(
-        default="rubric",
-        metadata={
-            "help": "what scores the dense phase's steps: rubric (μ, ARCO) | package.module:Name, "
-            "a step scorer (common.rewards.StepScorer, given ctx.extra['examples'] by question "
-            "id), e.g. experiments.step_scorers:TeacherEvidenceSteps; μ is then not used in RL"
-        },
-    )
-    step_scorer_args: dict[str, Any] = field(
-        default_factory=dict,
-        metadata={"help": "keyword arguments for a step_scorer that is a class"},
-    )
     mu_single_forward: bool = field(
         default=True,
         metadata={
@@ -498,11 +502,6 @@ class RLConfig:
             "scoring forward, then the update's forward again with dropout (the release's)"
         },
     )
-
-    @property
-    def pi_switch_step(self) -> int:
-        """The last step with π's sparse-phase lr and no KL."""
-        return self.sparse_steps if self.pi_dense_from < 0 else self.pi_dense_from
 
     def __post_init__(self) -> None:
         if self.outcome_schedule not in ("arco", "sparse"):
@@ -517,16 +516,6 @@ class RLConfig:
         for name in ("sparse_steps", "dense_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rl.{name}={getattr(self, name)}; must be >= 0")
-        if self.step_scorer != "rubric":
-            self.scorer()  # imports and has the step scorer's signature
-        elif self.step_scorer_args:
-            raise ValueError("rl.step_scorer_args is set but rl.step_scorer is rubric (μ's own)")
-
-    def scorer(self) -> StepScorer:
-        """The external step scorer ``step_scorer`` names (not ``rubric``)."""
-        return load_part(
-            self.step_scorer, "rl.step_scorer", "step scorer", {}, self.step_scorer_args
-        )
 
 
 @dataclass
@@ -579,6 +568,8 @@ class ArcoConfig(RunLoopConfig):
         "assets.train_file": "assets.train",
         "assets.dev_file": "assets.dev",
         "assets.eval_files": "assets.eval",
+        "rl.step_scorer": "reward.step_scorer",
+        "rl.step_scorer_args": "reward.step_scorer_args",
     }
 
     run_dir: str = field(default="runs/arco/tiny", metadata={"help": "RL output folder"})
@@ -595,9 +586,9 @@ class ArcoConfig(RunLoopConfig):
         default="arco",
         metadata={
             "help": "arco; outcome_only (every RL step a GRPO step on EM, no μ: the Search-R1 "
-            "baseline; its dense steps become sparse ones, the same budget); prm (AgentPRM "
-            "baseline: implies rubric.mode=none and rl.freeze_rubric=true, a scalar step score "
-            "trained in warmup, frozen in RL)"
+            "baseline; rl.dense_steps are run as sparse steps after rl.sparse_steps, the same "
+            "budget); prm (AgentPRM baseline: a scalar step score without criteria, trained in "
+            "warmup, frozen in RL: rubric.mode is read as none, rl.freeze_rubric as true)"
         },
     )
     env: EnvironmentConfig = field(default_factory=EnvironmentConfig)
@@ -610,28 +601,16 @@ class ArcoConfig(RunLoopConfig):
     diagnose: DiagnoseConfig = field(default_factory=DiagnoseConfig)
 
     def __post_init__(self) -> None:
-        self.steps = self.rl.sparse_steps + self.rl.dense_steps  # DERIVED (outcome_only keeps it)
+        self.steps = self.rl.sparse_steps + self.rl.dense_steps  # DERIVED
         if self.method not in METHODS:
             raise ValueError(f"method={self.method!r}; choose one of {METHODS}")
-        if self.method == "prm":
-            if self.rubric.mode == "fixed":
-                raise ValueError("method=prm scores steps without criteria; drop rubric.mode=fixed")
-            self.rubric.mode = "none"
-            self.rl.freeze_rubric = True
-        if self.rl.step_scorer != "rubric":
-            if self.method != "arco":
-                raise ValueError(
-                    f"rl.step_scorer={self.rl.step_scorer!r} drives ARCO's dense phase in μ's "
-                    f"place; method={self.method} has none of its own to replace"
-                )
-            self.rl.freeze_rubric = True  # μ is not used in RL
-        if self.method == "outcome_only":  # the same budget: every step a sparse (GRPO) step
-            if self.rl.pi_dense_from < 0:  # ARCO's switch, or never (outcome_schedule=sparse)
-                arco = self.rl.outcome_schedule == "arco"
-                self.rl.pi_dense_from = self.rl.sparse_steps if arco else self.steps
-            self.rl.sparse_steps += self.rl.dense_steps
-            self.rl.dense_steps = 0
-            self.rl.freeze_rubric = True
+        if self.method == "prm" and self.rubric.mode == "fixed":
+            raise ValueError("method=prm scores steps without criteria; drop rubric.mode=fixed")
+        if self.reward.external and self.method != "arco":
+            raise ValueError(
+                f"reward.step_scorer={self.reward.step_scorer!r} drives ARCO's dense phase in "
+                f"μ's place; method={self.method} has none of its own to replace"
+            )
         if self.eval_every < 0 or self.eval_questions < 1 or self.keep_checkpoints < 1:
             raise ValueError("eval_every must be >= 0, eval_questions and keep_checkpoints >= 1")
         if self.steps < 1:
@@ -641,6 +620,55 @@ class ArcoConfig(RunLoopConfig):
                 "train.zero_stage=3: ARCO trains LoRA adapters and a small head on a frozen base; "
                 "use ZeRO-2 (the default)"
             )
+
+    # What the method makes of the sections' keys, read by warmup and RL; the sections keep what
+    # was set (config.yaml records it as given).
+
+    @property
+    def rubric_mode(self) -> str:
+        """μ's rubric in this run: ``rubric.mode``; none under method=prm (one score a step
+        from the prompt alone)."""
+        return "none" if self.method == "prm" else self.rubric.mode
+
+    @property
+    def head_k(self) -> int:
+        """Scores per step from μ's head: ``rubric.k``, or one without a rubric."""
+        return 1 if self.rubric_mode == "none" else self.rubric.k
+
+    @property
+    def uses_mu(self) -> bool:
+        """Whether μ scores RL's steps: not under method=outcome_only, nor with an external
+        ``reward.step_scorer`` in its place."""
+        return self.method != "outcome_only" and not self.reward.external
+
+    @property
+    def mu_frozen(self) -> bool:
+        """Whether μ gets no gradient in RL: ``rl.freeze_rubric``, method=prm (trained in
+        warmup only), or μ not used in RL (``uses_mu``)."""
+        return self.rl.freeze_rubric or self.method == "prm" or not self.uses_mu
+
+    @property
+    def sparse_steps(self) -> int:
+        """Steps of the sparse phase: ``rl.sparse_steps``; every step under method=outcome_only
+        (its ``rl.dense_steps`` run as sparse steps, the same budget)."""
+        return self.steps if self.method == "outcome_only" else self.rl.sparse_steps
+
+    @property
+    def dense_steps(self) -> int:
+        """Steps of the dense phase, after the sparse ones: ``rl.dense_steps``; none under
+        method=outcome_only."""
+        return self.steps - self.sparse_steps
+
+    @property
+    def pi_switch_step(self) -> int:
+        """The last step with π's sparse-phase lr and no KL: ``rl.pi_dense_from``, by default
+        (-1) ARCO's phase switch after ``rl.sparse_steps``, which method=outcome_only keeps
+        unless ``rl.outcome_schedule=sparse`` (then never: the last step)."""
+        if self.rl.pi_dense_from >= 0:
+            return self.rl.pi_dense_from
+        if self.method == "outcome_only" and self.rl.outcome_schedule == "sparse":
+            return self.steps
+        return self.rl.sparse_steps
 
     def question_chars(self) -> int:
         """The character bound of a question (``common.data.question_char_limit``) for the

@@ -135,25 +135,25 @@ def push_adapters(engine, model: ArcoModel) -> None:
 def rubric_settings(cfg: ArcoConfig) -> dict:
     """What μ's training depends on, written into ``arco.json`` and checked when loading it."""
     r = cfg.rubric
-    return {"mode": r.mode, "prefix": r.prefix, "k": r.k, "request_in": r.request_in}
+    return {"mode": cfg.rubric_mode, "prefix": r.prefix, "k": r.k, "request_in": r.request_in}
 
 
 def check_rubric_matches(cfg: ArcoConfig, model: ArcoModel, where: str) -> None:
     """μ loaded from ``where`` must have been trained for this config's rubric: the head's size,
     the mode, and the prefix (before and after differ only by the release's RL bug)."""
-    if model.k != cfg.rubric.head_k:
+    if model.k != cfg.head_k:
         raise ValueError(
-            f"{where}: its head gives {model.k} scores a step; rubric.mode={cfg.rubric.mode} "
-            f"rubric.k={cfg.rubric.k} needs {cfg.rubric.head_k} (run the warmup with these)"
+            f"{where}: its head gives {model.k} scores a step; rubric.mode={cfg.rubric_mode} "
+            f"rubric.k={cfg.rubric.k} needs {cfg.head_k} (run the warmup with these)"
         )
     meta = model.rubric_meta or {}
-    if "mode" in meta and meta["mode"] != cfg.rubric.mode:
+    if "mode" in meta and meta["mode"] != cfg.rubric_mode:
         raise ValueError(
             f"{where}: μ was trained with rubric.mode={meta['mode']}, this run has "
-            f"{cfg.rubric.mode} (run the warmup with the same rubric settings)"
+            f"{cfg.rubric_mode} (run the warmup with the same rubric settings)"
         )
     trained_in = meta.get("request_in", "user")  # folders written before the option: user
-    if cfg.rubric.mode != "none" and trained_in != cfg.rubric.request_in:
+    if cfg.rubric_mode != "none" and trained_in != cfg.rubric.request_in:
         raise ValueError(
             f"{where}: μ was trained with rubric.request_in={trained_in}, this run has "
             f"{cfg.rubric.request_in} (run the warmup with the same rubric settings)"
@@ -174,7 +174,7 @@ def load_arco_folder(cfg: ArcoConfig, folder: Path) -> tuple[ArcoModel, object]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = cfg.train.weights_dtype()  # as in training
     model = build_arco_model(
-        cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, folder, dtype=dtype
+        cfg.assets.model, cfg.lora.as_peft(), cfg.head_k, folder, dtype=dtype
     ).to(device)
     check_rubric_matches(cfg, model, str(folder))
     return model, AutoTokenizer.from_pretrained(cfg.assets.model)
@@ -182,19 +182,19 @@ def load_arco_folder(cfg: ArcoConfig, folder: Path) -> tuple[ArcoModel, object]:
 
 def make_rubric_items(cfg: ArcoConfig, episodes: Sequence[Episode], tokenizer) -> list[RubricItem]:
     """μ's items for every step of ``episodes`` under the config's rubric (mode, prefix, K)."""
-    r = cfg.rubric
-    fixed = read_criteria_file(r.criteria_file, r.k) if r.mode == "fixed" else None
+    r, mode = cfg.rubric, cfg.rubric_mode
+    fixed = read_criteria_file(r.criteria_file, r.k) if mode == "fixed" else None
     return rubric_items(
-        episodes, tokenizer, r.k, r.prefix, r.max_obs_chars, r.mode, fixed, **r.templates()
+        episodes, tokenizer, r.k, r.prefix, r.max_obs_chars, mode, fixed, **r.templates()
     )
 
 
 def external_step_scores(
     scorer: StepScorer, trajs: Sequence[Trajectory], ctx: RewardContext, name: str
 ) -> list[list[float]]:
-    """``scorer``'s s_t for every step of ``trajs`` (``rl.step_scorer``, in μ's place), checked:
-    one finite score per agent step (``common.rewards.check_step_scores``)."""
-    return check_step_scores(scorer(groups_of(trajs), ctx), trajs, f"rl.step_scorer={name!r}")
+    """``scorer``'s s_t for every step of ``trajs`` (``reward.step_scorer``, in μ's place),
+    checked: one finite score per agent step (``common.rewards.check_step_scores``)."""
+    return check_step_scores(scorer(groups_of(trajs), ctx), trajs, f"reward.step_scorer={name!r}")
 
 
 def all_ranks(obj):
@@ -371,7 +371,7 @@ def mu_single_forward(cfg: ArcoConfig) -> bool:
     """Whether μ's scoring forward is its update's: ``rl.mu_single_forward`` with μ in the run
     and trained. Then an update is two micro-steps a micro-batch of trajectories (grad_accum),
     μ's (``rubric_update``) and then π's (``update``)."""
-    return cfg.rl.mu_single_forward and cfg.method != "outcome_only" and not cfg.rl.freeze_rubric
+    return cfg.rl.mu_single_forward and not cfg.mu_frozen
 
 
 def rubric_update(
@@ -426,13 +426,14 @@ def rubric_update(
 def update(train: TrainEngine, batch: ArcoBatch, cfg: ArcoConfig, pad_id: int) -> dict[str, float]:
     """One optimizer step on L_π + L_μ over the batch, cut into micro-batches of trajectories
     (the engine averages its grad_accum micro-steps, so each micro-batch's sum is divided by its
-    size and scaled by grad_accum / micro-batches). With ``rl.freeze_rubric`` (frozen μ, PRM,
-    outcome-only) L_μ is not computed; with ``batch.mu_done`` ``rubric_update`` has taken μ's
-    micro-steps already and this one adds π's. Seconds of each half into ``batch.timings``."""
+    size and scaled by grad_accum / micro-batches). With μ frozen (``ArcoConfig.mu_frozen``:
+    ``rl.freeze_rubric``, PRM, outcome-only, an external step scorer) L_μ is not computed; with
+    ``batch.mu_done`` ``rubric_update`` has taken μ's micro-steps already and this one adds
+    π's. Seconds of each half into ``batch.timings``."""
     trajs, items, step_adv = batch.trajectories, batch.items, batch.advantages
     rewards, late, mu_done, timings = batch.rewards, batch.late, batch.mu_done, batch.timings
     mbs = cfg.rl.micro_batch_size
-    train_mu = not cfg.rl.freeze_rubric and not mu_done
+    train_mu = not cfg.mu_frozen and not mu_done
     weights = global_class_weights(rewards, train.rank)
     by_traj = _by_traj(items)
     chunks = _micro_batches(len(trajs), mbs)
@@ -597,28 +598,32 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
     return order
 
 
-def step_questions(step: int, rl, n: int, seed: int) -> list[int]:
+def step_questions(step: int, rl, n: int, seed: int, sparse_steps: int | None = None) -> list[int]:
     """The one-rank batch of step ``step`` (1-based): indices into the ``n`` training questions,
     a function of the step alone (a resumed run draws the same questions). Each phase walks
     epochs as the release does, ceil(n / B) batches an epoch over a fresh permutation (sparse
     B = rl.sparse_questions, dense B = rl.dense_questions; the dense phase starts a new epoch).
     An epoch's last batch, short in the release, is filled up to B with the first questions of
     the same epoch's permutation: every update has B distinct questions (B <= n) and every
-    epoch covers every question."""
+    epoch covers every question. ``sparse_steps``: the sparse phase's length
+    (``ArcoConfig.sparse_steps``: every step under outcome-only); None: ``rl.sparse_steps``."""
+    sparse = rl.sparse_steps if sparse_steps is None else sparse_steps
     sparse_epoch = -(-n // rl.sparse_questions)  # batches an epoch
-    if step <= rl.sparse_steps:
+    if step <= sparse:
         size, k, first = rl.sparse_questions, step - 1, 0
     else:
-        size, k = rl.dense_questions, step - 1 - rl.sparse_steps
-        first = -(-rl.sparse_steps // sparse_epoch)  # epochs the sparse phase began
+        size, k = rl.dense_questions, step - 1 - sparse
+        first = -(-sparse // sparse_epoch)  # epochs the sparse phase began
     epoch, b = divmod(k, -(-n // size))
     order = epoch_order(n, seed, first + epoch)
     return [order[(b * size + i) % n] for i in range(size)]
 
 
-def rank_step_questions(step: int, rl, n: int, seed: int, rank: int, world: int) -> list[int]:
+def rank_step_questions(
+    step: int, rl, n: int, seed: int, rank: int, world: int, sparse_steps: int | None = None
+) -> list[int]:
     """Rank ``rank`` of ``world``: its contiguous slice of the one-rank batch of ``step``."""
-    return rank_slice(step_questions(step, rl, n, seed), rank, world)
+    return rank_slice(step_questions(step, rl, n, seed, sparse_steps), rank, world)
 
 
 def check_batches(rl, world: int, n: int | None = None) -> int:
@@ -654,8 +659,8 @@ def train_arco(cfg: ArcoConfig) -> dict:
     cfg.check_assets(("model", "train", "dev", "retrieval", "warmup"))
     train_set = cfg.assets.questions("train", cfg.question_chars())
     dev_set = cfg.assets.questions("dev", cfg.question_chars())[: cfg.eval_questions]
-    uses_mu = cfg.method != "outcome_only" and rl.step_scorer == "rubric"
-    step_scorer = rl.scorer() if rl.step_scorer != "rubric" else None
+    uses_mu = cfg.uses_mu
+    step_scorer = cfg.reward.scorer()  # None: μ's (or none, outcome-only)
     reward_fn = cfg.reward.reward_fn()  # checked on one example before any model loads
     by_id = {q.id: q for q in train_set}
     single = mu_single_forward(cfg)
@@ -684,13 +689,13 @@ def train_arco(cfg: ArcoConfig) -> dict:
     model = build_arco_model(
         cfg.assets.model,
         cfg.lora.as_peft(),
-        cfg.rubric.head_k,
+        cfg.head_k,
         cfg.warmup_dir,
         dtype=cfg.train.weights_dtype(),
     )
     if uses_mu:
         check_rubric_matches(cfg, model, cfg.warmup_dir)
-    if cfg.rl.freeze_rubric:
+    if cfg.mu_frozen:
         model.freeze_rubric()
     lrs = {"policy": rl.pi_lr_sparse, "rubric": rl.mu_lr, "head": rl.head_lr}
     train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))
@@ -716,12 +721,12 @@ def train_arco(cfg: ArcoConfig) -> dict:
     def arco_step(step: int) -> ArcoBatch:
         """π's rollouts -> μ's criteria and step scores -> sparse or dense advantages (the
         frame makes the one optimizer step on L_π + L_μ and pushes both adapters)."""
-        dense = step > rl.sparse_steps
-        late = step > rl.pi_switch_step  # π's dense-phase lr and KL (outcome-only: ARCO's switch)
+        dense = step > cfg.sparse_steps  # outcome-only: never
+        late = step > cfg.pi_switch_step  # π's dense-phase lr and KL (outcome-only: ARCO's switch)
         train.set_group_lr("policy", rl.pi_lr_dense if late else rl.pi_lr_sparse)
         n = 1 if dense else rl.sparse_n
         idx = rank_step_questions(
-            step, rl, len(train_set), cfg.seed, train.rank, train.world_size
+            step, rl, len(train_set), cfg.seed, train.rank, train.world_size, cfg.sparse_steps
         )  # this rank's slice of the one-rank batch: a function of (seed, step)
         qs = [train_set[i] for i in idx]
         timings: dict[str, float] = {}
@@ -746,7 +751,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
         for ep, r in zip(episodes, rewards.tolist(), strict=True):
             ep.reward = r  # the reward trained on, in samples/
         items = make_rubric_items(cfg, episodes, tokenizer) if uses_mu else []
-        if cfg.rubric.mode == "adaptive" and items:
+        if cfg.rubric_mode == "adaptive" and items:
             t0 = time.perf_counter()
             write_criteria(engine, items, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
             timings["rubric_generation"] = time.perf_counter() - t0
@@ -766,7 +771,7 @@ def train_arco(cfg: ArcoConfig) -> dict:
                 scores = step_rewards(items, len(trajs))
             else:
                 t0 = time.perf_counter()
-                scores = external_step_scores(step_scorer, trajs, ctx, rl.step_scorer)
+                scores = external_step_scores(step_scorer, trajs, ctx, cfg.reward.step_scorer)
                 mu_stats.update(step_scorer_metrics(step_scorer))
                 timings["step_scorer"] = time.perf_counter() - t0
             step_adv = global_dense_advantages(scores, kinds, rl.c, rl.invalid_bucket, train.rank)

@@ -933,7 +933,7 @@ def build_parts(cfg: ArcoConfig, out: Path, start_step: int) -> WarmupParts:
     tokenizer = AutoTokenizer.from_pretrained(cfg.assets.model)
     set_seed(cfg.seed)  # the fresh adapters and head: this seed's, not the process's
     model = build_arco_model(
-        cfg.assets.model, cfg.lora.as_peft(), cfg.rubric.head_k, dtype=cfg.train.weights_dtype()
+        cfg.assets.model, cfg.lora.as_peft(), cfg.head_k, dtype=cfg.train.weights_dtype()
     )
     model.rubric_meta = rubric_settings(cfg)
     w = cfg.warmup
@@ -1105,12 +1105,12 @@ def mu_phase(
         if it.written:  # mode adaptive: μ learns to write the teacher's criteria
             criteria = encode_text(parts.tokenizer, format_criteria(ann.criteria))
             it.criteria_ids = criteria + [eos_id]
-        it.target_scores = sft_targets(ann.scores, cfg.rubric.head_k)
+        it.target_scores = sft_targets(ann.scores, cfg.head_k)
     nap(cfg, parts.engine)
     pad_id = padding_id(parts.tokenizer)
     report = {"mu_sft": sft_rubric(parts.train, items, cfg, pad_id, parts.logger)}
     parts.model.sync_references()
-    if cfg.rubric.mode == "adaptive":
+    if cfg.rubric_mode == "adaptive":
         push_adapters(parts.engine, parts.model)
         report["mu_writes"] = check_written_criteria(parts.engine, items, cfg, eos_id, parts.logger)
     return report

@@ -827,7 +827,7 @@ def _mu_saved(folder: Path, widths: Widths, checkpointing: bool) -> tuple[int, d
         ],
     )
     cfg.train.grad_accum = 4  # μ's two micro-steps and π's two: no optimizer step inside μ's
-    model = build_arco_model(folder, cfg.lora.as_peft(), cfg.rubric.head_k, dtype=torch.bfloat16)
+    model = build_arco_model(folder, cfg.lora.as_peft(), cfg.head_k, dtype=torch.bfloat16)
     train = TrainEngine(
         model, cfg.train, param_groups=model.groups({"policy": 1e-6, "rubric": 1e-6, "head": 1e-6})
     )

@@ -1,7 +1,7 @@
 """Step scorers from one method for another's trainer (``common.rewards.StepScorer``).
 
 ``TeacherEvidenceSteps`` scores a search agent's steps with EviBack's teacher, for ARCO's dense
-phase in μ's place (``rl.step_scorer=experiments.step_scorers:TeacherEvidenceSteps``). The
+phase in μ's place (``reward.step_scorer=experiments.step_scorers:TeacherEvidenceSteps``). The
 teacher judges the evidence of each prefix of a trajectory that ends at a search step; a step
 earns EviBack's β when its search is the one after which the teacher first calls the evidence
 sufficient (S or A), and the answer step earns the outcome:

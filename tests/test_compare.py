@@ -553,7 +553,7 @@ def test_the_smol_arco_comparison_gives_both_arms_one_budget_of_about_one_pass()
         for a in spec["arms"]
     )
     assert (outcome.method, arco.method) == ("outcome_only", "arco")
-    assert outcome.steps == arco.steps == outcome.rl.sparse_steps == arco.eval_every == 10
+    assert outcome.steps == arco.steps == outcome.sparse_steps == arco.eval_every == 10
     rl = arco.rl
     questions = rl.sparse_steps * rl.sparse_questions + rl.dense_steps * rl.dense_questions
     assert 0.85 * SIZES["train"] <= questions <= SIZES["train"]

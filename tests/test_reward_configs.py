@@ -42,13 +42,20 @@ def test_cer_s_help_names_the_typed_reward_context():
     assert "ctx.extra" not in helps["fn"]
 
 
-def test_the_step_scorer_keys_are_declared_once():
+def test_one_step_scorer_declaration_each_method_its_default():
+    from arco.config import ArcoRewardConfig
+
     assert issubclass(GRPORewardConfig, StepScorerConfig)
-    grpo = GRPORewardConfig()
+    assert issubclass(ArcoRewardConfig, StepScorerConfig)
+    grpo, arco = GRPORewardConfig(), ArcoRewardConfig()
     assert (grpo.step_scorer, grpo.external, grpo.scorer()) == ("", False, None)
+    assert (arco.step_scorer, arco.external, arco.scorer()) == ("rubric", False, None)
     shared = StepScorerConfig.__dataclass_fields__
+    for cls in (GRPORewardConfig, ArcoRewardConfig):  # declared once, in StepScorerConfig
+        assert cls.__dataclass_fields__["step_scorer_args"] is shared["step_scorer_args"]
     assert GRPORewardConfig.__dataclass_fields__["step_scorer"] is shared["step_scorer"]
-    assert GRPORewardConfig.__dataclass_fields__["step_scorer_args"] is shared["step_scorer_args"]
     empty = "^reward.step_scorer_args is set but reward.step_scorer is empty$"
     with pytest.raises(ValueError, match=empty):
         GRPORewardConfig(step_scorer_args={"beta": 1})
+    with pytest.raises(ValueError, match=r"is rubric \(μ's own\)$"):
+        ArcoRewardConfig(step_scorer_args={"beta": 1})

@@ -425,9 +425,10 @@ def test_a_step_scorer_class_takes_its_keyword_arguments_from_the_config(user_mo
     cfg = load_config(GRPOConfig, None, [spec, "reward.step_scorer_args={beta: 0.3, top_m: 2}"])
     got = cfg.reward.scorer()
     assert isinstance(got, TeacherEvidenceSteps) and (got.beta, got.top_m) == (0.3, 2)
-    arco = load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml",
-                       [spec.replace("reward.", "rl."), "rl.step_scorer_args.beta=0.5"])  # fmt: skip
-    assert arco.rl.scorer().beta == 0.5
+    arco = load_config(
+        ArcoConfig, ROOT / "arco/configs/tiny.yaml", [spec, "reward.step_scorer_args.beta=0.5"]
+    )  # one key in both: ARCO's reward section takes it
+    assert arco.reward.scorer().beta == 0.5
     bad = [
         ([spec, "reward.step_scorer_args.btea=1"], r"reward.step_scorer='experiments.step_scorers:"
          r"TeacherEvidenceSteps' does not take the arguments \['btea'\].*\(it takes \(beta"),
@@ -441,9 +442,9 @@ def test_a_step_scorer_class_takes_its_keyword_arguments_from_the_config(user_mo
             load_config(GRPOConfig, None, over)
         assert "\n" not in str(e.value)
     with pytest.raises(
-        ConfigError, match="rl.step_scorer_args is set but rl.step_scorer is rubric"
+        ConfigError, match="reward.step_scorer_args is set but reward.step_scorer is rubric"
     ):
-        load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml", ["rl.step_scorer_args.beta=1"])
+        load_config(ArcoConfig, ROOT / "arco/configs/tiny.yaml", ["reward.step_scorer_args.beta=1"])
     # the constructor's own check, as one line naming the key
     with pytest.raises(ValueError, match=r"^reward.step_scorer='my_rewards:Picky': picky says no$"):
         load_part("my_rewards:Picky", "reward.step_scorer", "step scorer", {}, {"level": -1})

@@ -1,6 +1,6 @@
 """``experiments.step_scorers.TeacherEvidenceSteps`` on hand-built trajectories (the evidence
 oracle: S once every supporting document was retrieved), ARCO's dense advantages from it, and
-``rl.step_scorer``'s checks in ARCO's config and trainer."""
+``reward.step_scorer``'s checks in ARCO's config and trainer."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_external_step_scores_are_checked_one_per_step():
     ctx = RewardContext()
     ok = external_step_scores(lambda g, c: [[0.0] * len(t.steps) for t in trajs], trajs, ctx, "f")
     assert [len(s) for s in ok] == [3, 3, 3, 2]
-    with pytest.raises(ValueError, match=r"rl.step_scorer='f' gave 1 score lists for 4"):
+    with pytest.raises(ValueError, match=r"reward.step_scorer='f' gave 1 score lists for 4"):
         external_step_scores(lambda g, c: [[0.0]], trajs, ctx, "f")
     with pytest.raises(ValueError, match=r"trajectory 3: 3 scores for 2 steps"):
         external_step_scores(lambda g, c: [[0.0] * 3] * 4, trajs, ctx, "f")
@@ -87,17 +87,31 @@ def test_external_step_scores_are_checked_one_per_step():
         external_step_scores(lambda g, c: nan, trajs, ctx, "f")
 
 
-def test_rl_step_scorer_is_checked_when_the_config_is_built():
+def test_arco_s_step_scorer_is_checked_when_the_config_is_built():
     cfg = load_config(
-        ArcoConfig, None, ["rl.step_scorer=experiments.step_scorers:TeacherEvidenceSteps"]
+        ArcoConfig, None, ["reward.step_scorer=experiments.step_scorers:TeacherEvidenceSteps"]
     )
-    assert cfg.rl.freeze_rubric and isinstance(cfg.rl.scorer(), TeacherEvidenceSteps)
-    assert not load_config(ArcoConfig, None, []).rl.freeze_rubric  # rubric: μ, as before
-    with pytest.raises(ConfigError, match="rl.step_scorer='nope:x' does not import"):
-        load_config(ArcoConfig, None, ["rl.step_scorer=nope:x"])
+    assert isinstance(cfg.reward.scorer(), TeacherEvidenceSteps)
+    assert cfg.mu_frozen and not cfg.uses_mu and not cfg.rl.freeze_rubric  # the key as given
+    default = load_config(ArcoConfig, None, [])
+    assert default.reward.step_scorer == "rubric" and default.reward.scorer() is None  # μ
+    assert default.uses_mu and not default.mu_frozen
+    with pytest.raises(ConfigError, match="reward.step_scorer='nope:x' does not import"):
+        load_config(ArcoConfig, None, ["reward.step_scorer=nope:x"])
     with pytest.raises(ConfigError, match="method=prm has none of its own to replace"):
-        load_config(ArcoConfig, None, ["rl.step_scorer=experiments.step_scorers:"
+        load_config(ArcoConfig, None, ["reward.step_scorer=experiments.step_scorers:"
                                        "TeacherEvidenceSteps", "method=prm"])  # fmt: skip
+
+
+def test_the_old_rl_step_scorer_keys_fail_in_one_line_naming_the_new_ones():
+    for old, value in (("rl.step_scorer", "rubric"), ("rl.step_scorer_args", "{beta: 1}")):
+        with pytest.raises(ConfigError) as e:
+            load_config(ArcoConfig, None, [f"{old}={value}"])
+        new = old.replace("rl.", "reward.")
+        assert str(e.value) == (
+            f"config key {old!r} (from the command line) was renamed: use {new!r} "
+            "(docs/configuration.md)"
+        )
 
 
 def test_the_compare_spec_sets_the_teacher_s_steps_against_mu_and_outcome_only():
@@ -111,6 +125,6 @@ def test_the_compare_spec_sets_the_teacher_s_steps_against_mu_and_outcome_only()
         over = [o.replace("{out}", "runs/x") for o in arm["overrides"]]
         cfgs[arm["name"]] = load_config(ArcoConfig, ROOT / arm["command"][-1], over)
     assert {n: c.warmup_dir for n, c in cfgs.items()} == dict.fromkeys(cfgs, "runs/x/warmup/arco")
-    assert cfgs["arco"].rl.step_scorer == "rubric" and cfgs["outcome_only"].rl.dense_steps == 0
-    assert isinstance(cfgs["teacher_steps"].rl.scorer(), TeacherEvidenceSteps)
-    assert cfgs["teacher_steps"].rl.dense_steps == cfgs["arco"].rl.dense_steps == 10
+    assert cfgs["arco"].reward.step_scorer == "rubric" and cfgs["outcome_only"].dense_steps == 0
+    assert isinstance(cfgs["teacher_steps"].reward.scorer(), TeacherEvidenceSteps)
+    assert cfgs["teacher_steps"].dense_steps == cfgs["arco"].dense_steps == 10

@@ -144,8 +144,9 @@ def test_k_sets_the_teachers_criteria_the_request_and_the_head(k, tiny_world, to
 
 
 def test_mode_none_head_has_one_score_whatever_k(tiny_world):
-    assert cfg_for(tiny_world, "rubric.mode=none", "rubric.k=4").rubric.head_k == 1
-    assert cfg_for(tiny_world, "rubric.k=4").rubric.head_k == 4
+    assert cfg_for(tiny_world, "rubric.mode=none", "rubric.k=4").head_k == 1
+    assert cfg_for(tiny_world, "method=prm", "rubric.k=4").head_k == 1
+    assert cfg_for(tiny_world, "rubric.k=4").head_k == 4
 
 
 # --- the PRM baseline's targets ---------------------------------------------------------------
@@ -166,13 +167,25 @@ def test_prm_targets_are_the_projected_teacher_step_scores():
 
 
 def test_method_presets(tiny_world):
+    """A method's reading of the sections (``ArcoConfig``'s properties); the sections keep what
+    was set, so config.yaml records it as given."""
     prm = cfg_for(tiny_world, "method=prm")
-    assert prm.rubric.mode == "none" and prm.rl.freeze_rubric
+    assert (prm.rubric_mode, prm.head_k, prm.mu_frozen, prm.uses_mu) == ("none", 1, True, True)
+    assert (prm.rubric.mode, prm.rl.freeze_rubric) == ("adaptive", False)
     out = cfg_for(tiny_world, "method=outcome_only", "rl.sparse_steps=10", "rl.dense_steps=10")
-    assert (out.rl.sparse_steps, out.rl.dense_steps, out.steps) == (20, 0, 20)
-    assert out.rl.freeze_rubric
+    assert (out.sparse_steps, out.dense_steps, out.steps, out.pi_switch_step) == (20, 0, 20, 10)
+    assert (out.rl.sparse_steps, out.rl.dense_steps, out.rl.pi_dense_from) == (10, 10, -1)
+    assert out.mu_frozen and not out.uses_mu and not out.rl.freeze_rubric
     arco = cfg_for(tiny_world)
-    assert arco.rubric.mode == "adaptive" and not arco.rl.freeze_rubric
+    assert (arco.rubric_mode, arco.head_k, arco.mu_frozen, arco.uses_mu) == (
+        "adaptive",
+        3,
+        False,
+        True,
+    )
+    assert (arco.sparse_steps, arco.dense_steps, arco.pi_switch_step) == (10, 10, 10)
+    frozen = cfg_for(tiny_world, "rl.freeze_rubric=true")
+    assert frozen.mu_frozen and frozen.uses_mu and frozen.rubric_mode == "adaptive"
     with pytest.raises(ValueError, match="method=prm"):
         cfg_for(tiny_world, "method=prm", "rubric.mode=fixed", f"rubric.criteria_file={CRITERIA}")
     with pytest.raises(ValueError, match="criteria_file"):
@@ -212,12 +225,12 @@ def _changed_after_one_update(tiny_world, tokenizer, *extra: str) -> dict:
     the adapters differ from their references (KL > 0) and every LoRA matrix has a gradient."""
     cfg = cfg_for(tiny_world, "rl.micro_batch_size=2", "rl.mu_kl_coef=0.05", *extra)
     torch.manual_seed(0)
-    model = build_arco_model(tiny_world / "model", cfg.lora.as_peft(), cfg.rubric.head_k)
+    model = build_arco_model(tiny_world / "model", cfg.lora.as_peft(), cfg.head_k)
     with torch.no_grad():  # LoRA B starts at 0, which zeroes A's gradient: move every weight
         g = torch.Generator().manual_seed(1)
         for _, p in model.named_parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=g))
-    if cfg.rl.freeze_rubric:
+    if cfg.mu_frozen:
         model.freeze_rubric()
     lrs = {"policy": 1e-2, "rubric": 1e-2, "head": 1e-2}
     train = TrainEngine(model, cfg.train, param_groups=model.groups(lrs))

@@ -151,16 +151,16 @@ def test_policy_from_without_a_warmup_is_a_missing_asset(tiny_world, tmp_path):
 def test_an_external_step_scorer_drives_the_dense_phase_in_mu_s_place(
     tiny_world, prm_warmed, tmp_path
 ):
-    """rl.step_scorer=experiments.step_scorers:TeacherEvidenceSteps: the sparse step is ARCO's
+    """reward.step_scorer=experiments.step_scorers:TeacherEvidenceSteps: the sparse step is ARCO's
     GRPO step, the dense step's advantages come from the teacher's step scores, μ is untouched."""
     from arco.trainer import train_arco
 
     over = overrides(tiny_world, prm_warmed, backend="hf") + [
         f"run_dir={tmp_path / 'run'}",
-        "rl.step_scorer=experiments.step_scorers:TeacherEvidenceSteps",
+        "reward.step_scorer=experiments.step_scorers:TeacherEvidenceSteps",
     ]
     cfg = load_config(ArcoConfig, CONFIG, over)
-    assert cfg.rl.freeze_rubric  # μ is not used in RL
+    assert cfg.mu_frozen and not cfg.uses_mu  # μ is not used in RL
     out = train_arco(cfg)
     rows = _rows(Path(out["run_dir"]))
     assert [r["phase_dense"] for r in rows] == [0.0, 1.0]

@@ -89,10 +89,12 @@ def test_outcome_only_keeps_the_sparse_batch_and_walks_on_through_epochs():
     cfg = load_config(
         ArcoConfig, ROOT / "arco" / "configs" / "qwen3_4b_hotpotqa.yaml", ["method=outcome_only"]
     )
-    r, n = cfg.rl, 2000
-    assert (r.sparse_steps, r.dense_steps) == (535, 0)
-    assert step_questions(376, r, n, cfg.seed) == epoch_order(n, cfg.seed, 3)[:16]
-    assert step_questions(535, r, n, cfg.seed) == epoch_order(n, cfg.seed, 4)[34 * 16 : 35 * 16]
+    r, n, sparse = cfg.rl, 2000, cfg.sparse_steps
+    assert (sparse, cfg.dense_steps) == (535, 0)
+    assert step_questions(376, r, n, cfg.seed, sparse) == epoch_order(n, cfg.seed, 3)[:16]
+    last = step_questions(535, r, n, cfg.seed, sparse)
+    assert last == epoch_order(n, cfg.seed, 4)[34 * 16 : 35 * 16]
+    assert rank_step_questions(535, r, n, cfg.seed, 3, 4, sparse) == last[12:16]
     assert check_batches(r, 4, n) == 4  # 4 sparse questions x 4 a rank / micro-batch 4
 
 

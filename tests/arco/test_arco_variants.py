@@ -45,8 +45,10 @@ def test_variant_over_config(config, variant):
     base = load_variant(config, [], None)
     c = load_variant(config, [], variant)
     method, mode, prefix, k, frozen, kl, warm = EXPECTED[variant]
-    assert (c.method, c.rubric.mode, c.rubric.prefix, c.rubric.k) == (method, mode, prefix, k)
-    assert (c.rl.freeze_rubric, c.rl.kl_direction) == (frozen, kl)
+    assert (c.method, c.rubric_mode, c.rubric.prefix, c.rubric.k) == (method, mode, prefix, k)
+    assert (c.mu_frozen, c.rl.kl_direction) == (frozen, kl)
+    assert c.rl.freeze_rubric == (variant == "frozen_mu")  # the key as set: no method writes it
+    assert c.rubric.mode == ("adaptive" if variant == "prm" else mode)
     assert c.rl.invalid_bucket == (variant != "release")
     assert c.run_dir == f"{base.run_dir}/{variant}"
     if warm is None:
@@ -59,10 +61,12 @@ def test_variant_over_config(config, variant):
     # everything else is the base config's: the paper's values stay
     assert (c.assets, c.env, c.agent, c.lora) == (base.assets, base.env, base.agent, base.lora)
     assert c.steps == base.steps and c.rl.pi_lr_sparse == base.rl.pi_lr_sparse
-    if variant == "outcome_only":
-        assert (c.rl.sparse_steps, c.rl.dense_steps) == (base.steps, 0)
+    assert (c.rl.sparse_steps, c.rl.dense_steps) == (base.rl.sparse_steps, base.rl.dense_steps)
+    if variant == "outcome_only":  # every step a sparse one, π's switch where ARCO's is
+        assert (c.sparse_steps, c.dense_steps) == (base.steps, 0)
     else:
-        assert (c.rl.sparse_steps, c.rl.dense_steps) == (base.rl.sparse_steps, base.rl.dense_steps)
+        assert (c.sparse_steps, c.dense_steps) == (base.rl.sparse_steps, base.rl.dense_steps)
+    assert c.pi_switch_step == base.pi_switch_step == base.rl.sparse_steps
 
 
 def test_command_line_keys_win_and_placeholders_follow_them():
@@ -102,14 +106,16 @@ def test_outcome_only_keeps_arcos_lr_and_kl_schedule_by_default(schedule, switch
         ROOT / "arco" / "configs" / "qwen3_4b_hotpotqa.yaml",
         ["method=outcome_only", f"rl.outcome_schedule={schedule}"],
     )
-    assert (cfg.rl.sparse_steps, cfg.rl.dense_steps) == (535, 0)
-    assert cfg.rl.pi_dense_from == switch
-    assert (
-        load_config(
-            ArcoConfig, ROOT / "arco" / "configs" / "tiny.yaml", ["rl.sparse_steps=3"]
-        ).rl.pi_switch_step
-        == 3
+    assert (cfg.sparse_steps, cfg.dense_steps, cfg.steps) == (535, 0, 535)
+    assert cfg.pi_switch_step == switch and cfg.rl.pi_dense_from == -1
+    pinned = load_config(
+        ArcoConfig,
+        ROOT / "arco" / "configs" / "qwen3_4b_hotpotqa.yaml",
+        ["method=outcome_only", f"rl.outcome_schedule={schedule}", "rl.pi_dense_from=100"],
     )
+    assert pinned.pi_switch_step == 100  # a step set is the step
+    tiny = ROOT / "arco" / "configs" / "tiny.yaml"
+    assert load_config(ArcoConfig, tiny, ["rl.sparse_steps=3"]).pi_switch_step == 3
 
 
 @pytest.mark.parametrize("name", ["../tiny", "../configs/tiny", "/etc/passwd", "wo_prefix/", ""])

@@ -43,12 +43,12 @@ def main() -> None:
     gathered = [torch.empty_like(mine) for _ in range(world)]
     dist.all_gather(gathered, mine)
     assert all(torch.equal(gathered[0], g) for g in gathered), "ranks disagree"
-    lora, k = cfg.lora.as_peft(), cfg.rubric.head_k
+    lora, k = cfg.lora.as_peft(), cfg.head_k
     warm = build_arco_model(cfg.assets.model, lora, k, cfg.warmup_dir)
     ckpt = build_arco_model(
         cfg.assets.model, lora, k, f"{cfg.run_dir}/checkpoints/step_{cfg.steps}"
     )
-    if cfg.rl.freeze_rubric:  # frozen μ: compare what was trained; μ must be the warmup's
+    if cfg.mu_frozen:  # frozen μ: compare what was trained; μ must be the warmup's
         torch.testing.assert_close(ckpt.head.state_dict(), warm.head.state_dict(), rtol=0, atol=0)
         for m in (warm, ckpt):
             m.freeze_rubric()

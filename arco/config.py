@@ -21,6 +21,7 @@ from arco.rubric_prompt import (
     SYSTEM_TEMPLATE,
     read_criteria_file,
 )
+from common.api_budget import check_priced, max_calls_field, max_usd_field, prices_field
 from common.data import QAExample, check_where, load_qa_where, question_char_limit
 from common.model_id import model_problem
 from common.rewards import REWARDS, OutcomeReward, StepScorerConfig, load_part
@@ -321,41 +322,21 @@ class ArcoWarmupConfig:
             "same data pays once; '': <warmup_dir>/teacher_cache (or policy_from's), as before"
         },
     )
-    max_api_calls: int = field(
-        default=0,
-        metadata={
-            "help": "stop (exit 3) before the request that would pass this many paid requests "
-            "(player and annotator together, retries included, cached answers free); 0: no cap",
-            "ge": 0,
-        },
-    )
-    max_api_usd: float = field(
-        default=0.0,
-        metadata={
-            "help": "stop (exit 3) before the request that could pass this many dollars "
-            "(needs the prices below); 0: no cap",
-            "ge": 0,
-        },
-    )
-    player_usd_per_mtok: tuple[float, float] = field(
-        default=(0.0, 0.0),
-        metadata={"help": "the player's USD per million (prompt, completion) tokens", "ge": 0},
-    )
-    annotator_usd_per_mtok: tuple[float, float] = field(
-        default=(0.0, 0.0),
-        metadata={"help": "the annotator's USD per million (prompt, completion) tokens", "ge": 0},
-    )
+    max_api_calls: int = max_calls_field("player and annotator")
+    max_api_usd: float = max_usd_field()
+    player_usd_per_mtok: tuple[float, float] = prices_field("the player's")
+    annotator_usd_per_mtok: tuple[float, float] = prices_field("the annotator's")
 
     def __post_init__(self) -> None:
         if self.teacher not in ("oracle", "llm", "file"):
             raise ValueError(f"warmup.teacher={self.teacher!r}; choose oracle, llm or file")
         self.player_usd_per_mtok = tuple(self.player_usd_per_mtok)
         self.annotator_usd_per_mtok = tuple(self.annotator_usd_per_mtok)
-        if self.max_api_usd and not any(self.player_usd_per_mtok + self.annotator_usd_per_mtok):
-            raise ValueError(
-                f"warmup.max_api_usd={self.max_api_usd:g} needs prices: set "
-                "warmup.player_usd_per_mtok and warmup.annotator_usd_per_mtok"
-            )
+        prices = {
+            "player_usd_per_mtok": self.player_usd_per_mtok,
+            "annotator_usd_per_mtok": self.annotator_usd_per_mtok,
+        }
+        check_priced("warmup", self.max_api_usd, prices)
         for name in (
             "questions",
             "samples",

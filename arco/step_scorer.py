@@ -66,11 +66,11 @@ class RubricSteps:
         meta = read_meta(self.path)  # a clear error when it is no ARCO folder
         if self.max_searches < 0 or self.batch_size < 0:
             raise ValueError("max_searches and batch_size must be >= 0")
-        if int(meta.get("k", self.cfg.rubric.head_k)) != self.cfg.rubric.head_k:
+        if int(meta.get("k", self.cfg.head_k)) != self.cfg.head_k:
             raise ValueError(
                 f"{self.path}: its head gives {meta['k']} scores a step; the config "
-                f"{self.config} (rubric.mode={self.cfg.rubric.mode}, rubric.k="
-                f"{self.cfg.rubric.k}) needs {self.cfg.rubric.head_k}: give the config μ was "
+                f"{self.config} (rubric.mode={self.cfg.rubric_mode}, rubric.k="
+                f"{self.cfg.rubric.k}) needs {self.cfg.head_k}: give the config μ was "
                 "trained under (overrides=[rubric.k=...])"
             )
         self._mu: Any = None
@@ -103,7 +103,7 @@ class RubricSteps:
         episodes = [episode_from_trajectory(t, decoder, budget) for t in trajs]
         items = make_rubric_items(cfg, episodes, tokenizer)
         invalid = 0
-        if cfg.rubric.mode == "adaptive":
+        if cfg.rubric_mode == "adaptive":
             invalid = write_criteria(
                 engine, items, cfg.rubric.k, cfg.rubric.max_new_tokens, tokenizer.eos_token_id
             )

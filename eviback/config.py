@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from common.api_budget import check_priced, max_calls_field, max_usd_field, prices_field
 from common.data import check_where
 from common.model_id import model_problem
 from common.retrieval.index_folder import is_index_folder
@@ -345,44 +346,20 @@ class ApeConfig:
         default=(0.5, 0.5), metadata={"help": "(w_I, w_coverage) of the objective", "ge": 0}
     )
     out: str = field(default="", metadata={"help": "output folder (default: <run_dir>/ape)"})
-    max_api_calls: int = field(
-        default=0,
-        metadata={
-            "help": "stop (exit 3) before the request that would pass this many paid requests "
-            "(labeller, controller and teacher together, retries included, cached answers "
-            "free); 0: no cap",
-            "ge": 0,
-        },
-    )
-    max_api_usd: float = field(
-        default=0.0,
-        metadata={
-            "help": "stop (exit 3) before the request that could pass this many dollars "
-            "(needs the prices below); 0: no cap",
-            "ge": 0,
-        },
-    )
-    teacher_usd_per_mtok: tuple[float, float] = field(
-        default=(0.0, 0.0),
-        metadata={"help": "the teacher's USD per million (prompt, completion) tokens", "ge": 0},
-    )
-    controller_usd_per_mtok: tuple[float, float] = field(
-        default=(0.0, 0.0),
-        metadata={
-            "help": "the controller's (and labeller's) USD per million (prompt, completion) tokens",
-            "ge": 0,
-        },
-    )
+    max_api_calls: int = max_calls_field("labeller, controller and teacher")
+    max_api_usd: float = max_usd_field()
+    teacher_usd_per_mtok: tuple[float, float] = prices_field("the teacher's")
+    controller_usd_per_mtok: tuple[float, float] = prices_field("the controller's (and labeller's)")
 
     def __post_init__(self) -> None:
         self.objective_weights = tuple(self.objective_weights)
         self.teacher_usd_per_mtok = tuple(self.teacher_usd_per_mtok)
         self.controller_usd_per_mtok = tuple(self.controller_usd_per_mtok)
-        if self.max_api_usd and not any(self.teacher_usd_per_mtok + self.controller_usd_per_mtok):
-            raise ValueError(
-                f"ape.max_api_usd={self.max_api_usd:g} needs prices: set "
-                "ape.teacher_usd_per_mtok and ape.controller_usd_per_mtok"
-            )
+        prices = {
+            "teacher_usd_per_mtok": self.teacher_usd_per_mtok,
+            "controller_usd_per_mtok": self.controller_usd_per_mtok,
+        }
+        check_priced("ape", self.max_api_usd, prices)
         if self.gated_from_top > self.candidates_a:
             raise ValueError(
                 f"ape.gated_from_top={self.gated_from_top} exceeds ape.candidates_a="

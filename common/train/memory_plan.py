@@ -648,15 +648,15 @@ def _text_tokens(text: str) -> int:
 
 def mu_rows(cfg: Any, micro: int) -> MuRows | None:
     """μ's rows in an ARCO config's update (``arco.rubrics``: ``trunk_batch`` / ``rubric_batch``),
-    at its longest lengths; None when μ is not trained in RL (``rl.freeze_rubric``: frozen μ,
-    the PRM baseline, outcome-only, an external step scorer)."""
-    rl, r = cfg.rl, cfg.rubric
-    if rl.freeze_rubric:
+    at its longest lengths; None when μ is not trained in RL (``mu_frozen``: frozen μ, the PRM
+    baseline, outcome-only, an external step scorer)."""
+    rl, r, mode = cfg.rl, cfg.rubric, cfg.rubric_mode
+    if cfg.mu_frozen:
         return None
     steps = cfg.env.max_searches + 1  # run_agent's budget: max_searches turns and a last one
-    criteria = 0 if r.mode == "none" else r.max_new_tokens
+    criteria = 0 if mode == "none" else r.max_new_tokens
     request = ""
-    if r.mode != "none" and r.request:
+    if mode != "none" and r.request:
         example = json.dumps({"criteria": ["..."] * r.k}, ensure_ascii=False)
         request = r.request.format(k=r.k, example=example)
     system = _text_tokens(r.system.format(task=r.task))
@@ -670,7 +670,7 @@ def mu_rows(cfg: Any, micro: int) -> MuRows | None:
     else:
         rows, tokens = micro * steps, row
         mask = "padding" if rows > 1 else "none"
-    kl = rl.mu_kl_coef > 0 and r.mode == "adaptive"  # logits only where μ wrote the criteria
+    kl = rl.mu_kl_coef > 0 and mode == "adaptive"  # logits only where μ wrote the criteria
     return MuRows(
         rows=rows,
         tokens=tokens,

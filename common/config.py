@@ -39,6 +39,7 @@ missing required field, a failed ``__post_init__`` check, a derived key.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import re
@@ -480,3 +481,13 @@ def _leaves(
 def _type_name(tp: Any) -> str:
     plain = isinstance(tp, type) and typing.get_origin(tp) is None
     return tp.__name__ if plain else str(tp).replace("typing.", "")
+
+
+def module_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The argument parser of ``python -m <module>``: its docstring as the description, kept as
+    written (examples and tables in it stay laid out)."""
+    return argparse.ArgumentParser(
+        prog=f"python -m {module}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )

@@ -46,7 +46,6 @@ offline-tested (the remote path runs ``huggingface_hub`` and ``datasets``, which
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -58,7 +57,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from common.config import ConfigError, load_config
+from common.config import ConfigError, load_config, module_parser
 from common.model_id import in_hub_cache
 from common.retrieval.search_r1_index import E5
 from common.train.memory_plan import MemoryPlanError, config_class
@@ -528,11 +527,7 @@ def _existing_parent(path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.prepare_data",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = module_parser("experiments.prepare_data", __doc__)
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--config", help="a paper config of cer/, eviback/, arco/")
     what.add_argument("--search-r1-index", metavar="DIR", help="make Search-R1's E5 index in DIR")

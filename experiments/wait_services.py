@@ -22,7 +22,6 @@ distractor setting) has nothing to wait for: exit 0.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -32,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from common.config import ConfigError, load_config
+from common.config import ConfigError, load_config, module_parser
 from common.llm_client import model_matches
 from common.train.memory_plan import MemoryPlanError, config_class
 
@@ -180,11 +179,7 @@ def wait(todo: list[Service], wait_s: float, every_s: float = 30.0) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m experiments.wait_services",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = module_parser("experiments.wait_services", __doc__)
     parser.add_argument("--config", required=True, help="a config of cer/, eviback/, arco/")
     parser.add_argument("overrides", nargs="*", help="dotted key=value, as the trainers take")
     parser.add_argument("--wait-s", type=float, default=1800.0, help="the bound (seconds)")

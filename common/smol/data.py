@@ -15,7 +15,6 @@ reads them) and ``corpus.jsonl``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -76,11 +75,9 @@ def write(out: str | Path = DEFAULT_OUT, seed: int = 0) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m common.smol.data",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    from common.config import module_parser
+
+    parser = module_parser("common.smol.data", __doc__)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the folder to write")
     parser.add_argument("--seed", type=int, default=0, help="the split's shuffle")
     args = parser.parse_args(argv)

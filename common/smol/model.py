@@ -14,7 +14,6 @@ downloaded. The weights are the 4-bit model's, not the original bf16 release's.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib.util
 import json
@@ -114,11 +113,9 @@ def build(out: str | Path = DEFAULT_OUT, *, log=print) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m common.smol.model",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    from common.config import module_parser
+
+    parser = module_parser("common.smol.model", __doc__)
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="the model folder to write")
     args = parser.parse_args(argv)
     try:

@@ -103,7 +103,7 @@ $(CER_WARM)/config.json:
 train-cer:  ## CER; SCALE=tiny|smol|4b|8b, DATA=math|webinstruct (paper scales need GPUs)
 	$(if $(filter tiny,$(SCALE)),$(MAKE) cer-tiny-assets)
 	$(if $(filter smol,$(SCALE)),$(MAKE) smol)
-	$(NODES_ENV) $(LAUNCH) cer train --config $(CER_CONFIG) $(SEED_ARG)
+	$(NODES_ENV) $(LAUNCH) cer train --config $(CER_CONFIG) $(SEED_ARG)$(if $(ARGS), $(ARGS))
 
 CER_RULE_DIR := $(if $(filter tiny smol,$(SCALE)),runs/cer/$(SCALE)/rule,runs/cer/qwen3_$(SCALE)_base_$(DATA)_rule)
 train-cer-baseline:  ## CER's baseline in the same trainer: the rule verifier's reward (reward.type=rule)
@@ -113,7 +113,7 @@ train-cer-baseline:  ## CER's baseline in the same trainer: the rule verifier's 
 		run_dir=$(CER_RULE_DIR) $(SEED_ARG)
 
 eval-cer:  ## CER's evaluation of the latest checkpoint of the run
-	$(NODES_ENV) $(LAUNCH) cer eval --config $(CER_CONFIG)
+	$(NODES_ENV) $(LAUNCH) cer eval --config $(CER_CONFIG)$(if $(ARGS), $(ARGS))
 
 # EviBack's teacher prompts at a paper scale: the frozen E2E-APE policy `make ape-eviback` writes
 # (the config's run_dir/ape/policy.yaml) when it is there, else the hand-written gated two-stage
@@ -134,7 +134,7 @@ ape-eviback:  ## E2E-APE, the paper's teacher prompt search (one process; the re
 train-eviback:  ## EviBack; SCALE=tiny|smol|0.6b|1.7b|4b (paper scales need GPUs; the APE policy when make ape-eviback wrote it)
 	$(if $(AGENT_WARMUP),$(MAKE) $(AGENT_WARMUP))
 	$(if $(APE_SAYS),@echo "$(APE_SAYS)")
-	$(NODES_ENV) $(LAUNCH) eviback train --config $(EVIBACK_CONFIG) $(APE_ARG) $(SEED_ARG)
+	$(NODES_ENV) $(LAUNCH) eviback train --config $(EVIBACK_CONFIG) $(APE_ARG) $(SEED_ARG)$(if $(ARGS), $(ARGS))
 
 train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (teacher off)
 	$(if $(AGENT_WARMUP),$(MAKE) $(AGENT_WARMUP))
@@ -142,7 +142,7 @@ train-eviback-baseline:  ## the Search-R1 GRPO baseline in the same trainer (tea
 		run_dir=runs/eviback/$(SCALE)-baseline $(SEED_ARG)
 
 eval-eviback:  ## EviBack's evaluation of the latest checkpoint of the run
-	$(NODES_ENV) $(LAUNCH) eviback eval --config $(EVIBACK_CONFIG)
+	$(NODES_ENV) $(LAUNCH) eviback eval --config $(EVIBACK_CONFIG)$(if $(ARGS), $(ARGS))
 
 # WARMUP_FILE=F: ARCO's warmup from the release's warmup data instead of paying an LLM teacher
 # (warmup.teacher=file; HotpotQA with Qwen3-4B only: README.md, "One paper run", links the file)
@@ -164,10 +164,10 @@ arco-smol-warmup: warmup-smol
 train-arco:  ## ARCO co-evolution RL; SCALE=tiny|smol|qwen3-4b|llama3.2-3b, DATA=hotpotqa|2wiki|musique, VARIANT=
 	$(if $(filter tiny,$(SCALE)),$(MAKE) $(ARCO_WARM)/arco.json)
 	$(if $(filter smol,$(SCALE)),$(MAKE) arco-smol-warmup)
-	$(NODES_ENV) $(LAUNCH) arco train --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(SEED_ARG)
+	$(NODES_ENV) $(LAUNCH) arco train --config $(ARCO_CONFIG) $(ARCO_VARIANT) $(SEED_ARG)$(if $(ARGS), $(ARGS))
 
 eval-arco:  ## ARCO's evaluation of the latest checkpoint's policy
-	$(NODES_ENV) $(LAUNCH) arco eval --config $(ARCO_CONFIG) $(ARCO_VARIANT)
+	$(NODES_ENV) $(LAUNCH) arco eval --config $(ARCO_CONFIG) $(ARCO_VARIANT)$(if $(ARGS), $(ARGS))
 
 # METHOD=cer|eviback|arco with SCALE and DATA as for its train-* target; HUB=DIR: a local stand-in
 METHOD ?=

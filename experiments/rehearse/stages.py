@@ -5,6 +5,7 @@ accounting of the process tree (``wait4``), and its outcome checked from what it
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -160,13 +161,21 @@ class _ignore_missing:
         return tp is ProcessLookupError
 
 
+MAKE_FAILED = re.compile(r"^make(\[\d+\])?: \*\*\* ")  # make's own line after a recipe fails
+
+
 def last_error_line(log: Path, lines: int = 400) -> str:
-    """The most telling line of a failed command's log: its last ``error:`` line or exception."""
+    """The most telling line of a failed command's log: its last ``error:`` line or exception
+    (a command run through make: its own, not make's ``make: *** [...] Error N``)."""
     tail = log.read_text(errors="replace").splitlines()[-lines:]
     for line in reversed(tail):
         text = line.strip()
-        if text and (
-            "error" in text.lower() or text.startswith(("Traceback", "raise", "AssertionError"))
+        if (
+            text
+            and not MAKE_FAILED.match(text)
+            and (
+                "error" in text.lower() or text.startswith(("Traceback", "raise", "AssertionError"))
+            )
         ):
             return text[:400]
     return next((t.strip()[:400] for t in reversed(tail) if t.strip()), "(no output)")

@@ -65,6 +65,9 @@ def test_last_error_line_prefers_the_error(tmp_path):
     log = tmp_path / "x.log"
     log.write_text("loading\ncer train: error: assets.train: no such file\nbye\n")
     assert last_error_line(log) == "cer train: error: assets.train: no such file"
+    # through make: the command's line, not make's own after it
+    log.write_text("cer train: error: steps: not an integer\nmake: *** [Makefile:106: x] Error 2\n")
+    assert last_error_line(log) == "cer train: error: steps: not an integer"
 
 
 def test_every_paper_config_and_variant_is_known():

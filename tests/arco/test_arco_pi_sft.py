@@ -252,13 +252,15 @@ def test_mu_micro_batches_give_the_whole_batch_gradient(tiny_world):
             torch.testing.assert_close(grads[micro][n], g, rtol=1e-6, atol=1e-6)
 
 
-def test_a_long_sft_epoch_says_where_it_is_at_most_once_a_minute(capsys):
-    import time
-
-    from arco.warmup import PROGRESS_EVERY_S, _progress
-
-    now = time.perf_counter()
-    assert _progress(now, "μ epoch 1: 3/9 steps") == now  # too soon: silent, clock kept
-    assert capsys.readouterr().out == ""
-    later = _progress(now - PROGRESS_EVERY_S - 1, "μ epoch 1: 4/9 steps")
-    assert later >= now and capsys.readouterr().out == "[arco warmup] μ epoch 1: 4/9 steps\n"
+def test_an_sft_epoch_shows_a_progress_bar_of_its_optimizer_steps(tiny_world, capsys):
+    """π's SFT epochs show where they are on stderr (``common.train.progress``): a bar an epoch,
+    counted in optimizer steps (14 examples in batches of 4: 3 steps); stdout keeps one line an
+    epoch, its result."""
+    cfg, train = _engine(tiny_world, "warmup.pi_epochs=2", "warmup.pi_batch=4")
+    ems = iter([0.0, 0.1, 0.2])
+    sft_policy(train, [trajectory(n) for n in (2, 3, 4, 3, 2)], cfg, lambda: next(ems), None)
+    out = capsys.readouterr()
+    for epoch in (1, 2):
+        assert f"[arco warmup] π epoch {epoch}: 100%" in out.err and "3/3 [" in out.err
+        assert f"[arco warmup] π epoch {epoch}: 3 steps of 4 agent steps" in out.out
+    assert "%|" not in out.out

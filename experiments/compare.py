@@ -1,4 +1,4 @@
-"""Method comparisons over seeds: run every arm's seeds, pair per-question dev results, bootstrap.
+"""Comparisons over seeds: run every arm's seeds, pair per-question dev and test results, bootstrap.
 
     python -m experiments.compare --spec common/configs/compare_grpo_tiny.yaml [--report-only]
 
@@ -46,6 +46,16 @@ what a comparison of two arms that differ only by seed (same seeds, same questio
 and the questions it would need to detect one point; the bound to quote before running a slow
 arm against it.
 
+**Held-out test split.** Where settings were chosen on dev, the result is also reported on a
+split nothing was chosen on. The trainer writes it, reusing its own evaluation: the reference
+GRPO loop evaluates its test split (the world's test.jsonl, or the test.jsonl beside
+``assets.train``) at step 0 and the last step into ``<run_dir>/test_results/step_N.jsonl``, rows
+as dev_results'. When some run has them, the report adds ``comparison_test.md``/``.json``
+(``comparison_NAME_test.*`` under ``--metric``): the same tables, intervals and MDEs over the test
+questions, Δ paired as on dev (final against step 0 or against the baseline arm's final), and
+comparison.md names it; ``--archive`` copies test_results/ too. A run without test results
+after step 0 is missing there; with none at all, there is no test report.
+
 ``--report-only`` (and the report after the runs) reports what is there: a seed without step-0
 dev results is named as missing and left out (each arm over its seeds present, Δ against an arm
 over the seeds both have); a seed without the runner's done marker is marked unfinished (``*``,
@@ -90,19 +100,23 @@ def read_results(path: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def result_steps(run_dir: Path) -> list[int]:
-    """The steps at which the run wrote per-question dev results, ascending."""
-    folder = run_dir / "dev_results"
+def result_steps(run_dir: Path, split: str = "dev") -> list[int]:
+    """The steps at which the run wrote per-question results of ``split`` (``dev``, or
+    ``test``: the held-out split), ascending."""
+    folder = run_dir / f"{split}_results"
     return sorted(int(p.stem.split("_")[1]) for p in folder.glob("step_*.jsonl"))
 
 
-def run_results(run_dir: Path) -> tuple[dict, dict, int]:
-    """The run's step-0 and final per-question results, and the final step."""
-    steps = result_steps(run_dir)
+def run_results(run_dir: Path, split: str = "dev") -> tuple[dict, dict, int]:
+    """The run's step-0 and final per-question results of ``split``, and the final step; on
+    the test split the final step must come after step 0 (the trained policy)."""
+    steps, folder = result_steps(run_dir, split), f"{split}_results"
     if not steps or steps[0] != 0:
-        raise FileNotFoundError(f"{run_dir}: no per-question dev results at step 0 (dev_results/)")
-    start = read_results(run_dir / "dev_results" / "step_00000.jsonl")
-    final = read_results(run_dir / "dev_results" / f"step_{steps[-1]:05d}.jsonl")
+        raise FileNotFoundError(f"{run_dir}: no per-question {split} results at step 0 ({folder}/)")
+    if split != "dev" and steps[-1] == 0:
+        raise FileNotFoundError(f"{run_dir}: no per-question {split} results after step 0")
+    start = read_results(run_dir / folder / "step_00000.jsonl")
+    final = read_results(run_dir / folder / f"step_{steps[-1]:05d}.jsonl")
     return start, final, steps[-1]
 
 
@@ -138,11 +152,11 @@ def mean_of(rows: dict[str, dict], field: str, path: Path) -> float:
         raise ValueError(f"{path}: the per-question rows have no `{field}` field") from None
 
 
-def seed_result(run_dir: Path, seed: int, metric: str) -> dict[str, Any]:
-    """One seed's results: ``start``/``final`` rows and values, ``final_step`` (its own last dev
-    evaluation) and ``finished`` (the runner's done marker is there)."""
-    start, final, step = run_results(run_dir)
-    last = run_dir / "dev_results" / f"step_{step:05d}.jsonl"
+def seed_result(run_dir: Path, seed: int, metric: str, split: str = "dev") -> dict[str, Any]:
+    """One seed's results on ``split``: ``start``/``final`` rows and values, ``final_step`` (its
+    own last evaluation) and ``finished`` (the runner's done marker is there)."""
+    start, final, step = run_results(run_dir, split)
+    last = run_dir / f"{split}_results" / f"step_{step:05d}.jsonl"
     valid = [float(r["valid"]) for r in final.values() if "valid" in r]
     return {
         "seed": seed,
@@ -151,17 +165,18 @@ def seed_result(run_dir: Path, seed: int, metric: str) -> dict[str, Any]:
         "final_rows": final,
         "final_step": step,
         "finished": (run_dir / DONE_MARKER).exists(),
-        "start": mean_of(start, metric, run_dir / "dev_results" / "step_00000.jsonl"),
+        "start": mean_of(start, metric, run_dir / f"{split}_results" / "step_00000.jsonl"),
         "final": mean_of(final, metric, last),
         "valid": statistics.fmean(valid) if valid and len(valid) == len(final) else None,
     }
 
 
-def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
+def summarize(spec: dict, resamples: int = 10_000, split: str = "dev") -> dict[str, Any]:
     """Finals per arm and seed, the curves, and each arm against the baseline, over the seeds
-    present: a seed without step-0 dev results is listed as missing, one without the runner's
-    done marker as unfinished; an arm is compared with the baseline arm over the seeds both have.
-    Only when no run has results at all is it an error."""
+    present: a seed without step-0 results of ``split`` (dev, or test: the held-out split) is
+    listed as missing, one without the runner's done marker as unfinished; an arm is compared
+    with the baseline arm over the seeds both have. Only when no run has results at all is it
+    an error."""
     out_dir, metric = Path(spec["out"]), spec.get("metric", "em")
     arms: dict[str, dict[str, Any]] = {}
     missing: list[dict[str, Any]] = []
@@ -170,10 +185,11 @@ def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
         for s in spec["seeds"]:
             run_dir = out_dir / name / f"s{s}"
             try:
-                seeds.append(seed_result(run_dir, s, metric))
+                seeds.append(seed_result(run_dir, s, metric, split))
             except FileNotFoundError as err:
                 missing.append({"arm": name, "seed": s, "why": str(err)})
-        arms[name] = arm_summary(seeds, [m["seed"] for m in missing if m["arm"] == name], spec)
+        gone = [m["seed"] for m in missing if m["arm"] == name]
+        arms[name] = arm_summary(seeds, gone, spec, split)
     if not any(a["seeds_present"] for a in arms.values()):
         raise FileNotFoundError(f"no run has results yet: {missing[0]['why']}")
     baseline = spec.get("baseline", "start")
@@ -209,6 +225,7 @@ def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
         if not s["finished"]
     ]
     return {
+        **({"split": split} if split != "dev" else {}),  # a dev summary's JSON as before
         "metric": metric,
         "baseline": baseline,
         "seeds": spec["seeds"],
@@ -220,8 +237,11 @@ def summarize(spec: dict, resamples: int = 10_000) -> dict[str, Any]:
     }
 
 
-def arm_summary(runs: list[dict[str, Any]], missing: list[int], spec: dict) -> dict[str, Any]:
-    """One arm over its seeds present (``runs``, from ``seed_result``)."""
+def arm_summary(
+    runs: list[dict[str, Any]], missing: list[int], spec: dict, split: str = "dev"
+) -> dict[str, Any]:
+    """One arm over its seeds present (``runs``, from ``seed_result``); its curve is the
+    logged ``<split>/<metric>`` (none on the test split: it is evaluated at the ends only)."""
     metric = spec.get("metric", "em")
     rows = [metrics_rows(r["dir"]) for r in runs]
     finals = [r["final"] for r in runs]
@@ -242,7 +262,7 @@ def arm_summary(runs: list[dict[str, Any]], missing: list[int], spec: dict) -> d
         "final_seed_sd": statistics.stdev(finals) if len(finals) > 1 else 0.0,
         "seed_noise": seed_noise([r["final_rows"] for r in runs], metric),
         "valid_final": statistics.fmean(valid) if runs and None not in valid else None,
-        "curve": curve(rows, f"dev/{metric}"),
+        "curve": curve(rows, f"{split}/{metric}"),
         "extras": {key: extra_metric(rows, key) for key in spec.get("extra_metrics", [])},
     }
 
@@ -375,13 +395,22 @@ def _seeds(seeds: Sequence[int]) -> str:
     return ", ".join(f"s{s}" for s in seeds)
 
 
+HELD_OUT = (
+    "**Held-out test split**: each run's final policy and its step 0 on the test questions, "
+    "which no setting of the comparison was chosen on."
+)
+AFTER = {"test": " or after it"}  # what a test split's missing seed lacks besides step 0
+
+
 def markdown(summary: dict[str, Any]) -> str:
     m, base = summary["metric"], summary["baseline"]
+    split = summary.get("split", "dev")
     against = "its own step 0" if base == "start" else f"`{base}`"
     ns = sorted({c["n"] for c in summary["comparisons"].values()})
-    n = f"n = {' / '.join(map(str, ns))} dev questions, " if ns else ""
-    lines = [
-        f"Seeds {summary['seeds']}; dev {m} (greedy); {n}Δ against {against} per question, "
+    n = f"n = {' / '.join(map(str, ns))} {split} questions, " if ns else ""
+    lines = [] if split == "dev" else [HELD_OUT, ""]
+    lines += [
+        f"Seeds {summary['seeds']}; {split} {m} (greedy); {n}Δ against {against} per question, "
         "pooled over seeds. Two 95% percentile-bootstrap intervals, each with its MDE (2.8 SE, "
         "80% power): over questions with the seeds fixed, and over seeds and questions (both "
         "drawn with replacement, arm seed s against reference seed s: seed noise included). "
@@ -393,13 +422,13 @@ def markdown(summary: dict[str, Any]) -> str:
     if missing:
         names = ", ".join(f"{x['arm']} s{x['seed']}" for x in missing)
         lines.append(
-            f"Missing (no dev results at step 0): {names}; the numbers below are over the seeds "
-            "present, and each Δ against an arm over the seeds both have."
+            f"Missing (no {split} results at step 0{AFTER.get(split, '')}): {names}; the numbers "
+            "below are over the seeds present, and each Δ against an arm over the seeds both have."
         )
     if unfinished:
         names = ", ".join(f"{x['arm']} s{x['seed']} (step {x['final_step']})" for x in unfinished)
         lines.append(
-            f"Unfinished (*: no `{DONE_MARKER}`, the run stopped or still runs; its last dev "
+            f"Unfinished (*: no `{DONE_MARKER}`, the run stopped or still runs; its last {split} "
             f"results are used): {names}."
         )
     lines += [
@@ -460,6 +489,11 @@ def markdown(summary: dict[str, Any]) -> str:
             cells = [a["extras"].get(k) for k in keys]
             text = [f"{c['final']:.3f}" if c else "–" for c in cells]
             lines.append(f"| {name} | " + " | ".join(text) + " |")
+    if summary.get("test_report"):
+        lines += [
+            "",
+            f"Held-out test split: `{summary['test_report']}` (the same tables on the test questions).",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -638,11 +672,36 @@ def summary_json(summary: dict[str, Any]) -> str:
     return json.dumps(slim, indent=1) + "\n"
 
 
+def has_split(spec: dict[str, Any], split: str) -> bool:
+    """Whether some run of the spec has per-question results of ``split`` (``<split>_results/``)."""
+    out = Path(spec["out"])
+    runs = (out / a["name"] / f"s{s}" for a in spec["arms"] for s in spec["seeds"])
+    return any((r / f"{split}_results").is_dir() for r in runs)
+
+
+def summarize_splits(
+    spec: dict[str, Any], suffix: str = "", resamples: int = 10_000
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The dev summary and, where some run has held-out test results after step 0, the test
+    one (no extra metrics: those are logged, not per question); the dev summary then names the
+    test report, ``comparison<suffix>_test.md``."""
+    dev = summarize(spec, resamples)
+    if not has_split(spec, "test"):
+        return dev, None
+    try:
+        test = summarize({**spec, "extra_metrics": []}, resamples, split="test")
+    except FileNotFoundError:  # only step-0 test results so far: nothing trained to report
+        return dev, None
+    return {**dev, "test_report": f"comparison{suffix}_test.md"}, test
+
+
 def report(spec: dict[str, Any]) -> str:
-    summary = summarize(spec)
     out_dir = Path(spec["out"])
     suffix = report_suffix(spec)
+    summary, test = summarize_splits(spec, suffix)
     text = write_report(summary, out_dir, suffix)
+    if test:
+        text += "\n" + write_report(test, out_dir, f"{suffix}_test")
     plot(summary, out_dir / f"curves{suffix}.png")
     for key in spec.get("extra_metrics", []):
         if any(a["extras"].get(key) for a in summary["arms"].values()):
@@ -651,14 +710,15 @@ def report(spec: dict[str, Any]) -> str:
 
 
 ARCHIVED = ("metrics.jsonl", "config.yaml", DONE_MARKER)
+RESULT_FOLDERS = ("dev_results", "test_results")  # per question: what the reports pair
 
 
 def archive(spec: dict[str, Any], dest: Path) -> list[Path]:
-    """Copy what the report reads of every run present (``dev_results/``, metrics.jsonl, the
-    done marker) and its config.yaml into ``dest/<arm>/s<seed>``, beside what ``dest`` already
-    holds: a few hundred KB a run, small enough to keep with the code, from which
-    ``--report-only --out dest`` reports again and to which later seeds add. Returns the runs
-    copied."""
+    """Copy what the report reads of every run present (``dev_results/``, ``test_results/``
+    where it has them, metrics.jsonl, the done marker) and its config.yaml into
+    ``dest/<arm>/s<seed>``, beside what ``dest`` already holds: a few hundred KB a run, small
+    enough to keep with the code, from which ``--report-only --out dest`` reports again and to
+    which later seeds add. Returns the runs copied."""
     copied = []
     for arm in spec["arms"]:
         for seed in spec["seeds"]:
@@ -668,7 +728,9 @@ def archive(spec: dict[str, Any], dest: Path) -> list[Path]:
             to = dest / arm["name"] / f"s{seed}"
             if to.resolve() == src.resolve():
                 raise ValueError(f"--archive {dest} is the comparison's own folder")
-            shutil.copytree(src / "dev_results", to / "dev_results", dirs_exist_ok=True)
+            for folder in RESULT_FOLDERS:
+                if (src / folder).is_dir():
+                    shutil.copytree(src / folder, to / folder, dirs_exist_ok=True)
             for name in ARCHIVED:
                 if (src / name).is_file():
                     shutil.copy2(src / name, to / name)
@@ -757,11 +819,11 @@ def main(argv: list[str] | None = None) -> int:
             spec = {**spec, "metric": args.metric, "report_metric": args.metric}
         if not args.report_only:
             run_arms(spec)
-        print(report(spec))
+        print(text := report(spec))
         if args.archive:
             runs = archive(spec, Path(args.archive))
             spec = {**spec, "out": args.archive}
-            print(report(spec))
+            print(text := report(spec))
             print(f"[compare] archived {len(runs)} runs into {args.archive}")
             if made := archive_manifest(Path(args.archive), args.spec, spec.get("metric", "em")):
                 print(
@@ -777,7 +839,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {line}", file=sys.stderr)
         return 2
     s = report_suffix(spec)
-    print(f"[compare] wrote {spec['out']}/comparison{s}.md, comparison{s}.json, curves{s}.png")
+    test = f", comparison{s}_test.md" if HELD_OUT in text else ""
+    print(
+        f"[compare] wrote {spec['out']}/comparison{s}.md, comparison{s}.json{test}, curves{s}.png"
+    )
     return 0
 
 

@@ -21,8 +21,11 @@ For every archive it writes ``comparison.md``/``.json`` (the spec's metric) and
 training, and replaces in ``docs/results.md`` each generated section, between
 ``<!-- results:begin NAME -->`` and ``<!-- results:end -->``: one per archive (``NAME`` = its
 name), ``summary`` (a row per archive and arm) and ``detectable`` (the papers' effects against
-each setting's minimal detectable difference). ``--check`` writes nothing and exits 1 naming
-every file or section that differs from what the archives give.
+each setting's minimal detectable difference). An archive whose runs hold held-out test results
+(``<arm>/s<seed>/test_results/``) also gets ``comparison_test.md``/``.json`` (and
+``comparison_<metric>_test.*``) and a second table in its section; one without (an archive from
+before) is reported as before, and the command says "no test split archived". ``--check`` writes
+nothing and exits 1 naming every file or section that differs from what the archives give.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from experiments.compare import load_spec, markdown, summarize, summary_json, verdict_cells
+from experiments.compare import load_spec, markdown, summarize_splits, summary_json, verdict_cells
 
 ARCHIVE_FILE = "archive.yaml"
 DOCS = Path("docs/results.md")
@@ -67,10 +70,20 @@ def load_manifest(folder: Path) -> dict[str, Any]:
     return data
 
 
-def summaries(folder: Path, manifest: dict[str, Any], root: Path) -> dict[str, dict[str, Any]]:
-    """``experiments.compare.summarize`` of the archive for each of its metrics, by metric."""
+def summaries(
+    folder: Path, manifest: dict[str, Any], root: Path
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """``experiments.compare.summarize_splits`` of the archive for each of its metrics: the dev
+    summaries and the held-out test ones (none when no test split is archived), by metric."""
     spec = {**load_spec(root / manifest["spec"]), "out": str(folder)}
-    return {m: summarize({**spec, "metric": m}) for m in manifest["metrics"]}
+    first = spec.get("metric", "em")
+    dev, test = {}, {}
+    for m in manifest["metrics"]:
+        suffix = "" if m == first else f"_{m}"
+        dev[m], t = summarize_splits({**spec, "metric": m}, suffix)
+        if t:
+            test[m] = t
+    return dev, test
 
 
 def report_files(manifest: dict[str, Any], by_metric: dict[str, dict], root: Path) -> list[str]:
@@ -85,18 +98,41 @@ def _against(summary: dict[str, Any]) -> str:
     return "each arm's own step 0" if base == "start" else f"`{base}`"
 
 
-def archive_section(folder: Path, manifest: dict[str, Any], by_metric: dict, root: Path) -> str:
-    """The docs section of one archive: where it came from, then a row per arm and metric with
-    the mean start → final, Δ and both intervals with their MDEs and the verdict."""
-    first = next(iter(by_metric.values()))
+def _questions(by_metric: dict[str, dict]) -> str:
     ns = sorted({c["n"] for s in by_metric.values() for c in s["comparisons"].values()})
+    return " / ".join(map(str, ns))
+
+
+def archive_section(
+    folder: Path, manifest: dict[str, Any], by_metric: dict, root: Path, test: dict | None = None
+) -> str:
+    """The docs section of one archive: where it came from, then a row per arm and metric with
+    the mean start → final, Δ and both intervals with their MDEs and the verdict; the same
+    table of the held-out test split below it when one is archived (``test``, by metric)."""
+    first = next(iter(by_metric.values()))
     seeds = ", ".join(str(s) for s in first["seeds"])
     lines = [
         f"{manifest['title']}. Archive `{folder.relative_to(root).as_posix()}`, made by "
         f"`{manifest['command']}` at commit `{manifest['commit']}`; seeds {seeds}; "
-        f"n = {' / '.join(map(str, ns))} dev questions; Δ against {_against(first)}, pooled "
+        f"n = {_questions(by_metric)} dev questions; Δ against {_against(first)}, pooled "
         "over seeds.",
         "",
+        *_arm_rows(by_metric),
+    ]
+    if test:
+        lines += [
+            "",
+            f"Held-out test split (each run's final policy and its step 0; n = "
+            f"{_questions(test)} test questions, no setting chosen on them):",
+            "",
+            *_arm_rows(test),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _arm_rows(by_metric: dict[str, dict]) -> list[str]:
+    """The table of an archive section: a row per metric and arm."""
+    lines = [
         "| arm | metric | step 0 → final (mean over seeds) | Δ | 95% CI, questions (seeds fixed)"
         " | MDE | 95% CI, seeds + questions | MDE | verdict |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -109,7 +145,7 @@ def archive_section(folder: Path, manifest: dict[str, Any], by_metric: dict, roo
             why = "(baseline)" if name == s["baseline"] else "– (not compared)"
             cells = f"{c['delta']:+.3f} | {verdict_cells(c)}" if c else f"{why} | | | | |"
             lines.append(f"| {name} | {metric} | {a['start']:.3f} → {a['final']:.3f} | {cells} |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _verdict_interval(c: dict[str, Any]) -> dict[str, float]:
@@ -187,21 +223,28 @@ def replace_sections(text: str, sections: dict[str, str]) -> tuple[str, list[str
     return out, [n for n in sections if n not in found]
 
 
-def build(root: Path) -> dict[Path, str]:
+def build(root: Path, notes: list[str] | None = None) -> dict[Path, str]:
     """Every file the archives give, path → text: each archive's reports (markdown and JSON,
-    one pair per metric) and ``docs/results.md`` with its generated sections replaced."""
+    one pair per metric, and ``comparison<suffix>_test.*`` of a held-out test split) and
+    ``docs/results.md`` with its generated sections replaced. ``notes`` (a list) gets a line
+    for each archive without a test split."""
     archives = []
     files: dict[Path, str] = {}
     sections: dict[str, str] = {}
     for folder in find_archives(root):
         manifest = load_manifest(folder)
-        by_metric = summaries(folder, manifest, root)
+        by_metric, test = summaries(folder, manifest, root)
         archives.append((folder, manifest, by_metric))
         suffixes = report_files(manifest, by_metric, root)
-        for suffix, s in zip(suffixes, by_metric.values(), strict=True):
+        for suffix, (metric, s) in zip(suffixes, by_metric.items(), strict=True):
             files[folder / f"comparison{suffix}.md"] = markdown(s)
             files[folder / f"comparison{suffix}.json"] = summary_json(s)
-        sections[manifest["name"]] = archive_section(folder, manifest, by_metric, root)
+            if metric in test:
+                files[folder / f"comparison{suffix}_test.md"] = markdown(test[metric])
+                files[folder / f"comparison{suffix}_test.json"] = summary_json(test[metric])
+        if not test and notes is not None:
+            notes.append(f"{manifest['name']}: no test split archived")
+        sections[manifest["name"]] = archive_section(folder, manifest, by_metric, root, test)
     if not archives:
         raise FileNotFoundError(f"{root}: no archived comparison (*/results/**/{ARCHIVE_FILE})")
     sections["summary"] = summary_section(archives, root)
@@ -230,11 +273,14 @@ def main(argv: list[str] | None = None) -> int:
         "--check", action="store_true", help="write nothing; exit 1 when a file or table differs"
     )
     args = parser.parse_args(argv)
+    notes: list[str] = []
     try:
-        files = build(Path(args.root))
+        files = build(Path(args.root), notes)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for line in notes:
+        print(f"[results] {line}")
     stale = stale_files(files)
     if args.check:
         for p in stale:

@@ -60,7 +60,7 @@ from eviback.ape import (
     write_policy_file,
 )
 from eviback.assets import build_retriever, llm_client, question_chars, select_questions
-from eviback.config import EviBackConfig
+from eviback.config import ApeConfig, EviBackConfig
 from eviback.oracle import EvidenceOracle
 from eviback.prompts import (
     INSTRUCTIONS,
@@ -113,7 +113,7 @@ def ape_questions(cfg: EviBackConfig) -> list[QAExample]:
     """``ape.questions`` training questions, a seeded draw from the training set (quotas applied,
     ``select_questions``), so that every source is represented (the first rows of the files
     would all be NQ's at paper scale, which has no supporting facts)."""
-    train = select_questions(cfg.assets, "train", cfg.seed, question_chars(cfg))
+    train = select_questions(cfg.assets, "train", cfg.seed, question_chars(cfg.agent, cfg.engine))
     return random.Random(f"ape:{cfg.seed}").sample(train, min(cfg.ape.questions, len(train)))
 
 
@@ -259,7 +259,7 @@ def longest_grid_prompt(stage: str) -> TeacherPrompt:
 
 
 def ape_estimate(
-    cfg: EviBackConfig,
+    ape: ApeConfig,
     teacher: LLMClient,
     controller: LLMClient | None,
     dev: Sequence[BenchmarkRow],
@@ -273,7 +273,7 @@ def ape_estimate(
     yet known (a controller still to ask): the controller's requests (exact, cached counted) and
     each candidate at the longest grid prompt's length, a written one at the default prompt's
     with a ``MAX_WRITTEN_CHARS`` instruction; cached not known."""
-    ape, reps = cfg.ape, cfg.ape.repeats
+    reps = ape.repeats
     asks: list[tuple[list[dict[str, str]], str]] = []
     if prompts_a is None or prompts_b is None:
         groups = {"A": (ape.candidates_a, ape.written_a), "B": (ape.candidates_b, ape.written_b)}
@@ -344,10 +344,10 @@ def ape_estimate(
     return groups_out
 
 
-def ape_budget(cfg: EviBackConfig, cache: Path) -> ApiBudget:
+def ape_budget(ape: ApeConfig, cache: Path) -> ApiBudget:
     """The command's API cap (``ape.max_api_calls``, ``ape.max_api_usd``; 0: none), shared by
     the labeller, the controller and the teacher."""
-    return ApiBudget.for_section("ape", cfg.ape, cache)
+    return ApiBudget.for_section("ape", ape, cache)
 
 
 def evaluate_policy(
@@ -401,7 +401,7 @@ def run_ape(cfg: EviBackConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     bench, counts_file = out / "benchmark.jsonl", out / "benchmark_counts.json"
     a = cfg.assets
-    budget = ape_budget(cfg, out / "cache")
+    budget = ape_budget(cfg.ape, out / "cache")
     cap = budget.describe()
 
     def client(
@@ -442,7 +442,7 @@ def run_ape(cfg: EviBackConfig) -> dict:
     if a.controller_endpoint:
         controller = client(a.controller_endpoint, a.controller_model, ctl_prices)
         controller.probe()
-        estimate = ape_estimate(cfg, teacher, controller, dev, holdout)
+        estimate = ape_estimate(cfg.ape, teacher, controller, dev, holdout)
         print(estimate_text(PREFIX, estimate, cap), flush=True)
         prompts_a, n_a = controller_candidates(controller, "A", cfg.ape.candidates_a, cfg.seed)
         prompts_b, n_b = controller_candidates(controller, "B", cfg.ape.candidates_b, cfg.seed)
@@ -459,7 +459,7 @@ def run_ape(cfg: EviBackConfig) -> dict:
         prompts_a = candidate_grid("A", limit=cfg.ape.candidates_a, seed=cfg.seed)
         prompts_b = candidate_grid("B", limit=cfg.ape.candidates_b, seed=cfg.seed)
         source = "candidates from the grid"
-    known = ape_estimate(cfg, teacher, None, dev, holdout, prompts_a, prompts_b)
+    known = ape_estimate(cfg.ape, teacher, None, dev, holdout, prompts_a, prompts_b)
     what = "API estimate" if controller is None else "API estimate of the judging, candidates known"
     print(estimate_text(PREFIX, known, cap, what), flush=True)
     w, reps = cfg.ape.objective_weights, cfg.ape.repeats

@@ -13,7 +13,8 @@ from common.api_budget import ApiBudget
 from common.data import QAExample, keep_where, load_qa, question_char_limit
 from common.llm_client import LLMClient
 from common.retrieval.base import Retriever
-from common.run_config import SearchRunConfig
+from common.rollout.agent import AgentConfig
+from common.run_config import EngineConfig
 from eviback.config import AssetsConfig, TeacherConfig
 from eviback.oracle import EvidenceOracle
 from eviback.prompts import STAGE_A_DEFAULT, STAGE_B_DEFAULT
@@ -124,10 +125,10 @@ def load_questions(
     return out
 
 
-def question_chars(cfg: SearchRunConfig) -> int:
+def question_chars(agent: AgentConfig, engine: EngineConfig) -> int:
     """The character bound of a question (``common.data.question_char_limit``) for the agent's
     prompt budget: ``agent.max_context`` and ``engine.max_model_len`` tokens, the smaller."""
-    return question_char_limit(cfg.agent.max_context, cfg.engine.max_model_len)
+    return question_char_limit(agent.max_context, engine.max_model_len)
 
 
 def select_questions(

@@ -220,7 +220,7 @@ def run_eval(cfg: EviBackConfig) -> dict:
     cfg.check_assets(("model", "eval", "retrieval"))
     if cfg.eval.compare_to and not Path(cfg.eval.compare_to).is_file():
         raise FileNotFoundError(f"eval.compare_to: {cfg.eval.compare_to} not found")
-    examples = select_questions(cfg.assets, "eval", cfg.seed, question_chars(cfg))
+    examples = select_questions(cfg.assets, "eval", cfg.seed, question_chars(cfg.agent, cfg.engine))
     rank, world, _ = init_distributed()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     model = None

@@ -57,7 +57,7 @@ from eviback.assets import (
     select_questions,
 )
 from eviback.backoff import Backoff, TeacherVerdicts, backoff_rewards, reward_of
-from eviback.config import EviBackConfig, TeacherConfig
+from eviback.config import AssetsConfig, EviBackConfig, TeacherConfig
 from eviback.prompts import rounds_from_trajectory
 from eviback.reward import (
     actor_em,
@@ -185,19 +185,21 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     cfg.train.seed = cfg.seed
     a = cfg.assets
     # bad rows stop here, before any model loads; over-long questions are counted skips
-    train_set = select_questions(a, "train", cfg.seed, question_chars(cfg))
+    chars = question_chars(cfg.agent, cfg.engine)
+    train_set = select_questions(a, "train", cfg.seed, chars)
     dev_set = load_questions(
         a.files("dev"),
         {},
         cfg.seed,
         where=a.dev_where,
         where_key="dev_where",
-        max_question_chars=question_chars(cfg),
+        max_question_chars=chars,
     )
     dev_set = random.Random(cfg.seed).sample(dev_set, min(cfg.eval_questions, len(dev_set)))
     run = Run("eviback", cfg)  # the run folder: lock, settings check
     try:
-        policy_sha = check_policy_file(run.dir, cfg, run.folder)  # the frozen APE policy, unchanged
+        # the frozen APE policy, unchanged
+        policy_sha = check_policy_file(run.dir, cfg.teacher, run.folder, cfg.allow_config_change)
         # every rank asks the endpoint before any model loads: it answers and serves the model
         teacher = build_teacher(a, cfg.teacher, run.dir / "teacher_cache", probe=True)
         probe_retrieval(a.retrieval_url)  # and the retrieval server answers a query
@@ -261,7 +263,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
             [stats.invalid_a, stats.calls_a, stats.invalid_b, stats.calls_b]
         )
         if teacher is not None:
-            check_teacher_failures(step, stage_counts, cfg)
+            check_teacher_failures(step, stage_counts, cfg.teacher, a)
         verdicts = TeacherVerdicts(
             judged, stats, cfg.em_well_formed, cfg.teacher if teacher is not None else None
         )
@@ -313,7 +315,9 @@ def teacher_failure_shares(counts: Sequence[float]) -> dict[str, float]:
     }
 
 
-def check_teacher_failures(step: int, counts: Sequence[float], cfg: EviBackConfig) -> None:
+def check_teacher_failures(
+    step: int, counts: Sequence[float], teacher: TeacherConfig, assets: AssetsConfig
+) -> None:
     """Stop the run (``RunStopped``, one line) when either stage's share of the step's teacher
     requests, over all ranks, that gave no usable verdict (failed after their retries, came from
     another model, or broke the verdict contract after ``teacher.contract_retries``) exceeds
@@ -322,7 +326,7 @@ def check_teacher_failures(step: int, counts: Sequence[float], cfg: EviBackConfi
     so a dead stage B never took the two stages' share past 0.5 and the run trained on stage
     A's verdicts alone. Called inside the step before its update: ``Run.fit`` saves the last
     finished step (in one process) before the stop goes on up."""
-    limit, where = cfg.teacher.max_failure_share, cfg.assets.teacher_endpoint
+    limit, where = teacher.max_failure_share, assets.teacher_endpoint
     shares = {
         stage: (failed / calls, int(calls))
         for stage, failed, calls in (("A", *counts[:2]), ("B", *counts[2:]))
@@ -337,7 +341,7 @@ def check_teacher_failures(step: int, counts: Sequence[float], cfg: EviBackConfi
     )
     raise RunStopped(
         f"step {step}: {share:.0%} of the teacher's {STAGES[over[0]]} requests ({calls} over all "
-        f"ranks) to {redact(where)} (model {cfg.assets.teacher_model}) failed after their "
+        f"ranks) to {redact(where)} (model {assets.teacher_model}) failed after their "
         f"retries, came from another model or broke the verdict contract, over "
         f"teacher.max_failure_share={limit:g} (each stage on its own)"
         f"{'; ' + others if others else ''}; the warnings above name the errors"
@@ -347,17 +351,19 @@ def check_teacher_failures(step: int, counts: Sequence[float], cfg: EviBackConfi
 POLICY_RECORD = "teacher_policy.json"
 
 
-def check_policy_file(run_dir: Path, cfg: EviBackConfig, folder: RunFolder) -> str | None:
+def check_policy_file(
+    run_dir: Path, teacher: TeacherConfig, folder: RunFolder, allow_config_change: bool = False
+) -> str | None:
     """The sha256 of ``teacher.policy_file`` (None: none set, or the teacher is off). A resume
     whose policy file differs from the one the run started with (``run_dir/teacher_policy.json``)
     is a ``ConfigError`` unless ``allow_config_change``: its steps would be judged by another
     teacher. Call before any model loads; nothing is written here."""
-    policy = cfg.teacher.policy_file
-    if not (cfg.teacher.enabled and cfg.teacher.backend == "llm" and policy):
+    policy = teacher.policy_file
+    if not (teacher.enabled and teacher.backend == "llm" and policy):
         return None
     sha = hashlib.sha256(Path(policy).read_bytes()).hexdigest()
     record = run_dir / POLICY_RECORD
-    if folder.checkpoint is None or not record.is_file() or cfg.allow_config_change:
+    if folder.checkpoint is None or not record.is_file() or allow_config_change:
         return sha
     saved = json.loads(record.read_text(encoding="utf-8"))
     if saved.get("sha256") != sha:

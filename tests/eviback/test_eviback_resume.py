@@ -107,20 +107,24 @@ def test_a_resume_refuses_another_policy_file(tmp_path):
         over = ["teacher.backend=llm", f"teacher.policy_file={policy}", f"run_dir={run_dir}"]
         return load_config(EviBackConfig, DEFAULT_CONFIG, [*over, *extra])
 
+    def check(folder: RunFolder, *extra: str) -> str | None:
+        c = cfg(*extra)
+        return check_policy_file(run_dir, c.teacher, folder, c.allow_config_change)
+
     fresh = RunFolder(run_dir, None, 0, None)
     resuming = RunFolder(run_dir, run_dir / "checkpoints" / "step_2", 3, None)
-    sha = check_policy_file(run_dir, cfg(), fresh)
+    sha = check(fresh)
     assert sha == hashlib.sha256(b"strategy_id: a\n").hexdigest()
     record_policy_file(run_dir, str(policy), sha)
     assert json.loads((run_dir / POLICY_RECORD).read_text()) == {"file": str(policy), "sha256": sha}
-    assert check_policy_file(run_dir, cfg(), resuming) == sha  # unchanged: resumes
+    assert check(resuming) == sha  # unchanged: resumes
     policy.write_text("strategy_id: b\n")
     with pytest.raises(ConfigError, match="is not the policy run_dir .* started with"):
-        check_policy_file(run_dir, cfg(), resuming)
+        check(resuming)
     new = hashlib.sha256(b"strategy_id: b\n").hexdigest()
-    assert check_policy_file(run_dir, cfg("allow_config_change=true"), resuming) == new
-    assert check_policy_file(run_dir, cfg(), fresh) == new  # a fresh start records the new one
+    assert check(resuming, "allow_config_change=true") == new
+    assert check(fresh) == new  # a fresh start records the new one
     # no policy file (the hand-written default, or the oracle): nothing recorded
-    assert check_policy_file(run_dir, cfg("teacher.policy_file=''"), resuming) is None
+    assert check(resuming, "teacher.policy_file=''") is None
     record_policy_file(run_dir, "", None)
     assert not (run_dir / POLICY_RECORD).exists()

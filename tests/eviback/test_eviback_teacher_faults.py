@@ -101,7 +101,7 @@ def test_a_reply_from_another_model_is_a_missing_verdict_never_cached(tmp_path):
     assert not list(tmp_path.rglob("*.json"))
     assert b.rewards.tolist() == [0.0, 0.0, 0.0] and b.missing_groups == 1
     with pytest.raises(RunStopped, match=r"^step 4: 100% of the teacher's stage A \(gold-blind\)"):
-        check_teacher_failures(4, [3, 3, 0, 0], cfg)
+        check_teacher_failures(4, [3, 3, 0, 0], cfg.teacher, cfg.assets)
     with serve_endpoint(reply_model="zai-org/judge-2025-01-01") as url:  # prefix, dated
         b = teacher_backoff(GROUP, EXAMPLES, teacher(url), TeacherConfig(lam=0.1))
     assert b.rewards.tolist() == pytest.approx([0.2, 0.2, 0.2]) and b.stats.wrong_model == 0
@@ -120,12 +120,13 @@ def test_a_dead_stage_b_stops_though_the_stages_together_fail_only_half():
     assert (s.failure_share, s.failure_share_a, s.failure_share_b) == (0.5, 0.0, 1.0)
     assert [j.final.status for j in b.judgements] == ["S", "S", "S"]  # stage A's, rule 3
     with pytest.raises(RunStopped) as stop:
-        check_teacher_failures(3, [0, 3, 3, 3], cfg)
+        check_teacher_failures(3, [0, 3, 3, 3], cfg.teacher, cfg.assets)
     assert str(stop.value) == (
         f"step 3: 100% of the teacher's stage B (gold-aware) requests (3 over all ranks) to {url} "
         "(model judge) failed after their retries, came from another model or broke the verdict "
         "contract, over teacher.max_failure_share=0.5 (each stage on its own); stage A "
         "(gold-blind): 0% of 3; the warnings above name the errors"
     )
-    check_teacher_failures(3, [0, 4, 2, 4], cfg)  # 50%: not over the share
-    check_teacher_failures(3, [0, 3, 3, 3], config(url, "teacher.max_failure_share=1"))
+    check_teacher_failures(3, [0, 4, 2, 4], cfg.teacher, cfg.assets)  # 50%: not over the share
+    lenient = config(url, "teacher.max_failure_share=1")
+    check_teacher_failures(3, [0, 3, 3, 3], lenient.teacher, lenient.assets)

@@ -54,7 +54,7 @@ from common.rl_loop import (
 )
 from common.rollout import Trajectory
 from common.rollout.batch import padding_id
-from common.run_config import RunLoopConfig
+from common.run_config import LossConfig, RunLoopConfig
 from common.train import (
     MetricsLogger,
     TrainEngine,
@@ -71,6 +71,7 @@ from common.train.checkpoint import (
     checkpoint_bytes,
     planned_saves,
 )
+from common.train.config import TrainConfig
 from common.train.distributed import init_distributed
 from common.train.gpu_memory import phase_memory
 from common.train.run_folder import METRICS_FILE, open_run_folder
@@ -101,19 +102,20 @@ def em_f1_line(m: dict[str, float]) -> str:
     return f"dev EM {m['em']:.3f} F1 {m['f1']:.3f}"
 
 
-def check_shared_prompt(cfg: RunLoopConfig, world: int) -> None:
+def check_shared_prompt(loss: LossConfig | None, train: TrainConfig, world: int) -> None:
     """``loss.share_prompt`` refused, before any model loads, where it cannot work: under
     gradient checkpointing (HF turns the cache off in training) and under ZeRO-3 on several
     ranks (each forward gathers the weights collectively, and ranks whose micro-batches hold
-    different numbers of prompts would make different numbers of forwards)."""
-    if not getattr(getattr(cfg, "loss", None), "share_prompt", False):
+    different numbers of prompts would make different numbers of forwards). ``loss``: None for
+    a method without the clipped loss section (ARCO)."""
+    if not getattr(loss, "share_prompt", False):
         return
-    if cfg.train.gradient_checkpointing:
+    if train.gradient_checkpointing:
         raise ValueError(
             "loss.share_prompt=true needs train.gradient_checkpointing=false: under "
             "checkpointing HF keeps no cache in training, and the shared prompt is read from it"
         )
-    if world > 1 and cfg.train.zero_stage == 3:
+    if world > 1 and train.zero_stage == 3:
         raise ValueError(
             f"loss.share_prompt=true under ZeRO-3 on {world} ranks: every forward gathers the "
             "weights from all ranks, and ranks with different numbers of prompts in a "
@@ -145,7 +147,7 @@ class Run:
         self.folder = open_run_folder(self.dir, cfg, cfg.resume, begin=False, method=method)
         try:  # under a launcher: one run folder on every node, service URLs every rank reaches
             _, world, _ = init_distributed()
-            check_shared_prompt(cfg, world)
+            check_shared_prompt(getattr(cfg, "loss", None), cfg.train, world)
             check_placement(self.dir, service_urls(cfg))
             check_resume_ranks(self.folder.checkpoint, world)
         except BaseException:

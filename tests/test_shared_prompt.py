@@ -132,15 +132,17 @@ def test_a_one_token_prompt_runs_the_whole_forward():
 
 def test_share_prompt_is_refused_under_checkpointing_and_multi_rank_zero3():
     cfg = SearchRunConfig(loss=LossConfig(share_prompt=True))
-    check_shared_prompt(cfg, world=1)
+    check_shared_prompt(cfg.loss, cfg.train, world=1)
     cfg.train.zero_stage = 3
-    check_shared_prompt(cfg, world=1)  # ZeRO-3 on one rank: one rank, no one to wait for
+    check_shared_prompt(
+        cfg.loss, cfg.train, world=1
+    )  # ZeRO-3 on one rank: one rank, no one to wait for
     with pytest.raises(ValueError, match="ZeRO-3 on 2 ranks"):
-        check_shared_prompt(cfg, world=2)
+        check_shared_prompt(cfg.loss, cfg.train, world=2)
     cfg.train.zero_stage = 2
-    check_shared_prompt(cfg, world=2)
+    check_shared_prompt(cfg.loss, cfg.train, world=2)
     cfg.train.gradient_checkpointing = True
     with pytest.raises(ValueError, match="gradient_checkpointing=false"):
-        check_shared_prompt(cfg, world=1)
+        check_shared_prompt(cfg.loss, cfg.train, world=1)
     cfg.loss.share_prompt = False
-    check_shared_prompt(cfg, world=1)
+    check_shared_prompt(cfg.loss, cfg.train, world=1)

@@ -481,6 +481,12 @@ def dev_results_path(run_dir: Path, step: int) -> Path:
     return run_dir / "dev_results" / f"step_{step:05d}.jsonl"
 
 
+def held_out_results_path(run_dir: Path, step: int) -> Path:
+    """Where a run's per-question results on its held-out test split at ``step`` go (the start
+    and the final policy: ``experiments.compare`` reports them beside dev)."""
+    return run_dir / "test_results" / f"step_{step:05d}.jsonl"
+
+
 def logged_evals(path: Path, before: int) -> list[dict]:
     """Evaluations (``dev/*`` rows, prefix dropped) an earlier, interrupted start of the run
     logged before step ``before``: a resumed run's curve and result keep them."""

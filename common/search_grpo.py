@@ -5,7 +5,8 @@
 
 It is one step function in the run frame (``common.run``), as the method trainers are; the
 reward and the estimator come from the config (``reward.fn``, ``reward.advantage``:
-``common.rewards``). Run it with
+``common.rewards``). At step 0 and the last step it also evaluates the run's held-out test split
+(``held_out_split``) into ``test_results/``, beside ``dev_results/``. Run it with
 ``python -m common.search_grpo --config common/configs/grpo_tiny.yaml [key=value ...]``.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import random
 import sys
 import time
+from pathlib import Path
 
 from common.config import ConfigError, load_config
 from common.data import DataError
@@ -42,6 +44,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
         dev_results_path,
         evaluate,
         group_shares,
+        held_out_results_path,
         identical_group_share,
         rollout_metrics,
         step_rollouts,
@@ -67,6 +70,10 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     chars = question_char_limit(cfg.agent.max_context, cfg.engine.max_model_len)
     train_set = load_qa(cfg.path("train"), max_question_chars=chars)
     dev_set = load_qa(cfg.path("dev"), max_question_chars=chars)[: cfg.eval_questions]
+    test_file = held_out_split(cfg)  # evaluated at the start and the end, never chosen on
+    test_set = (
+        load_qa(test_file, max_question_chars=chars)[: cfg.eval_questions] if test_file else []
+    )
     cfg.train.seed = cfg.seed
     run = Run("grpo", cfg)  # the run folder: lock, settings check
     try:
@@ -96,6 +103,21 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     def dev_eval(step: int) -> dict[str, float]:
         results = dev_results_path(run.dir, step)
         rank, world = train.rank, train.world_size
+        if test_set and step in (0, cfg.steps):  # the start and the final policy on test
+            path = held_out_results_path(run.dir, step)
+            m = evaluate(
+                engine,
+                tokenizer,
+                retriever,
+                test_set,
+                cfg.agent,
+                rank,
+                world,
+                results_path=path,
+                desc="test",
+            )
+            if train.is_main:
+                print(f"[grpo] step {step}: held-out test EM {m['em']:.3f} ({path})", flush=True)
         return evaluate(
             engine, tokenizer, retriever, dev_set, cfg.agent, rank, world, results_path=results
         )
@@ -153,6 +175,15 @@ def train_grpo(cfg: GRPOConfig) -> dict:
 
     run.begin(train, tokenizer, engine, dev_eval)  # every load-time check passed
     return run.fit(grpo_step)
+
+
+def held_out_split(cfg: GRPOConfig) -> Path | None:
+    """The run's held-out test split, as ``experiments.evaluate_all`` finds it: the world's
+    test.jsonl when the run trains on the world's files (``assets.train`` empty), else the
+    test.jsonl beside ``assets.train`` (``runs/smol/data/test.jsonl``); None when there is none."""
+    train = cfg.assets.train
+    test = Path(train).with_name("test.jsonl") if train else Path(cfg.assets.world) / "test.jsonl"
+    return test if test.is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,7 +68,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from arco.config import ArcoConfig, ArcoWarmupConfig
+from arco.config import ArcoConfig, ArcoWarmupConfig, RubricConfig
 from arco.environment import build_environment
 from arco.losses import rubric_sft_loss, scatter_positions
 from arco.projection import decomposition_holds, project_scores
@@ -109,6 +109,7 @@ from common.rollout.agent import (
 from common.rollout.batch import collate, padding_id
 from common.rollout.protocols import get_protocol
 from common.rollout.trajectory import Step
+from common.run_config import EngineConfig
 from common.train import MetricsLogger, TrainEngine
 from common.train.checkpoint import rng_state, set_rng_state
 from common.train.config import TrainConfig
@@ -307,9 +308,9 @@ def teacher_clients(
     return player, annotator
 
 
-def warmup_budget(cfg: ArcoConfig, cache: Path) -> ApiBudget:
+def warmup_budget(w: ArcoWarmupConfig, cache: Path) -> ApiBudget:
     """The warmup's API cap (``warmup.max_api_calls``, ``warmup.max_api_usd``; 0: none)."""
-    return ApiBudget.for_section("warmup", cfg.warmup, cache)
+    return ApiBudget.for_section("warmup", w, cache)
 
 
 def collect_llm(
@@ -319,7 +320,7 @@ def collect_llm(
     through ``LLMClient`` (cached, concurrent, cost counted, one budget: ``warmup_budget``).
     Failures are dropped and counted. Before the first request: the estimate of what it costs
     (``arco.teacher.warmup_estimate``); after the last: what it spent."""
-    budget = warmup_budget(cfg, cache)
+    budget = warmup_budget(cfg.warmup, cache)
     player, annotator = teacher_clients(cfg, cache, budget)
     estimate = warmup_estimate(
         player,
@@ -509,7 +510,8 @@ def pi_steps_per_epoch(n: int, batch: int) -> int:
 def sft_policy(
     train: TrainEngine,
     trajs: Sequence[Trajectory],
-    cfg: ArcoConfig,
+    w: ArcoWarmupConfig,
+    seed: int,
     select_fn,
     logger: MetricsLogger | None,
 ) -> dict:
@@ -518,9 +520,9 @@ def sft_policy(
     time with the gradient accumulated (``pi_sft_row_weights``: the loss is ``pi_sft_loss`` of
     the whole batch exactly, whatever the split); after each epoch ``select_fn()`` gives
     held-out EM and the best SFT epoch's adapter is kept (epoch 0, the base, is measured and
-    recorded but never kept: the release always keeps an SFT epoch; ties go to the earlier)."""
-    w = cfg.warmup
-    rng = random.Random(cfg.seed)
+    recorded but never kept: the release always keeps an SFT epoch; ties go to the earlier).
+    ``w``: the ``warmup`` section; ``seed``: the run's."""
+    rng = random.Random(seed)
     examples = step_examples(trajs)
     per_epoch = pi_steps_per_epoch(len(examples), w.pi_batch)
     total = per_epoch * w.pi_epochs
@@ -588,15 +590,16 @@ def sft_policy(
 def sft_rubric(
     train: TrainEngine,
     items: Sequence[RubricItem],
-    cfg: ArcoConfig,
+    w: ArcoWarmupConfig,
+    seed: int,
     pad_id: int,
     logger: MetricsLogger | None,
 ) -> dict:
     """μ SFT: −tokenmean log μ(criteria JSON + EOS) + score_weight · MSE(head, projected scores),
     over ``warmup.mu_batch`` items an optimizer step, forwarded ``warmup.micro_batch_size`` at a
-    time with the gradient accumulated (the token mean and the MSE over the whole batch)."""
-    w = cfg.warmup
-    rng = random.Random(cfg.seed + 1)
+    time with the gradient accumulated (the token mean and the MSE over the whole batch).
+    ``w``: the ``warmup`` section; ``seed``: the run's."""
+    rng = random.Random(seed + 1)
     per_epoch = max(1, -(-len(items) // w.mu_batch))
     total = per_epoch * w.mu_epochs
     lrs = {"rubric": w.mu_lr, "head": w.head_lr}
@@ -643,18 +646,23 @@ def sft_rubric(
 
 
 def check_written_criteria(
-    engine, items: Sequence[RubricItem], cfg: ArcoConfig, eos_id: int, logger=None
+    engine,
+    items: Sequence[RubricItem],
+    rubric: RubricConfig,
+    w: ArcoWarmupConfig,
+    eos_id: int,
+    logger=None,
 ) -> dict:
     """What μ writes after SFT: greedy criteria for up to ``warmup.check_items`` of its SFT
     items (an even spread), the share that parses as exactly K criteria and the share equal to
     the teacher's. Training items, so this says whether μ learned the format, not whether it
     generalises."""
-    n = min(len(items), cfg.warmup.check_items)
+    n = min(len(items), w.check_items)
     if n == 0:
         return {"items": 0}
     picked = [items[round(i * (len(items) - 1) / max(1, n - 1))] for i in range(n)]
     probes = [replace(it, criteria_ids=[], criteria=None) for it in picked]
-    invalid = write_criteria(engine, probes, cfg.rubric.k, cfg.rubric.max_new_tokens, eos_id)
+    invalid = write_criteria(engine, probes, rubric.k, rubric.max_new_tokens, eos_id)
     same = sum(p.criteria_ids == it.criteria_ids for p, it in zip(probes, picked, strict=True))
     row = {"items": n, "criteria_valid_rate": 1 - invalid / n, "teacher_match_rate": same / n}
     if logger:
@@ -938,7 +946,9 @@ def build_parts(cfg: ArcoConfig, out: Path, start_step: int) -> WarmupParts:
     model.rubric_meta = rubric_settings(cfg)
     w = cfg.warmup
     lrs = {"policy": w.pi_lr, "rubric": w.mu_lr, "head": w.head_lr}
-    train = TrainEngine(model, warmup_train_config(cfg), param_groups=model.groups(lrs))
+    train = TrainEngine(
+        model, warmup_train_config(cfg.train, cfg.warmup, cfg.seed), param_groups=model.groups(lrs)
+    )
     logger = None
     if train.is_main:
         logger = MetricsLogger.from_config(out, cfg.log, cfg, start_step=start_step)
@@ -953,14 +963,14 @@ def build_parts(cfg: ArcoConfig, out: Path, start_step: int) -> WarmupParts:
     return WarmupParts(tokenizer, model, train, logger, retriever, agent_cfg, engine)
 
 
-def warmup_train_config(cfg: ArcoConfig) -> TrainConfig:
+def warmup_train_config(train: TrainConfig, w: ArcoWarmupConfig, seed: int) -> TrainConfig:
     """The warmup's optimizer settings: ``train.weight_decay``, ``max_grad_norm`` and the
-    schedule are RL's keys, the warmup's own are under ``warmup``; a copy, so the run's config
-    keeps what the user set (``train.seed``, ``lr`` and ``grad_accum``: ``ArcoConfig.DERIVED``)."""
-    w = cfg.warmup
-    cfg.train.seed = cfg.seed
+    schedule are RL's keys, the warmup's own are under ``warmup`` (``w``); a copy, so the run's
+    config keeps what the user set (``train.seed``, set here to the run's ``seed``; ``lr`` and
+    ``grad_accum``: ``ArcoConfig.DERIVED``)."""
+    train.seed = seed
     return replace(
-        cfg.train,
+        train,
         lr=w.pi_lr,
         weight_decay=w.weight_decay,
         max_grad_norm=w.max_grad_norm,
@@ -1062,9 +1072,14 @@ def pi_phase(
         report = {"skipped": "warmup.pi_epochs = 0", "select_em": held_out_em(cfg, parts, select)}
         print("[arco warmup] π SFT skipped (warmup.pi_epochs = 0): π is the backbone", flush=True)
     elif trajs:
-        nap(cfg, parts.engine)
+        nap(cfg.engine, parts.engine)
         report = sft_policy(
-            parts.train, trajs, cfg, lambda: held_out_em(cfg, parts, select), parts.logger
+            parts.train,
+            trajs,
+            w,
+            cfg.seed,
+            lambda: held_out_em(cfg, parts, select),
+            parts.logger,
         )
     else:  # e.g. an untrained agent that never answers right: π stays as it is
         report = {"skipped": "no trajectory with R = 1 and more than one step"}
@@ -1083,7 +1098,7 @@ def held_out_em(cfg: ArcoConfig, parts: WarmupParts, select: Sequence[QAExample]
     em = evaluate(
         parts.engine, parts.tokenizer, parts.retriever, select, parts.agent_cfg, adapter="policy"
     )["em"]
-    nap(cfg, parts.engine)
+    nap(cfg.engine, parts.engine)
     return em
 
 
@@ -1106,19 +1121,21 @@ def mu_phase(
             criteria = encode_text(parts.tokenizer, format_criteria(ann.criteria))
             it.criteria_ids = criteria + [eos_id]
         it.target_scores = sft_targets(ann.scores, cfg.head_k)
-    nap(cfg, parts.engine)
+    nap(cfg.engine, parts.engine)
     pad_id = padding_id(parts.tokenizer)
-    report = {"mu_sft": sft_rubric(parts.train, items, cfg, pad_id, parts.logger)}
+    report = {"mu_sft": sft_rubric(parts.train, items, cfg.warmup, cfg.seed, pad_id, parts.logger)}
     parts.model.sync_references()
     if cfg.rubric_mode == "adaptive":
         push_adapters(parts.engine, parts.model)
-        report["mu_writes"] = check_written_criteria(parts.engine, items, cfg, eos_id, parts.logger)
+        report["mu_writes"] = check_written_criteria(
+            parts.engine, items, cfg.rubric, cfg.warmup, eos_id, parts.logger
+        )
     return report
 
 
-def nap(cfg: ArcoConfig, engine) -> None:
+def nap(engine_cfg: EngineConfig, engine) -> None:
     """A vLLM engine put to sleep through SFT (``engine.sleep_during_update``), unless asleep;
     ``push_adapters`` wakes it. An HF engine is the training model: nothing to do."""
-    e = cfg.engine
-    if e.backend == "vllm" and e.sleep_during_update and not engine.asleep:
+    sleeps = engine_cfg.backend == "vllm" and engine_cfg.sleep_during_update
+    if sleeps and not engine.asleep:
         engine.sleep()

@@ -224,10 +224,10 @@ def test_warmup_check_of_written_criteria_counts_valid_and_teachers(tiny_world):
         opt.step()
     model.eval()
     engine = build_engine(cfg.engine, cfg.assets.model, model.lm, tok, 0, cfg.lora.r)
-    row = check_written_criteria(engine, items, cfg, tok.eos_token_id)
+    row = check_written_criteria(engine, items, cfg.rubric, cfg.warmup, tok.eos_token_id)
     assert row == {"items": 2, "criteria_valid_rate": 0.5, "teacher_match_rate": 1.0}
     other = encode_text(tok, format_criteria(["a", "b", "c"])) + [tok.eos_token_id]
     items[0].criteria_ids = other  # the teacher wrote Y; μ still writes X: valid, no match
-    row = check_written_criteria(engine, items[:1], cfg, tok.eos_token_id)
+    row = check_written_criteria(engine, items[:1], cfg.rubric, cfg.warmup, tok.eos_token_id)
     assert row == {"items": 1, "criteria_valid_rate": 1.0, "teacher_match_rate": 0.0}
     assert items[0].criteria_ids == other  # the check writes into copies

@@ -97,7 +97,7 @@ def test_optimizer_steps_are_batches_of_agent_steps(tiny_world):
     cfg, train = _engine(tiny_world, "warmup.pi_epochs=2", "warmup.pi_batch=4", "warmup.pi_lr=1e-3")
     trajs = [trajectory(n) for n in (2, 3, 4, 3, 2)]
     ems = iter([0.0, 0.1, 0.2])
-    report = sft_policy(train, trajs, cfg, lambda: next(ems), None)
+    report = sft_policy(train, trajs, cfg.warmup, cfg.seed, lambda: next(ems), None)
     assert train.global_step == 6
     assert (report["trajectories"], report["examples"], report["steps_per_epoch"]) == (5, 14, 3)
     for row in report["epochs"][1:]:
@@ -109,7 +109,7 @@ def test_optimizer_steps_are_batches_of_agent_steps(tiny_world):
     # fewer agent steps than pi_batch: one step on all of them
     cfg, train = _engine(tiny_world, "warmup.pi_epochs=1", "warmup.pi_batch=16")
     ems = iter([0.0, 0.0])
-    report = sft_policy(train, trajs, cfg, lambda: next(ems), None)
+    report = sft_policy(train, trajs, cfg.warmup, cfg.seed, lambda: next(ems), None)
     assert train.global_step == 1 and report["epochs"][1]["examples_per_step"] == [14]
 
 
@@ -124,7 +124,7 @@ def test_the_best_sft_epoch_is_kept_even_when_the_base_scores_higher(tiny_world)
         snapshots.append(_policy_lora(train.model))
         return next(ems)
 
-    report = sft_policy(train, trajs, cfg, select, None)
+    report = sft_policy(train, trajs, cfg.warmup, cfg.seed, select, None)
     assert (report["chosen_epoch"], report["chosen_select_em"]) == (2, 0.4)
     assert report["base_select_em"] == 0.6
     assert [(r["epoch"], r["select_em"]) for r in report["epochs"]] == [
@@ -188,7 +188,7 @@ def test_micro_batches_give_the_whole_batch_gradient(tiny_world):
                 if p.requires_grad:
                     p.add_(0.05 * torch.randn(p.shape, generator=g))
         grads[micro] = _first_step_grads(train)
-        report = sft_policy(train, trajs, cfg, lambda: 0.0, None)
+        report = sft_policy(train, trajs, cfg.warmup, cfg.seed, lambda: 0.0, None)
         losses[micro] = report["epochs"][1]["loss"]
         assert train.global_step == 1
     assert grads[6] and all(".policy." in n for n in grads[6])
@@ -242,7 +242,7 @@ def test_mu_micro_batches_give_the_whole_batch_gradient(tiny_world):
                 if p.requires_grad:
                     p.add_(0.05 * torch.randn(p.shape, generator=g))
         grads[micro] = _first_step_grads(train)
-        rows[micro] = sft_rubric(train, items(), cfg, 0, None)["epochs"][0]
+        rows[micro] = sft_rubric(train, items(), cfg.warmup, cfg.seed, 0, None)["epochs"][0]
         assert train.global_step == 1
     assert any(n.startswith("head.") for n in grads[5]) and any(".rubric." in n for n in grads[5])
     for micro in (2, 1):
@@ -258,7 +258,8 @@ def test_an_sft_epoch_shows_a_progress_bar_of_its_optimizer_steps(tiny_world, ca
     epoch, its result."""
     cfg, train = _engine(tiny_world, "warmup.pi_epochs=2", "warmup.pi_batch=4")
     ems = iter([0.0, 0.1, 0.2])
-    sft_policy(train, [trajectory(n) for n in (2, 3, 4, 3, 2)], cfg, lambda: next(ems), None)
+    trajs = [trajectory(n) for n in (2, 3, 4, 3, 2)]
+    sft_policy(train, trajs, cfg.warmup, cfg.seed, lambda: next(ems), None)
     out = capsys.readouterr()
     for epoch in (1, 2):
         assert f"[arco warmup] π epoch {epoch}: 100%" in out.err and "3/3 [" in out.err

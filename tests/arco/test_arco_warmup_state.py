@@ -237,6 +237,6 @@ def test_nap_sleeps_a_vllm_engine_once_and_leaves_an_hf_engine_alone(tmp_path):
             [f"engine.backend={backend}", f"engine.sleep_during_update={str(sleeps).lower()}"],
         )
         engine = Engine()
-        nap(cfg, engine)
-        nap(cfg, engine)  # asleep already: not again
+        nap(cfg.engine, engine)
+        nap(cfg.engine, engine)  # asleep already: not again
         assert engine.sleeps == want, (backend, sleeps)

@@ -337,9 +337,8 @@ def write_rows(rows: Any, part: Path) -> int:
     return n
 
 
-def model_ids(cfg: Any) -> list[str]:
-    """The hub ids of the models the config trains from (not local folders)."""
-    assets = cfg.assets
+def model_ids(assets: Any) -> list[str]:
+    """The hub ids of the models a config's ``assets`` train from (not local folders)."""
     ids = [getattr(assets, k, "") for k in ("model", "init_model")]
     return [m for m in dict.fromkeys(ids) if m and not Path(m).exists() and "/" in m]
 
@@ -362,7 +361,7 @@ def prepare(config: str | Path, hub: Any, *, dry_run: bool = False, root: Path =
     file and model is there at the end; 1 when some key has no source; errors raise."""
     cfg = load_config(config_class(config), str(config))
     fetches, unsourced, present = plan(cfg.assets, root)
-    models = model_ids(cfg)
+    models = model_ids(cfg.assets)
     sizes = [hub.size(f.sample[0] if f.sample else f.source) for f in fetches]
     print(
         f"[data] {config}: {len(set(present.values()))} file(s) already there, {len(fetches)} to fetch"

@@ -70,7 +70,7 @@ BATCHES_FILE = "batches.jsonl"
 # Append-only step logs a start trims to its resume point: one row a step, keyed "step".
 STEP_LOGS = (METRICS_FILE, BATCHES_FILE)
 # Per-step files a run rewrites as it goes: those after the resume point are removed on start.
-PER_STEP_FOLDERS = ("samples", "dev_results")
+PER_STEP_FOLDERS = ("samples", "dev_results", "test_results")
 # Keys that say where or how to start, not what is trained: never a config change.
 NOT_SETTINGS = frozenset({"run_dir", "resume", "allow_config_change"})
 _STEP_FILE = re.compile(r"step_(\d+)\.[a-z]+")

@@ -36,9 +36,10 @@ from cer.rewards.groups import (
     CERScoring,
     Group,
     GroupReward,
+    GroupScores,
     common_groups,
-    group_rewards,
     rules_of,
+    scored_group_rewards,
     verifier_name,
 )
 from cer.rewards.scoring import ScoreFn, hf_prefix_scorer, ignoring_alternatives
@@ -219,15 +220,16 @@ def train_cer(cfg: CERConfig) -> dict:
 
     def rewards_by_type(
         out: Rewards, groups: list[Group]
-    ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
-        """Every reward type of the step's samples (exact and rule always: the accuracy) and the
-        CER summary: the reward's own pass when it is CER's, else a pass beside it."""
+    ) -> tuple[dict[str, torch.Tensor], dict[str, float], list[GroupScores] | None]:
+        """Every reward type of the step's samples (exact and rule always: the accuracy), the
+        CER summary and each group's CER scores (None when none were scored): the reward's own
+        pass when it is CER's, else a pass beside it."""
         if "by_type" in out.extras:
-            return out.extras["by_type"], out.metrics
-        by_type, stats = group_rewards(
+            return out.extras["by_type"], out.metrics, out.extras.get("scores")
+        by_type, stats, scores = scored_group_rewards(
             types, groups, score_fn, tokenizer, scoring.m, scoring.selection, scoring.rules
         )
-        return by_type, {**stats, **out.metrics}
+        return by_type, {**stats, **out.metrics}, scores
 
     def cer_step(step: int) -> StepBatch:
         """B prompts x G samples -> reward by type -> RLOO advantages (the frame updates)."""
@@ -254,21 +256,29 @@ def train_cer(cfg: CERConfig) -> dict:
         t0 = time.perf_counter()
         ctx = RewardContext(train.model, tokenizer, engine, step, scoring=scoring)
         out = reward_fn(common_groups(groups), ctx)
-        rewards, cer_stats = rewards_by_type(out, groups)
+        rewards, cer_stats, scores = rewards_by_type(out, groups)
         ref_prob = rewards.pop(REF_PROB, None)
         timings["reward"] = time.perf_counter() - t0
         reward_tokens = score_fn.take()
         trajs = [t for g in groups for t in g.trajs]
         reward = out.values
         adv = advantages(reward, [t.group_id for t in trajs], cfg.reward.advantage)
-        # Every reward type for the groups written to samples/ (same count on every rank: the
-        # vLLM scorer is collective under several ranks).
+        # Every reward type for the groups written to samples/, from the reward's scores: only
+        # the pairs they lack are scored (none when they cover every solution; else a call on
+        # every rank alike, the vLLM scorer is collective under several ranks).
         shown = groups[: cfg.samples_per_step]
         shown_rewards: dict[str, torch.Tensor] = {}
         shown_stats: dict[str, float] = {}
         if cfg.samples_per_step:  # 0 on every rank alike: no group to score, none written
-            shown_rewards, shown_stats = group_rewards(
-                ALL_TYPES, shown, score_fn, tokenizer, scoring.m, scoring.selection, scoring.rules
+            shown_rewards, shown_stats, _ = scored_group_rewards(
+                ALL_TYPES,
+                shown,
+                score_fn,
+                tokenizer,
+                scoring.m,
+                scoring.selection,
+                scoring.rules,
+                None if scores is None else scores[: len(shown)],
             )
         trained, trained_adv = trajs, adv
         if verifree and cfg.reward.verifree_likelihood:
@@ -290,7 +300,8 @@ def train_cer(cfg: CERConfig) -> dict:
             **{f"samples/{k}": v for k, v in shown_stats.items()},
             **rollout_token_metrics(trajs),
             "tokens/reward": reward_tokens,
-            "tokens/reward_samples": score_fn.take(),  # samples/'s every type, for reading
+            # what only samples/ needed scored (0 when the reward's scores cover its groups)
+            "tokens/reward_samples": score_fn.take(),
         }
         pooled = {}
         if cfg.reward.signal:  # every rank's samples, pooled (a collective)

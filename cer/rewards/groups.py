@@ -2,9 +2,10 @@
 
 A ``Group`` is one prompt, its G sampled responses and their answer splits. ``group_rewards``
 returns the rewards of the requested types over all samples (group after group) and, when a
-scored type is among them, the CER matrix summary. ``GroupReward`` is one type as an outcome
-reward (``common.rewards``): ``EXACT``, ``RULE``, ``CER``, ``RULE_CER`` and ``VERIFREE``, what
-``reward.fn`` (or ``reward.type``) names.
+scored type is among them, the CER matrix summary; ``scored_group_rewards`` also each group's
+scores (``GroupScores``), and takes an earlier pass's instead of scoring those pairs again.
+``GroupReward`` is one type as an outcome reward (``common.rewards``): ``EXACT``, ``RULE``,
+``CER``, ``RULE_CER`` and ``VERIFREE``, what ``reward.fn`` (or ``reward.type``) names.
 """
 
 from __future__ import annotations
@@ -142,16 +143,65 @@ def score_groups(
 def _scored(
     score_fn: ScoreFn, pairs: Sequence[GroupPairs]
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[str]]]:
-    flat = score_fn(
-        [x for p in pairs for x in p.prefixes],
-        [x for p in pairs for x in p.continuations],
-        [x for p in pairs for x in p.alternatives],
-        [x for p in pairs for x in p.generated],
+    flat = _token_logps(score_fn, pairs, None, False)
+    return [p.matrices(lp) for p, lp in zip(pairs, flat, strict=True)]
+
+
+@dataclass(frozen=True)
+class GroupScores:
+    """One group's scored pairs (``group_pairs``) and the scorer's per-token log probabilities
+    of each (``token_logps[i]``: pair i's). ``every_solution``: the pass scored every sample's
+    solution whatever the answers (VeriFree among its types, or ``m`` None or at least G), so a
+    later pass over the same group finds each pair's scores here."""
+
+    pairs: GroupPairs
+    token_logps: list[list[float]]
+    every_solution: bool
+
+
+def _pair_key(p: GroupPairs, i: int) -> tuple:
+    return tuple(p.prefixes[i]), tuple(p.continuations[i]), p.alternatives[i]
+
+
+def _token_logps(
+    score_fn: ScoreFn | None,
+    pairs: Sequence[GroupPairs],
+    known: Sequence[GroupScores] | None,
+    covered: bool,
+) -> list[list[list[float]]]:
+    """Each group's per-pair token log probabilities: a pair of ``known[g]`` (the same group's
+    earlier scores) is read from there, the others come from one ``score_fn`` call, in group
+    order. ``covered`` (the earlier pass scored every solution): no call at all, the same on
+    every rank (a collective scorer needs equal calls); else the call is made even when empty."""
+    if known is not None and len(known) != len(pairs):
+        raise ValueError(f"{len(known)} groups' scores given for {len(pairs)} groups")
+    found = (
+        [{_pair_key(k.pairs, i): lp for i, lp in enumerate(k.token_logps)} for k in known]
+        if known is not None
+        else [{} for _ in pairs]
     )
-    out, pos = [], 0
-    for p in pairs:
-        out.append(p.matrices(flat[pos : pos + len(p.prefixes)]))
-        pos += len(p.prefixes)
+    out = [
+        [found[g].get(_pair_key(p, i)) for i in range(len(p.prefixes))] for g, p in enumerate(pairs)
+    ]
+    missing = [(g, i) for g, row in enumerate(out) for i, lp in enumerate(row) if lp is None]
+    if covered:
+        if missing:
+            raise RuntimeError(
+                f"{len(missing)} pairs missing from scores said to cover every solution"
+            )
+        return out
+    if score_fn is None:
+        raise ValueError("scoring needs a score_fn")
+    flat = score_fn(
+        [pairs[g].prefixes[i] for g, i in missing],
+        [pairs[g].continuations[i] for g, i in missing],
+        [pairs[g].alternatives[i] for g, i in missing],
+        [pairs[g].generated[i] for g, i in missing],
+    )
+    if len(flat) != len(missing):
+        raise ValueError(f"score_fn returned {len(flat)} results for {len(missing)} pairs")
+    for (g, i), lp in zip(missing, flat, strict=True):
+        out[g][i] = lp
     return out
 
 
@@ -170,7 +220,28 @@ def group_rewards(
     over groups of max_j), ``cer/distinct_answers`` (per group, mean). With ``m`` < G, CER
     averages each answer over the ``m`` solutions ``selection`` picks (``select_solutions``).
     ``ref_prob`` among ``types`` (not a reward, for ``cer.rewards.diagnostics``) adds each sample's
-    pi(a* | own solution), NaN where it is not scored (all are with ``verifree`` among them)."""
+    pi(a* | own solution), NaN where it is not scored (all are with ``verifree`` among them).
+    ``scored_group_rewards`` also returns the scores, and takes earlier ones."""
+    by_type, stats, _ = scored_group_rewards(
+        types, groups, score_fn, tokenizer, m, selection, rules
+    )
+    return by_type, stats
+
+
+def scored_group_rewards(
+    types: Iterable[str],
+    groups: Sequence[Group],
+    score_fn: ScoreFn | None,
+    tokenizer: Any,
+    m: int | None = None,
+    selection: str = "first",
+    rules: Rules = Rules(),
+    known: Sequence[GroupScores] | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, float], list[GroupScores] | None]:
+    """``group_rewards``, and each group's ``GroupScores`` (None when no scored type is asked
+    for). ``known[g]``: group g's scores from an earlier pass of the step (the reward's, for the
+    groups written to ``samples/``); only the pairs they lack are scored, and none at all when
+    they cover every solution: each pair's probability is computed once a step."""
     types = set(types) | {"exact", "rule"}
     samples = [(s.answer, g.example) for g in groups for s in g.splits]
     out = {
@@ -181,8 +252,9 @@ def group_rewards(
     }
     stats: dict[str, float] = {}
     if not types & {*SCORED_TYPES, REF_PROB}:
-        return out, stats
-    if score_fn is None:
+        return out, stats, None
+    covered = known is not None and all(k.every_solution for k in known)
+    if score_fn is None and not covered:
         raise ValueError(
             f"reward types {sorted(types & {*SCORED_TYPES, REF_PROB})} need a score_fn"
         )
@@ -194,7 +266,12 @@ def group_rewards(
         )
         for g in groups
     ]
-    scored = _scored(score_fn, pairs)
+    token_logps = _token_logps(score_fn, pairs, known, covered)
+    scores = [
+        GroupScores(p, lp, everyone or m is None or m >= len(g.splits))
+        for g, p, lp in zip(groups, pairs, token_logps, strict=True)
+    ]
+    scored = [p.matrices(lp) for p, lp in zip(pairs, token_logps, strict=True)]
     cer = torch.cat(
         [
             cer_from_logprobs(r, a, idx, counted=p.counted).float()
@@ -222,7 +299,7 @@ def group_rewards(
         "cer/ref_prob_max": torch.stack([p.max() for p in ref_probs]).mean().item(),
         "cer/distinct_answers": sum(len(d) for *_, d in scored) / len(scored),
     }
-    return {k: v for k, v in out.items() if k in types}, stats
+    return {k: v for k, v in out.items() if k in types}, stats, scores
 
 
 def common_groups(groups: Sequence[Group]) -> list[parts.Group]:
@@ -259,13 +336,14 @@ class CERScoring:
 class GroupReward:
     """Reward type ``type`` of ``group_rewards`` as an outcome reward over ``common_groups``,
     with the run's ``CERScoring`` (``ctx.scoring``). Metrics: the CER summary; extras:
-    ``by_type``, every type computed (exact and rule always)."""
+    ``by_type``, every type computed (exact and rule always), and ``scores``, each group's
+    ``GroupScores`` (None without a scored type): what the trainer's ``samples/`` reuse."""
 
     type: str
 
     def __call__(self, groups: Sequence[parts.Group], ctx: parts.RewardContext) -> parts.Rewards:
         x = parts.context_part(ctx, "scoring", CERScoring, f"reward {self.type}", CERScoring())
-        by_type, stats = group_rewards(
+        by_type, stats, scores = scored_group_rewards(
             {self.type, *x.types},
             [g.source for g in groups],
             x.score_fn,
@@ -274,7 +352,7 @@ class GroupReward:
             x.selection,
             x.rules,
         )
-        return parts.Rewards(by_type[self.type], stats, {"by_type": by_type})
+        return parts.Rewards(by_type[self.type], stats, {"by_type": by_type, "scores": scores})
 
 
 EXACT = GroupReward("exact")

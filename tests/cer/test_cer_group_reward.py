@@ -7,8 +7,9 @@ from cer.data import MathExample
 from cer.prompt import INSTRUCTION, MC_INSTRUCTION, SYSTEM_PROMPT, user_message
 from cer.rewards.answer import solution_split
 from cer.rewards.expectation import cer_from_logprobs
-from cer.rewards.groups import Group, Rules, group_rewards, score_groups
+from cer.rewards.groups import Group, Rules, group_rewards, score_groups, scored_group_rewards
 from cer.rewards.scoring import hf_prefix_scorer, score_group
+from cer.rewards.scoring_tokens import CountingScorer
 
 
 def make_group(tok, problem: str, gold: str, responses: list[str], mc: bool = False) -> Group:
@@ -146,3 +147,42 @@ def test_every_type_at_once_leaves_the_cer_values_and_stats(groups, char_tokeniz
     )  # fmt: skip
     assert torch.allclose(alone["cer"], every["cer"], atol=1e-7)
     assert alone_stats == pytest.approx(every_stats)
+
+
+@pytest.mark.parametrize("m", [None, 1])
+@pytest.mark.parametrize("reward_types", [["cer"], ["cer", "verifree", "ref_prob"]])
+def test_samples_reuse_the_reward_s_scores_each_pair_scored_once(
+    groups, char_tokenizer, tiny_qwen3, m, reward_types
+):
+    """The trainer's samples/ pass (every type on the first groups) reads the reward pass's
+    scores: a pair is never scored twice in a step, and the values are the reward's own."""
+    scorer = hf_prefix_scorer(tiny_qwen3)
+    calls: list[list[tuple]] = []
+
+    def score_fn(prefixes, continuations, last_alternatives=None, generated=None):
+        calls.append([(tuple(p), tuple(c)) for p, c in zip(prefixes, continuations, strict=True)])
+        return scorer(prefixes, continuations, last_alternatives, generated)
+
+    every = ["exact", "rule", "cer", "rule+cer", "verifree"]
+    counting = CountingScorer(score_fn)
+    by_type, stats, scores = scored_group_rewards(
+        reward_types, groups, counting, char_tokenizer, m=m
+    )
+    reward_tokens = counting.take()
+    assert len(calls) == 1 and reward_tokens > 0 and len(scores) == len(groups)
+    shown, shown_stats, _ = scored_group_rewards(
+        every, groups[:1], counting, char_tokenizer, m=m, known=scores[:1]
+    )
+    covered = m is None or "verifree" in reward_types  # every solution already scored
+    assert len(calls) == (1 if covered else 2)
+    assert (counting.take() == 0) == covered
+    pairs = [pair for call in calls for pair in call]
+    assert len(pairs) == len(set(pairs))  # each (solution, answer) pair scored once
+    n = len(groups[0].splits)
+    for k in by_type.keys() & set(every):
+        assert torch.equal(shown[k], by_type[k][:n]), k
+    # the same as a pass of its own (the trainer's before), up to the scorer's batch round-off
+    own, own_stats = group_rewards(every, groups[:1], scorer, char_tokenizer, m=m)
+    for k in every:
+        torch.testing.assert_close(shown[k], own[k], rtol=1e-5, atol=1e-7)
+    assert shown_stats == pytest.approx(own_stats, rel=1e-5)

@@ -131,8 +131,23 @@ def test_build_tiny_isolate_spaces_gives_a_name_the_same_ids_in_the_context_and_
     ).read_bytes()
 
 
-def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
+def test_train_records_reward_accuracy_and_every_reward_type(tiny_root, monkeypatch):
+    import cer.trainer
+
     run_dir = tiny_root / "run"
+    # every call of the step's scorer: the reward's pass, which samples/ reuses (no own pass)
+    scored: list[int] = []
+
+    def counted(*args, **kwargs):
+        score_fn = make_score_fn(*args, **kwargs)
+
+        def score(prefixes, *rest):
+            scored.append(len(prefixes))
+            return score_fn(prefixes, *rest)
+
+        return score
+
+    monkeypatch.setattr(cer.trainer, "make_score_fn", counted)
     cfg = tiny_config(
         tiny_root,
         f"run_dir={run_dir}",
@@ -150,6 +165,10 @@ def test_train_records_reward_accuracy_and_every_reward_type(tiny_root):
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
+    # one scoring call a step (the reward's, every rollout's pairs), which samples/ (a group a
+    # step) reuses: nothing scored for samples/ alone
+    assert len(scored) == 2 and all(n > 0 for n in scored)
+    assert [r["tokens/reward_samples"] for r in steps] == [0, 0]
     # per-problem dev results (experiments.compare's input), in dev order, as logged
     dev_ids = [json.loads(line)["id"] for line in (tiny_root / "task" / "dev.jsonl").open()][:4]
     for logged in (r for r in records if "dev/accuracy" in r):

@@ -294,24 +294,63 @@ def policy_loss(
     return loss.sum(), stats
 
 
-def rubric_loss(
-    train: TrainEngine,
-    items: Sequence[RubricItem],
-    outcomes: torch.Tensor,
+@dataclass(frozen=True)
+class MuMicroBatch:
+    """L_μ's input for the trajectories ``first .. first + len(outcomes) - 1``: their rubric rows
+    (``items``, whose ``traj`` counts from 0 over the whole batch), outcomes R_τ and class
+    weights w_τ."""
+
+    items: Sequence[RubricItem]
+    outcomes: torch.Tensor  # [n]
+    weights: torch.Tensor  # [n]
+    first: int = 0
+
+    @property
+    def n_trajs(self) -> int:
+        return int(self.outcomes.shape[0])
+
+
+@dataclass(frozen=True)
+class MuLoss:
+    """L_μ's settings: β (``rl.mu_kl_coef``), the KL's direction (``rl.kl_direction``), one
+    trunk a trajectory (``rubric.shared_prefix``) and the padding id."""
+
+    beta: float
+    direction: str
+    shared: bool
+    pad_id: int
+
+    @classmethod
+    def of(cls, cfg: ArcoConfig, pad_id: int) -> MuLoss:
+        return cls(cfg.rl.mu_kl_coef, cfg.rl.kl_direction, cfg.rubric.shared_prefix, pad_id)
+
+
+def _mu_micro_batch(
+    by_traj: dict[int, list[RubricItem]],
+    rewards: torch.Tensor,
     weights: torch.Tensor,
-    n_trajs: int,
-    first_traj: int,
-    beta: float,
-    direction: str,
-    pad_id: int,
-    record: bool = False,
-    shared: bool = False,
+    chunk: range,
+    device: torch.device,
+) -> MuMicroBatch:
+    """The micro-batch ``chunk`` of trajectories' rows, outcomes and weights on ``device``."""
+    return MuMicroBatch(
+        [it for i in chunk for it in by_traj.get(i, [])],
+        rewards[chunk.start : chunk.stop].to(device),
+        weights[chunk.start : chunk.stop].to(device),
+        chunk.start,
+    )
+
+
+def rubric_loss(
+    train: TrainEngine, mb: MuMicroBatch, loss_cfg: MuLoss, record: bool = False
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Σ over trajectories ``first_traj ..`` of w_τ (Σ_t s_t − R)² + β Σ_t tokenmean KL_t(μ‖μ_ref),
+    """Σ over ``mb``'s trajectories of w_τ (Σ_t s_t − R)² + β Σ_t tokenmean KL_t(μ‖μ_ref),
     scores recomputed with gradient through the head and the rubric adapter (``record``: their
-    detached values written into the items, the step scores of the advantages). ``shared``
-    (``rubric.shared_prefix``): each trajectory's rows forwarded as one trunk (``trunk_batch``),
-    for μ and μ_ref alike; else one row a step."""
+    detached values written into the items, the step scores of the advantages). With
+    ``loss_cfg.shared`` (``rubric.shared_prefix``) each trajectory's rows are forwarded as one
+    trunk (``trunk_batch``), for μ and μ_ref alike; else one row a step."""
+    items, beta, direction = mb.items, loss_cfg.beta, loss_cfg.direction
+    n_trajs, shared, pad_id = mb.n_trajs, loss_cfg.shared, loss_cfg.pad_id
     if shared:
         tb = trunk_batch(items, pad_id, train.device, compute_dtype(train.model))
         kl_on = beta > 0 and tb.crit_at.numel() > 0
@@ -331,11 +370,11 @@ def rubric_loss(
     n_steps = max(it.step for it in items) + 1
     step_scores = torch.zeros((n_trajs, n_steps), device=train.device)
     step_mask = torch.zeros((n_trajs, n_steps), device=train.device)
-    rows = torch.tensor([it.traj - first_traj for it in items], device=train.device)
+    rows = torch.tensor([it.traj - mb.first for it in items], device=train.device)
     cols = torch.tensor([it.step for it in items], device=train.device)
     step_scores = step_scores.index_put((rows, cols), s)
     step_mask[rows, cols] = 1.0
-    decomp = decomposition_loss(step_scores, step_mask, outcomes, weights)  # [n_trajs]
+    decomp = decomposition_loss(step_scores, step_mask, mb.outcomes, mb.weights)  # [n_trajs]
     loss = decomp.sum()
     stats = {"mu_decomp_loss": decomp.mean().item(), "mu_kl": 0.0}
     if kl_on and shared:
@@ -396,25 +435,14 @@ def rubric_update(
     factor = train.config.grad_accum / len(chunks)  # the engine divides by grad_accum
     weights = global_class_weights(rewards, train.rank)
     by_traj = _by_traj(items)
+    loss_cfg = MuLoss.of(cfg, pad_id)
     stats: dict[str, float] = {}
     with dropout_off(train.model):
         for chunk in chunks:
             t0 = time.perf_counter()
-            mb_items = [it for i in chunk for it in by_traj.get(i, [])]
-            if mb_items:
-                l_mu, s_mu = rubric_loss(
-                    train,
-                    mb_items,
-                    rewards[chunk.start : chunk.stop].to(train.device),
-                    weights[chunk.start : chunk.stop].to(train.device),
-                    len(chunk),
-                    chunk.start,
-                    rl.mu_kl_coef,
-                    rl.kl_direction,
-                    pad_id,
-                    record=True,
-                    shared=cfg.rubric.shared_prefix,
-                )
+            mb = _mu_micro_batch(by_traj, rewards, weights, chunk, train.device)
+            if mb.items:
+                l_mu, s_mu = rubric_loss(train, mb, loss_cfg, record=True)
                 train.backward(l_mu * (factor / len(chunk)))
                 for k, v in {**s_mu, "loss_mu": l_mu.item()}.items():
                     stats[k] = stats.get(k, 0.0) + v / len(chunks)
@@ -438,11 +466,11 @@ def update(train: TrainEngine, batch: ArcoBatch, cfg: ArcoConfig, pad_id: int) -
     by_traj = _by_traj(items)
     chunks = _micro_batches(len(trajs), mbs)
     factor = train.config.grad_accum / len(chunks)
+    loss_cfg = MuLoss.of(cfg, pad_id)
     lrs = {g["name"]: float(g["lr"]) for g in train.optimizer.param_groups if "name" in g}
     stats: dict[str, float] = {}
     info: dict = {}
     for chunk in chunks:
-        start = chunk.start
         t0 = time.perf_counter()
         l_pi, s_pi = policy_loss(
             train,
@@ -453,21 +481,10 @@ def update(train: TrainEngine, batch: ArcoBatch, cfg: ArcoConfig, pad_id: int) -
             pad_id,
         )
         t1 = time.perf_counter()
-        mb_items = [it for i in chunk for it in by_traj.get(i, [])]
         l_mu, s_mu = torch.zeros((), device=train.device), {}
         if train_mu:
-            l_mu, s_mu = rubric_loss(
-                train,
-                mb_items,
-                rewards[start : chunk.stop].to(train.device),
-                weights[start : chunk.stop].to(train.device),
-                len(chunk),
-                start,
-                cfg.rl.mu_kl_coef,
-                cfg.rl.kl_direction,
-                pad_id,
-                shared=cfg.rubric.shared_prefix,
-            )
+            mb = _mu_micro_batch(by_traj, rewards, weights, chunk, train.device)
+            l_mu, s_mu = rubric_loss(train, mb, loss_cfg)
         t2 = time.perf_counter()
         train.backward((l_pi + l_mu) * (factor / len(chunk)))
         info = train.step()

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from arco.losses import masked_token_kl, masked_token_mean, scatter_positions, token_kl
 from arco.rubric_model import build_arco_model
-from arco.trainer import policy_loss, rubric_loss
+from arco.trainer import MuLoss, MuMicroBatch, policy_loss, rubric_loss
 from common.rl import logprobs_from_logits
 from common.rollout.batch import collate
 from common.rollout.trajectory import Step, Trajectory
@@ -179,7 +179,8 @@ def test_rubric_loss_kl_equals_the_whole_logits_path(model):
     ]
     outcomes, weights = torch.tensor([1.0, 0.0]), torch.tensor([1.0, 1.0])
     model.zero_grad(set_to_none=True)
-    loss, stats = rubric_loss(_Train(model), items, outcomes, weights, 2, 0, 0.05, "forward", 0)
+    mb = MuMicroBatch(items, outcomes, weights)
+    loss, stats = rubric_loss(_Train(model), mb, MuLoss(0.05, "forward", False, 0))
     loss.backward()
     got = _trained_grads(model)
     ids, attn, crit = rubric_batch(items, 0, torch.device("cpu"))

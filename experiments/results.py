@@ -232,6 +232,10 @@ def build(root: Path, notes: list[str] | None = None) -> dict[Path, str]:
     files: dict[Path, str] = {}
     sections: dict[str, str] = {}
     for folder in find_archives(root):
+        if _kind(folder) == "demo":
+            report, sections["demo"] = demo_section(folder, root)
+            files[folder / "report.md"] = report
+            continue
         manifest = load_manifest(folder)
         by_metric, test = summaries(folder, manifest, root)
         archives.append((folder, manifest, by_metric))
@@ -245,10 +249,11 @@ def build(root: Path, notes: list[str] | None = None) -> dict[Path, str]:
         if not test and notes is not None:
             notes.append(f"{manifest['name']}: no test split archived")
         sections[manifest["name"]] = archive_section(folder, manifest, by_metric, root, test)
-    if not archives:
+    if not sections:
         raise FileNotFoundError(f"{root}: no archived comparison (*/results/**/{ARCHIVE_FILE})")
-    sections["summary"] = summary_section(archives, root)
-    sections["detectable"] = detectable_section(archives)
+    if archives:
+        sections["summary"] = summary_section(archives, root)
+        sections["detectable"] = detectable_section(archives)
     docs = root / DOCS
     text, unplaced = replace_sections(docs.read_text(encoding="utf-8"), sections)
     if unplaced:
@@ -257,6 +262,27 @@ def build(root: Path, notes: list[str] | None = None) -> dict[Path, str]:
         )
     files[docs] = text
     return files
+
+
+def _kind(folder: Path) -> str:
+    data = yaml.safe_load((folder / ARCHIVE_FILE).read_text(encoding="utf-8"))
+    return data.get("kind", "comparison") if isinstance(data, dict) else "comparison"
+
+
+def demo_section(folder: Path, root: Path) -> tuple[str, str]:
+    """The demo archive's report and its docs table (``experiments.demo_report``), each run's
+    numbers checked against its per-question files."""
+    from experiments.demo_report import archived_runs, check_per_question, markdown, summarize_run
+    from experiments.demo_report import table as demo_table
+
+    runs = []
+    for label, run in archived_runs(folder):
+        s = summarize_run(label, run)
+        if "missing" in s:
+            raise ValueError(f"{run}: {s['missing']} (the demo archive's run {label!r})")
+        check_per_question(s)
+        runs.append(s | {"run_dir": run.relative_to(root).as_posix()})
+    return markdown(runs, "curves.png"), "\n".join(demo_table(runs)) + "\n"
 
 
 def stale_files(files: dict[Path, str]) -> list[Path]:

@@ -239,6 +239,7 @@ ARCO_DEMO := warmup_dir=runs/arco/demo/warmup run_dir=runs/arco/demo
 ARCO_DEMO_WARMUP := $(ARCO_DEMO) warmup.questions=150
 ARCO_DEMO_RL := $(ARCO_DEMO) rl.sparse_steps=4 rl.dense_steps=4 eval_every=4
 
+# DEMO_ARCHIVE=common/results/tiny/demo also keeps the runs' results there (make results' demo table)
 demo:  ## all of it on the tiny setup, from nothing, on CPU (about 14.5 min on 2 cores), ending in runs/demo/report.md
 	$(PY) -m experiments.demo --world $(WORLD) --warmup runs/warmup/tiny --run-dir runs/grpo/tiny
 	$(PY) -m eviback train --config eviback/configs/tiny.yaml
@@ -246,7 +247,8 @@ demo:  ## all of it on the tiny setup, from nothing, on CPU (about 14.5 min on 2
 	$(PY) -m cer train --config cer/configs/tiny.yaml
 	$(PY) -m arco warmup --config arco/configs/tiny.yaml $(ARCO_DEMO_WARMUP)
 	$(PY) -m arco train --config arco/configs/tiny.yaml $(ARCO_DEMO_RL)
-	$(PY) -m experiments.demo_report --out runs/demo "reference GRPO=runs/grpo/tiny" \
+	$(PY) -m experiments.demo_report --out runs/demo $(if $(DEMO_ARCHIVE),--archive $(DEMO_ARCHIVE)) \
+		"reference GRPO=runs/grpo/tiny" \
 		"EviBack=runs/eviback/tiny" "CER=runs/cer/tiny/cer" "ARCO=runs/arco/demo"
 
 # Every archived comparison (<package>/results/**/archive.yaml and the per-question results beside

@@ -278,3 +278,18 @@ class SearchRunConfig(RunLoopConfig):
                 f"questions_per_step*n = {self.questions_per_step * self.n} is not a multiple of "
                 f"loss.micro_batch_size = {self.loss.micro_batch_size}"
             )
+
+    def set_grad_accum(self) -> None:
+        """``train.grad_accum`` for this launch's ranks: each rank's share of the global
+        questions times ``n``, over ``loss.micro_batch_size`` (``common.batches``; one
+        ``ConfigError`` line when either does not divide). Run it before any load."""
+        from common.batches import group_grad_accum
+
+        self.train.grad_accum = group_grad_accum(
+            self.questions_per_step,
+            "questions_per_step",
+            self.n,
+            "n",
+            self.loss.micro_batch_size,
+            "loss.micro_batch_size",
+        )

@@ -27,7 +27,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     # imported here, not above: `--help` and a bad setting answer without torch
     from transformers import AutoTokenizer
 
-    from common.batches import group_grad_accum, rank_questions
+    from common.batches import rank_questions
     from common.data import load_qa, question_char_limit
     from common.launcher import RunStopped
     from common.retrieval.bm25 import BM25Retriever
@@ -56,14 +56,7 @@ def train_grpo(cfg: GRPOConfig) -> dict:
     from common.train.memory_plan import announce_plan
 
     # the batch is global: each rank's share, checked before any load (GRPOConfig.DERIVED)
-    cfg.train.grad_accum = group_grad_accum(
-        cfg.questions_per_step,
-        "questions_per_step",
-        cfg.n,
-        "n",
-        cfg.loss.micro_batch_size,
-        "loss.micro_batch_size",
-    )
+    cfg.set_grad_accum()
     cfg.check_assets()
     # the data is read before the run folder opens and any model loads: a bad row costs nothing
     # (over-long questions are counted skips: common.data's module docstring)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from common.batches import group_grad_accum, rank_questions
+from common.batches import rank_questions
 from common.config import ConfigError
 from common.data import QAExample
 from common.launcher import RunStopped
@@ -172,14 +172,7 @@ def train_eviback(cfg: EviBackConfig) -> dict:
     from transformers import AutoTokenizer
 
     # the batch is global: each rank's share, checked before any load (EviBackConfig.DERIVED)
-    cfg.train.grad_accum = group_grad_accum(
-        cfg.questions_per_step,
-        "questions_per_step",
-        cfg.n,
-        "n",
-        cfg.loss.micro_batch_size,
-        "loss.micro_batch_size",
-    )
+    cfg.set_grad_accum()
     cfg.check_assets(("model", "train", "dev", "retrieval", "teacher"))
     cfg.train.total_steps = cfg.steps
     cfg.train.seed = cfg.seed

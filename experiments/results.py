@@ -177,6 +177,11 @@ def summary_section(archives: list[tuple[Path, dict, dict]], root: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _times(ratio: float) -> str:
+    """A ratio as ``19x``, or ``1.2x`` under 10."""
+    return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.1f}x"
+
+
 def detectable_section(archives: list[tuple[Path, dict, dict]]) -> str:
     """The papers' effects (each archive's ``paper_effects``) against the setting's MDE: the
     comparison's own (seeds + questions) when its reference is another arm, the arm's seed noise
@@ -198,7 +203,7 @@ def detectable_section(archives: list[tuple[Path, dict, dict]]) -> str:
             yes = (
                 "yes"
                 if e["effect"] >= mde
-                else f"no: the MDE is {mde / e['effect']:.0f}x the effect"
+                else f"no: the MDE is {_times(mde / e['effect'])} the effect"
             )
             lines.append(
                 f"| {e['what']} | {manifest['short']} | {e['metric']} | {e['effect']:+.3f} | "

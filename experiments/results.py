@@ -13,6 +13,7 @@ writes them) and an ``archive.yaml`` that says what made it::
     metrics: [contains, correct, f1]     # per-question fields reported; the spec's metric first
     command: make compare-cer SCALE=smol # what ran the comparison
     commit: 6cbae23                      # the commit whose code made the runs
+    arms: [search_r1, eviback_lam0.1]    # optional: the spec's arms it holds (default: all)
     paper_effects:                       # optional: published effects this setting should detect
       - {what: "CER over the rule (paper)", arm: cer, metric: contains, effect: 0.011}
 
@@ -76,6 +77,8 @@ def summaries(
     """``experiments.compare.summarize_splits`` of the archive for each of its metrics: the dev
     summaries and the held-out test ones (none when no test split is archived), by metric."""
     spec = {**load_spec(root / manifest["spec"]), "out": str(folder)}
+    if manifest.get("arms"):  # an archive of some of the spec's arms (``compare --arms``)
+        spec["arms"] = [a for a in spec["arms"] if a["name"] in manifest["arms"]]
     first = spec.get("metric", "em")
     dev, test = {}, {}
     for m in manifest["metrics"]:

@@ -23,8 +23,10 @@ class GRPORewardConfig(StepScorerConfig, RewardConfig):
         StepScorerConfig.__post_init__(self)
         needs = getattr(self.estimator(), "needs_step_scores", False)
         if needs and not self.external:
-            raise ValueError(f"reward.advantage={self.advantage!r} needs step scores: set "
-                             "reward.step_scorer=package.module:Name")  # fmt: skip
+            raise ValueError(
+                f"reward.advantage={self.advantage!r} needs step scores: set "
+                "reward.step_scorer=package.module:Name"
+            )
 
 
 @dataclass

@@ -208,8 +208,9 @@ def spread_to_tokens(
     out = []
     for i, (values, steps, n) in enumerate(zip(per_step, spans, lengths, strict=True)):
         if len(values) != len(steps):
-            raise ValueError(f"spread_to_tokens: trajectory {i}: {len(values)} values for "
-                             f"{len(steps)} steps")  # fmt: skip
+            raise ValueError(
+                f"spread_to_tokens: trajectory {i}: {len(values)} values for {len(steps)} steps"
+            )
         row = [0.0] * n
         for v, (a, b) in zip(values, steps, strict=True):
             row[a:b] = [float(v)] * (b - a)
@@ -223,8 +224,7 @@ def check_step_scores(
     """A step scorer's output checked: one list per trajectory, one finite score per agent
     step; ``name`` (the config setting, ``key='value'``) begins the error."""
     if len(scores) != len(trajs):
-        raise ValueError(f"{name} gave {len(scores)} score lists for "
-                         f"{len(trajs)} trajectories")  # fmt: skip
+        raise ValueError(f"{name} gave {len(scores)} score lists for {len(trajs)} trajectories")
     for i, (t, s) in enumerate(zip(trajs, scores, strict=True)):
         if len(s) != len(t.steps) or not all(math.isfinite(float(x)) for x in s):
             raise ValueError(
@@ -303,8 +303,10 @@ def load_part(
         try:
             inspect.signature(obj).bind(**args)
         except TypeError as e:
-            raise ValueError(f"{key}={spec!r} does not take the arguments {sorted(args)}: {e} "
-                             f"(it takes {_signature_text(obj)})") from None  # fmt: skip
+            raise ValueError(
+                f"{key}={spec!r} does not take the arguments {sorted(args)}: {e} "
+                f"(it takes {_signature_text(obj)})"
+            ) from None
         try:
             obj = obj(**args)
         except (ValueError, TypeError, FileNotFoundError) as e:

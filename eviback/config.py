@@ -428,11 +428,16 @@ class EviBackConfig(SearchRunConfig):
                     missing(f"{key}: {path} not found", HOW_TO_GET["qa"])
         if "retrieval" in need and not a.retrieval_url:
             if not a.corpus:
-                missing("set assets.corpus (jsonl or index folder) or assets.retrieval_url",
-                        "", ValueError)  # fmt: skip
+                missing(
+                    "set assets.corpus (jsonl or index folder) or assets.retrieval_url",
+                    "",
+                    ValueError,
+                )
             elif not (Path(a.corpus).is_file() or is_index_folder(a.corpus)):
-                missing(f"assets.corpus: {a.corpus} is neither a corpus file nor an index folder",
-                        HOW_TO_GET["corpus"])  # fmt: skip
+                missing(
+                    f"assets.corpus: {a.corpus} is neither a corpus file nor an index folder",
+                    HOW_TO_GET["corpus"],
+                )
         llm = self.teacher.enabled and self.teacher.backend == "llm"
         if "teacher" in need and llm and not (a.teacher_endpoint and a.teacher_model):
             missing(
@@ -445,8 +450,10 @@ class EviBackConfig(SearchRunConfig):
             )
         policy = self.teacher.policy_file
         if "teacher" in need and policy and not Path(policy).is_file():
-            missing(f"teacher.policy_file: {policy} not found; build it with "
-                    "`python -m eviback ape --config ...` or leave it empty")  # fmt: skip
+            missing(
+                f"teacher.policy_file: {policy} not found; build it with "
+                "`python -m eviback ape --config ...` or leave it empty"
+            )
         _raise_missing(issues)
 
 

@@ -185,9 +185,19 @@ class ModelArch:
 
 def _qwen3(name: str, hidden: int, layers: int, heads: int, inter: int, tied: bool) -> ModelArch:
     return ModelArch(
-        name, "qwen3", hidden, layers, heads, 8, 128, inter, 151936, tied, qk_norm=True,
+        name,
+        "qwen3",
+        hidden,
+        layers,
+        heads,
+        8,
+        128,
+        inter,
+        151936,
+        tied,
+        qk_norm=True,
         source=f"built-in table: https://huggingface.co/{name}/blob/main/config.json",
-    )  # fmt: skip
+    )
 
 
 # The paper models, from their published config.json files (hidden_size, num_hidden_layers,
@@ -216,7 +226,7 @@ PAPER_MODELS: dict[str, ModelArch] = {
             True,
             source="built-in table: "
             "https://huggingface.co/meta-llama/Llama-3.2-3B-Instruct/blob/main/config.json",
-        ),  # fmt: skip
+        ),
     )
 }
 

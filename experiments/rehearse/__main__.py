@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(f"{label} ({', '.join(report.failed)})")
                 print(f"[rehearse] {label}: FAILED at {', '.join(report.failed)}", file=sys.stderr)
         if len(jobs) > 1:
-            print(f"[rehearse] {len(jobs) - len(failed)} of {len(jobs)} passed in "
-                  f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
+            print(
+                f"[rehearse] {len(jobs) - len(failed)} of {len(jobs)} passed in "
+                f"{time.perf_counter() - t0:.0f} s"
+            )
         if failed:
             print("[rehearse] failed: " + "; ".join(failed), file=sys.stderr)
             return 1

@@ -526,8 +526,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-delay", type=float, default=5.0, help="seconds a timeout waits")
-    parser.add_argument("--served-model", action="append", default=[], dest="served",
-                        help="a model name GET /v1/models lists (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--served-model",
+        action="append",
+        default=[],
+        dest="served",
+        help="a model name GET /v1/models lists (repeatable)",
+    )
     parser.add_argument(
         "--fail-only",
         action="append",
@@ -538,8 +543,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reply-model", default="", help="answer as this model")
     parser.add_argument("--no-usage", action="store_true", help="send no usage in the answers")
     for name in FAILURES:
-        parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=0.0, dest=name,
-                            help=f"share of requests answered with {name}")  # fmt: skip
+        parser.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=float,
+            default=0.0,
+            dest=name,
+            help=f"share of requests answered with {name}",
+        )
     args = parser.parse_args(argv)
     try:
         endpoint = StandinEndpoint(

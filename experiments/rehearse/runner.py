@@ -408,8 +408,16 @@ def eviback_plan(s: Setup) -> list[Stage]:
     wait = _wait_stage(s, base)
     ape_stage = Stage("ape", "eviback", _args(s, "ape", ape), 1, ape_check, before=mark)
     ape_stage.make, ape_stage.make_vars = "ape-eviback", _via_make(s, "ape-eviback")
-    train_stage = Stage("train", "eviback", _args(s, "train", train), s.ranks, train_check,
-                        before=mark, make="train-eviback", make_vars=train_make)  # fmt: skip
+    train_stage = Stage(
+        "train",
+        "eviback",
+        _args(s, "train", train),
+        s.ranks,
+        train_check,
+        before=mark,
+        make="train-eviback",
+        make_vars=train_make,
+    )
     evaluate = Stage("eval", "eviback", _args(s, "eval", base), s.ranks, _eval_check(run / "eval"))
     evaluate.make, evaluate.make_vars = "eval-eviback", _via_make(s, "eval-eviback")
     return [
@@ -499,8 +507,18 @@ def arco_plan(s: Setup) -> list[Stage]:
         # the variant's warmup starts from the config's own π warmup, as a user runs them
         args = ["warmup", "--config", str(s.config), *overrides(warmup)]
         base_vars = _via_make(s, "warmup-arco", variant=False)
-        base_warmup = [Stage("base-warmup", "arco", args, s.ranks, None, make="warmup-arco",
-                             make_vars=base_vars, readme=False)]  # fmt: skip
+        base_warmup = [
+            Stage(
+                "base-warmup",
+                "arco",
+                args,
+                s.ranks,
+                None,
+                make="warmup-arco",
+                make_vars=base_vars,
+                readme=False,
+            )
+        ]
     warm = Stage("warmup", "arco", _args(s, "warmup", warmup), s.ranks, warmup_check, before=mark)
     warm.make, warm.make_vars = "warmup-arco", _via_make(s, "warmup-arco")
     trained = Stage("train", "arco", _args(s, "train", train), s.ranks, train_check)
@@ -536,8 +554,16 @@ def _wait_stage(s: Setup, values: dict[str, Any]) -> Stage:
     make_vars = _via_make(s, "wait-services", WAIT_S=str(WAIT_S))
     if make_vars is not None:
         args = ["--config", str(s.config), *overrides(values)]
-    return Stage("wait-services", "experiments.wait_services", args, 1, check,
-                 timeout_s=WAIT_S + 60, make="wait-services", make_vars=make_vars)  # fmt: skip
+    return Stage(
+        "wait-services",
+        "experiments.wait_services",
+        args,
+        1,
+        check,
+        timeout_s=WAIT_S + 60,
+        make="wait-services",
+        make_vars=make_vars,
+    )
 
 
 def _eval_check(folder: Path) -> Callable[[], dict[str, Any]]:
@@ -816,10 +842,18 @@ def _prepared(
     notes = [made] if made else []
     if made:
         report.setup.append(
-            StageResult("data", True, time.perf_counter() - t0, 0.0, str(out / "logs" / "data.log"),
-                        0, command="experiments.prepare_data.prepare (make data's code) on a "
-                        "stand-in hub into the rehearsal's folder", make="data")
-        )  # fmt: skip
+            StageResult(
+                "data",
+                True,
+                time.perf_counter() - t0,
+                0.0,
+                str(out / "logs" / "data.log"),
+                0,
+                command="experiments.prepare_data.prepare (make data's code) on a "
+                "stand-in hub into the rehearsal's folder",
+                make="data",
+            )
+        )
     if device == "cpu" and raw.get("engine", {}).get("sleep_during_update"):
         notes.append(
             "engine.sleep_during_update=false: vLLM refuses sleep mode on a CPU ('Sleep mode is "
@@ -961,18 +995,36 @@ def _retrieval_server(
         if not (index / "manifest.json").exists():
             encoder = standin_assets.standin_e5_encoder(folder / "e5")
             subprocess.run(
-                [py, "-m", "common.retrieval", "index", "--corpus", str(corpus), "--out",
-                 str(index), "--dense-encoder", str(encoder)],
-                check=True, cwd=ROOT, capture_output=True, text=True,
-            )  # fmt: skip
+                [
+                    py,
+                    "-m",
+                    "common.retrieval",
+                    "index",
+                    "--corpus",
+                    str(corpus),
+                    "--out",
+                    str(index),
+                    "--dense-encoder",
+                    str(encoder),
+                ],
+                check=True,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
         hub = folder / "search_r1_hub"
         encoder = search_r1_hub(corpus, index, Path(read_config(index)["encoder"]), hub)
         search_r1 = folder / "search_r1"
         shutil.rmtree(search_r1, ignore_errors=True)
         args = ["--search-r1-index", str(search_r1), "--hub", str(hub)]
-        stage = Stage("data-index", "experiments.prepare_data", args,
-                      check=_index_check(search_r1, index, corpus), make="data-index",
-                      make_vars={"INDEX": str(search_r1), "HUB": str(hub)})  # fmt: skip
+        stage = Stage(
+            "data-index",
+            "experiments.prepare_data",
+            args,
+            check=_index_check(search_r1, index, corpus),
+            make="data-index",
+            make_vars={"INDEX": str(search_r1), "HUB": str(hub)},
+        )
         result = run_stage(stage, logs / "data-index.log", ROOT, env)
         report.setup.append(result)
         if not result.ok:
@@ -980,11 +1032,28 @@ def _retrieval_server(
         values = {"INDEX": str(search_r1), "HOST": "127.0.0.1", "PORT": str(port)}
         argv = make_argv("serve-retrieval", values | {"ENCODER": str(encoder)})
     else:
-        argv = [py, "-m", "common.retrieval", "serve", "--port", str(port), "--index", str(index),
-                "--corpus", str(corpus)]  # fmt: skip
+        argv = [
+            py,
+            "-m",
+            "common.retrieval",
+            "serve",
+            "--port",
+            str(port),
+            "--index",
+            str(index),
+            "--corpus",
+            str(corpus),
+        ]
     log = logs / "serve-retrieval.log"
-    result = StageResult("serve-retrieval", True, 0.0, 0.0, str(log), command=shlex.join(argv),
-                         make="serve-retrieval" if dense else "")  # fmt: skip
+    result = StageResult(
+        "serve-retrieval",
+        True,
+        0.0,
+        0.0,
+        str(log),
+        command=shlex.join(argv),
+        make="serve-retrieval" if dense else "",
+    )
     report.setup.append(result)
     with background(argv, log, env) as proc:
         result.counts["pgid"] = proc.pid  # its process group, stopped on exit

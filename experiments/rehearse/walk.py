@@ -114,9 +114,13 @@ def runs_through_make(target: str, variables: tuple[tuple[str, str], ...], confi
     argv = make_argv(target, dict(variables), [probe])
     try:
         run = subprocess.run(
-            [argv[0], "-n", *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=60,
+            [argv[0], "-n", *argv[1:]],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
             env=without_make_env(dict(os.environ)),
-        )  # fmt: skip
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     return run.returncode == 0 and probe in run.stdout and f"--config {config}" in run.stdout
@@ -159,9 +163,13 @@ def background(
         out.write(f"$ {shlex.join(argv)} &\n")
         out.flush()
         proc = subprocess.Popen(
-            list(argv), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            list(argv),
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
         try:
             yield proc
         finally:

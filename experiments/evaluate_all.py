@@ -61,7 +61,16 @@ from experiments.method_kinds import COLUMNS, KIND, PAIRED
 CACHE_VERSION = 1
 RUN_FILE = "run.json"  # common.train.run_folder.RUN_FILE: the trainer that wrote the run
 WARMUPS = ("warmup", "cer_warmup")  # no run.json: their trainers are not run frames
-SKIP_DIRS = {"checkpoints", "dev_results", "test_results", "samples", "model", "tensorboard", "wandb", "eval"}
+SKIP_DIRS = {
+    "checkpoints",
+    "dev_results",
+    "test_results",
+    "samples",
+    "model",
+    "tensorboard",
+    "wandb",
+    "eval",
+}
 
 # metric -> (per-question field summed, per-question field it is divided by; None: a mean)
 DEFINITIONS = {

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from cer.config import CERConfig, check_assets
+from cer.config import AssetsConfig, CERConfig, check_assets
 from cer.data import MathExample, load_math_examples, webinstruct_paper_filter
 from cer.prompt import prompt_ids
 from cer.rewards.groups import (
@@ -173,12 +173,12 @@ def problem_results(rows: Sequence[dict]) -> list[dict]:
     return out
 
 
-def resolve_model(cfg: CERConfig, model: str | None) -> str:
-    """``model``, else the run's latest checkpoint, else ``assets.model``."""
+def resolve_model(model: str | None, run_dir: str | Path, assets: AssetsConfig) -> str:
+    """``model``, else the latest checkpoint in ``run_dir``, else ``assets.model``."""
     if model:
         return model
-    latest = find_latest_checkpoint(cfg.run_dir)
-    return str(latest) if latest is not None else cfg.assets.model
+    latest = find_latest_checkpoint(run_dir)
+    return str(latest) if latest is not None else assets.model
 
 
 def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, float]]:
@@ -186,7 +186,7 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
     launcher's run, which share the problems; rank 0 writes the files)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model_path = resolve_model(cfg, model)
+    model_path = resolve_model(model, cfg.run_dir, cfg.assets)
     cfg.assets.model = model_path
     check_assets(cfg.assets, ["model", "eval"])
     for name in cfg.assets.eval:  # each becomes <out>/<name>.json: checked before a model loads
@@ -207,7 +207,7 @@ def run_eval(cfg: CERConfig, model: str | None = None) -> dict[str, dict[str, fl
         examples, prompts = load_problems(path, tokenizer, cfg.max_prompt_tokens)
         if cfg.eval.max_examples:
             examples, prompts = examples[: cfg.eval.max_examples], prompts[: cfg.eval.max_examples]
-        e, rules = cfg.eval, rules_of(cfg)
+        e, rules = cfg.eval, rules_of(cfg.reward)
         k = e.k_by_benchmark.get(name, e.k)
         sampled = SamplingConfig(
             n=k, temperature=e.temperature, top_p=e.top_p, top_k=e.top_k, max_tokens=e.max_tokens

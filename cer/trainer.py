@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from cer.config import CERConfig, check_assets
+from cer.config import CERConfig, RewardConfig, check_assets
 from cer.evaluate import evaluate_problems, load_problems, problem_results
 from cer.rewards.diagnostics import signal_metrics
 from cer.rewards.groups import (
@@ -113,21 +113,23 @@ def step_signal(
 
 
 def make_score_fn(
-    cfg: CERConfig,
+    reward: RewardConfig,
     engine: Any,
     model: torch.nn.Module,
     frozen: torch.nn.Module | None,
     world: int = 1,
+    zero_stage: int = 0,
 ) -> ScoreFn:
     """CER's scorer: ``hf_prefix_scorer`` on the frozen initial policy when given, else on the
-    training model (it follows every update; a ZeRO-3 model's ranks make equal forward counts),
-    or the engine's ``score`` with ``reward.scorer=engine``."""
+    training model (it follows every update; the ranks of a ZeRO-3 model, ``zero_stage`` the
+    run's ``train.zero_stage``, make equal forward counts), or the engine's ``score`` with
+    ``reward.scorer=engine``."""
     if frozen is not None:
-        return hf_prefix_scorer(frozen, cfg.reward.scorer_batch_size)
-    if cfg.reward.scorer == "engine":
+        return hf_prefix_scorer(frozen, reward.scorer_batch_size)
+    if reward.scorer == "engine":
         return ignoring_alternatives(engine.score)
-    zero3 = world > 1 and cfg.train.zero_stage == 3
-    return hf_prefix_scorer(model, cfg.reward.scorer_batch_size, sync_ranks=zero3)
+    zero3 = world > 1 and zero_stage == 3
+    return hf_prefix_scorer(model, reward.scorer_batch_size, sync_ranks=zero3)
 
 
 def train_cer(cfg: CERConfig) -> dict:
@@ -172,7 +174,9 @@ def train_cer(cfg: CERConfig) -> dict:
     )
     # the scorer, counting the tokens it forwards: tokens/reward (cer.rewards.scoring_tokens)
     score_fn = CountingScorer(
-        make_score_fn(cfg, engine, train.model, frozen, train.world_size),
+        make_score_fn(
+            cfg.reward, engine, train.model, frozen, train.world_size, cfg.train.zero_stage
+        ),
         whole=frozen is None and cfg.reward.scorer == "engine",
     )
     # HF engine on the training model: the scorer reads the samples' generation caches instead
@@ -189,11 +193,13 @@ def train_cer(cfg: CERConfig) -> dict:
     # generation to the weight push (Run.nap), unless the engine is the scorer.
     sleep_for_reward = cfg.reward.scorer != "engine"
     # The rule the dev accuracy is by: math-verify, letter, or the alias oracle (alias task).
-    dev_verifier = "+".join(sorted({verifier_name(ex, rules_of(cfg)) for ex in dev_set}))
+    dev_verifier = "+".join(sorted({verifier_name(ex, rules_of(cfg.reward)) for ex in dev_set}))
     order = list(range(len(train_set)))
     random.Random(cfg.seed).shuffle(order)
     types = SIGNAL_TYPES if cfg.reward.signal else ()
-    scoring = CERScoring(score_fn, cfg.reward.m, cfg.reward.m_selection, rules_of(cfg), types)
+    scoring = CERScoring(
+        score_fn, cfg.reward.m, cfg.reward.m_selection, rules_of(cfg.reward), types
+    )
     reward_fn, reward_name = cfg.reward.reward_fn(), cfg.reward.reward_name()
     # VeriFree as published trains the reference tokens too: only for its own reward
     verifree = isinstance(reward_fn, GroupReward) and reward_fn.type == "verifree"
@@ -202,7 +208,7 @@ def train_cer(cfg: CERConfig) -> dict:
         shard = slice(train.rank, None, train.world_size)
         greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=cfg.max_response_tokens)
         m, rows = evaluate_problems(
-            engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy, rules_of(cfg), "dev eval"
+            engine, tokenizer, dev_set[shard], dev_prompts[shard], greedy, scoring.rules, "dev eval"
         )
         m = all_ranks_mean(m, len(dev_set[shard]))
         m["correct"] = m["accuracy"]  # the per-problem field's name: experiments.compare's curves

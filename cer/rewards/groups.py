@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -32,6 +32,9 @@ from common import rewards as parts
 from common.metrics import exact_match
 from common.rollout.engine import GeneratedKV
 from common.rollout.trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from cer.config import RewardConfig
 
 SCORED_TYPES = ("cer", "rule+cer", "verifree")
 # not a reward: each sample's pi(a* | own solution) (NaN where its solution is not scored)
@@ -64,9 +67,9 @@ class Rules:
 DEFAULT_RULES = Rules()
 
 
-def rules_of(cfg: Any) -> Rules:
-    """The ``Rules`` of a ``CERConfig`` (``reward.math_verifier``, ``reward.choice_verifier``)."""
-    return Rules(cfg.reward.math_verifier, cfg.reward.choice_verifier)
+def rules_of(reward: RewardConfig) -> Rules:
+    """The ``Rules`` of a run's reward settings (``math_verifier``, ``choice_verifier``)."""
+    return Rules(reward.math_verifier, reward.choice_verifier)
 
 
 def verifier_name(example: MathExample, rules: Rules = Rules()) -> str:

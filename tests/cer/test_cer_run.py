@@ -413,8 +413,8 @@ def test_frozen_scorer_keeps_the_initial_policy_and_grpo_advantages(tiny_root):
     with torch.no_grad():
         for p in trained.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    frozen = make_score_fn(cfg, None, trained, copy.deepcopy(initial).eval())
-    live = make_score_fn(cfg, None, trained, None)
+    frozen = make_score_fn(cfg.reward, None, trained, copy.deepcopy(initial).eval())
+    live = make_score_fn(cfg.reward, None, trained, None)
     reference = hf_prefix_scorer(initial)
     prefixes, conts = [[5, 6, 7, 8]] * 2, [[9, 10], [11]]
 

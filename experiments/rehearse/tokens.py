@@ -27,8 +27,8 @@ NOTES = {
     "to its answer, skips those without one, shares the start solutions have in common, and "
     "the real candidates' count and lengths",
     "reward_none": "no model in the reward (exact match)",
-    "reward_samples": "samples/'s every reward type on the shown groups (for reading); not in "
-    "the cost model",
+    "reward_samples": "what only samples/ needed scored (0 when the reward's own scores cover "
+    "the shown groups); not in the cost model",
     "rubric": "ARCO: the rubric prompts and the criteria μ wrote, every prompt whole (vLLM's "
     "prefix cache not read); arco_rows models μ for assumed trajectory shapes, not compared",
     "mu_rows": "ARCO: μ's rows (prompt + criteria) once, whole; its forwards (score, update, "
